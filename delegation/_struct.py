@@ -1,0 +1,46 @@
+"""The one msgspec base of every wire type, and the small facts they share."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+U64_MAX = 2**64 - 1
+I64_MIN = -(2**63)
+I64_MAX = 2**63 - 1
+
+# msgspec cannot express a bound above int64, so the upper uint64 bound is checked
+# once after decoding (see codec); ``ge=0`` already refuses negatives.
+Uint64 = Annotated[int, msgspec.Meta(ge=0)]
+Int64 = Annotated[int, msgspec.Meta(ge=I64_MIN, le=I64_MAX)]
+
+UINT64_FIELDS = frozenset({"generation", "after", "sequence"})
+
+
+class WireStruct(
+    msgspec.Struct,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    frozen=True,
+    rename="camel",
+):
+    """Strict, frozen base: unknown fields are refused, empty optional fields omitted."""
+
+
+def always(factory: type) -> Any:
+    """A default for a field that is always written, even when empty or false.
+
+    ``omit_defaults`` omits a value identical to its default; a factory default
+    (other than an empty collection) never counts as the default, so the field
+    stays on the wire. That is how unmarked fields of SPEC §2 are kept present.
+    """
+    return msgspec.field(default_factory=factory)
+
+
+def utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def has_nul(text: str) -> bool:
+    return "\x00" in text

@@ -1,0 +1,166 @@
+"""ExecutionOptions: the credential-free execution policy a child may carry.
+
+Every field may be omitted, and omission means "inherit". An explicit ``false``,
+``0`` or ``[]`` is a value of its own: ``allowedTools: []`` denies every tool and
+survives a round trip. ``null`` is never accepted (omit the field to inherit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from delegation import errors
+from delegation._struct import Int64, WireStruct, has_nul
+
+PROVIDERS: tuple[str, ...] = ("openai", "anthropic")
+REASONING_EFFORTS: frozenset[str] = frozenset(
+    {"none", "minimal", "low", "medium", "high", "xhigh", "max"}
+)
+# Tools whose availability follows a dedicated option, not only allowedTools.
+BASH_TOOL = "bash"
+SKILL_TOOL = "skill"
+FS_SEARCH_TOOLS = frozenset({"glob_tool", "grep_tool"})
+
+_TEXT_FIELDS = ("provider", "model", "weak_model", "reasoning_effort")
+_POSITIVE_FIELDS = ("max_tokens", "weak_model_max_tokens")
+_NON_NEGATIVE_FIELDS = ("max_turns", "thinking_budget_tokens")
+_LIST_FIELDS = ("allowed_tools", "allowed_commands")
+_TOKEN_LIMITS = ("max_tokens", "weak_model_max_tokens", "thinking_budget_tokens")
+# Model and turn choices: central decisions, not environment restrictions.
+_MODEL_CHOICES = (
+    "provider",
+    "model",
+    "weak_model",
+    "reasoning_effort",
+    "max_tokens",
+    "weak_model_max_tokens",
+    "thinking_budget_tokens",
+    "max_turns",
+    "use_weak_model",
+)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+class ExecutionOptions(WireStruct, frozen=True):
+    """Narrowing execution policy; omitted fields are ``UNSET`` (inherit)."""
+
+    provider: str | UnsetType = UNSET
+    model: str | UnsetType = UNSET
+    weak_model: str | UnsetType = UNSET
+    max_tokens: Int64 | UnsetType = UNSET
+    weak_model_max_tokens: Int64 | UnsetType = UNSET
+    thinking_budget_tokens: Int64 | UnsetType = UNSET
+    reasoning_effort: str | UnsetType = UNSET
+    max_turns: Int64 | UnsetType = UNSET
+    use_weak_model: bool | UnsetType = UNSET
+    no_tools: bool | UnsetType = UNSET
+    no_extensions: bool | UnsetType = UNSET
+    no_skills: bool | UnsetType = UNSET
+    allowed_tools: list[str] | UnsetType = UNSET
+    allowed_commands: list[str] | UnsetType = UNSET
+    enable_fs_search_tools: bool | UnsetType = msgspec.field(
+        default=UNSET, name="enableFSSearchTools"
+    )
+
+    def validate(self, providers: Iterable[str] = PROVIDERS) -> None:
+        """Check every present value; raise :class:`errors.InvalidOptions` on the first bad one."""
+        for name in _TEXT_FIELDS:
+            value = getattr(self, name)
+            if value is not UNSET and (not value.strip() or has_nul(value)):
+                raise errors.InvalidOptions(
+                    f"execution option {_camel(name)} must be nonempty and contain no NUL"
+                )
+        if self.provider is not UNSET and self.provider not in tuple(providers):
+            raise errors.InvalidOptions(f"unsupported execution provider {self.provider!r}")
+        for name in _POSITIVE_FIELDS:
+            value = getattr(self, name)
+            if value is not UNSET and value <= 0:
+                raise errors.InvalidOptions(f"execution option {_camel(name)} must be positive")
+        for name in _NON_NEGATIVE_FIELDS:
+            value = getattr(self, name)
+            if value is not UNSET and value < 0:
+                raise errors.InvalidOptions(f"execution option {_camel(name)} must not be negative")
+        effort = self.reasoning_effort
+        if effort is not UNSET and effort.strip().lower() not in REASONING_EFFORTS:
+            raise errors.InvalidOptions(f"unsupported reasoning effort {effort!r}")
+        for name in _LIST_FIELDS:
+            entries = getattr(self, name)
+            if entries is not UNSET and any(not e.strip() or has_nul(e) for e in entries):
+                raise errors.InvalidOptions(
+                    f"execution option {_camel(name)} contains an empty or invalid entry"
+                )
+
+    def tools_disabled(self) -> bool:
+        """True for ``noTools: true`` and for the deny-all ``allowedTools: []``."""
+        return self.no_tools is True or self.allowed_tools == []
+
+    def tool_allowed(self, name: str) -> bool:
+        """Whether the tool ``name`` may be offered to a run under these options.
+
+        An empty ``allowedCommands`` also disables bash; ``noSkills`` disables the
+        skill tool; ``enableFSSearchTools: false`` disables the filesystem search tools.
+        """
+        if self.tools_disabled():
+            return False
+        if name == BASH_TOOL and self.allowed_commands == []:
+            return False
+        if name == SKILL_TOOL and self.no_skills is True:
+            return False
+        if name in FS_SEARCH_TOOLS and self.enable_fs_search_tools is False:
+            return False
+        return self.allowed_tools is UNSET or name in self.allowed_tools
+
+    def restrictions(self) -> ExecutionOptions:
+        """A copy with only the environment restrictions: model and turn choices dropped."""
+        return msgspec.structs.replace(self, **dict.fromkeys(_MODEL_CHOICES, UNSET))
+
+    def narrowed_by(self, parent: ExecutionOptions | UnsetType | None) -> None:
+        """Check that these (child) options only narrow ``parent``'s policy.
+
+        Omitted child fields inherit and never widen. Raises a distinct
+        :class:`errors.OptionsWidened` subclass for each kind of widening.
+        """
+        if parent is None or parent is UNSET:
+            return
+        relaxed = (
+            ("no_tools", errors.NoToolsRelaxed),
+            ("no_skills", errors.NoSkillsRelaxed),
+            ("no_extensions", errors.NoExtensionsRelaxed),
+        )
+        for name, error in relaxed:
+            if getattr(parent, name) is True and getattr(self, name) is False:
+                raise error()
+        _check_subset(self.allowed_tools, parent.allowed_tools, errors.ToolsWidened)
+        _check_subset(self.allowed_commands, parent.allowed_commands, errors.CommandsWidened)
+        if parent.enable_fs_search_tools is False and self.enable_fs_search_tools is True:
+            raise errors.FsSearchEnabled()
+        for name in _TOKEN_LIMITS:
+            mine, theirs = getattr(self, name), getattr(parent, name)
+            if mine is not UNSET and theirs is not UNSET and mine > theirs:
+                raise errors.TokenLimitRaised(
+                    f"child {_camel(name)} exceeds the parent's {_camel(name)}"
+                )
+        limit = parent.max_turns
+        turns = self.max_turns
+        # maxTurns 0 means "no limit": a child of a limited parent must keep one.
+        if limit is not UNSET and limit > 0 and turns is not UNSET and not 1 <= turns <= limit:
+            raise errors.TurnLimitWidened()
+
+
+def _check_subset(
+    child: Sequence[str] | UnsetType,
+    parent: Sequence[str] | UnsetType,
+    error: type[errors.OptionsWidened],
+) -> None:
+    if child is UNSET or parent is UNSET:
+        return
+    extra = sorted(set(child) - set(parent))
+    if extra:
+        raise error(f"{error.default_message()}: {', '.join(extra)} not allowed")

@@ -1,0 +1,190 @@
+"""The wire contract of SPEC §2: method names, message types and their validation.
+
+JSON names are camelCase and exact; Python attributes are their snake_case forms.
+Fields the spec marks optional are omitted on output when empty or false; the
+others are always written. Wire types never import persistence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from delegation import errors
+from delegation._struct import Uint64, WireStruct, always, has_nul, utf8_len
+from delegation.options import PROVIDERS, ExecutionOptions
+
+START_METHOD = "child.start"
+READ_METHOD = "child.read"
+CANCEL_METHOD = "child.cancel"
+STEER_METHOD = "child.steer"
+RELEASE_METHOD = "child.lease.release"
+METHODS: tuple[str, ...] = (
+    START_METHOD,
+    READ_METHOD,
+    CANCEL_METHOD,
+    STEER_METHOD,
+    RELEASE_METHOD,
+)
+
+MAX_ID_BYTES = 128
+MAX_MESSAGE_BYTES = 512 * 1024
+MAX_SYSTEM_PROMPT_BYTES = 256 * 1024
+MAX_PATH_BYTES = 8192
+CONTEXT_MODES = frozenset({"", "fresh", "fork"})
+
+
+def valid_id(value: str) -> bool:
+    """An opaque conversation, run or request identifier, never a path.
+
+    Non-empty, not ``.`` or ``..``, at most 128 bytes, no ``/`` or ``\\``, and no
+    character at or below U+0020 nor U+007F.
+    """
+    if not isinstance(value, str) or value in ("", ".", ".."):
+        return False
+    if utf8_len(value) > MAX_ID_BYTES or "/" in value or "\\" in value:
+        return False
+    return not any(ch <= " " or ch == "\x7f" for ch in value)
+
+
+def _validate_options(options: ExecutionOptions | UnsetType, providers: Iterable[str]) -> None:
+    if options is not UNSET:
+        options.validate(providers)
+
+
+class Profile(WireStruct, frozen=True):
+    """A named execution profile owned by one extension process."""
+
+    name: str = always(str)
+    options: ExecutionOptions | UnsetType = UNSET
+    system_prompt_path: str = ""
+    system_prompt: str = ""
+
+    def validate(self, providers: Iterable[str] = PROVIDERS) -> None:
+        """Raise the first :class:`errors.InputError` that applies (SPEC §2.2)."""
+        name = self.name
+        if (
+            not name.strip()
+            or utf8_len(name) > MAX_ID_BYTES
+            or "/" in name
+            or "\\" in name
+            or has_nul(name)
+        ):
+            raise errors.BadPresetName()
+        if (
+            utf8_len(self.system_prompt) > MAX_SYSTEM_PROMPT_BYTES
+            or utf8_len(self.system_prompt_path) > MAX_PATH_BYTES
+        ):
+            raise errors.PresetPromptTooLarge()
+        if self.system_prompt and self.system_prompt_path:
+            raise errors.PresetPromptConflict()
+        _validate_options(self.options, providers)
+
+
+class Preset(Profile, frozen=True):
+    """A Profile stamped with the extension and the process generation that own it."""
+
+    extension_id: str = always(str)
+    generation: Uint64 = always(int)
+
+
+class Request(WireStruct, frozen=True):
+    """What a caller asks a child to do. It never carries credentials or endpoints."""
+
+    context_mode: str = ""
+    resume: str = ""
+    request_id: str = always(str)
+    profile: str = always(str)
+    message: str = always(str)
+    options: ExecutionOptions | UnsetType = UNSET
+    system_prompt: str = ""
+    cwd: str = ""
+    lease_id: str = ""
+
+    def validate(self, providers: Iterable[str] = PROVIDERS) -> None:
+        """Raise the first :class:`errors.InputError` that applies (SPEC §2.2)."""
+        if (
+            not self.request_id.strip()
+            or utf8_len(self.request_id) > MAX_ID_BYTES
+            or not self.profile.strip()
+            or not self.message.strip()
+        ):
+            raise errors.RequestIncomplete()
+        if (
+            utf8_len(self.message) > MAX_MESSAGE_BYTES
+            or utf8_len(self.system_prompt) > MAX_SYSTEM_PROMPT_BYTES
+            or utf8_len(self.cwd) > MAX_PATH_BYTES
+        ):
+            raise errors.InputTooLarge()
+        if self.context_mode not in CONTEXT_MODES:
+            raise errors.BadContextMode()
+        if self.resume and (not valid_id(self.resume) or self.context_mode == "fork"):
+            raise errors.BadResume()
+        _validate_options(self.options, providers)
+
+
+class Params(WireStruct, frozen=True):
+    """The params of every child method; sent only on an authenticated connection."""
+
+    run_id: str = always(str)
+    tool_call_id: str = ""
+    extension_id: str = always(str)
+    generation: Uint64 = always(int)
+    request: Request | UnsetType = UNSET
+    child_id: str = ""
+    child_run_id: str = ""
+    message: str = ""
+    request_id: str = ""
+    lease_id: str = ""
+    after: Uint64 = 0
+
+
+class Identity(WireStruct, frozen=True):
+    """Who a child is: its own ids, its parent's, its owner and its profile."""
+
+    runner_id: str = ""
+    host_instance_id: str = ""
+    conversation_id: str = always(str)
+    run_id: str = always(str)
+    parent_conversation_id: str = always(str)
+    parent_run_id: str = always(str)
+    extension_id: str = always(str)
+    profile: str = always(str)
+
+
+class Event(WireStruct, frozen=True, kw_only=True):
+    """One thing a child did. ``sequence`` is assigned by the engine, from 1."""
+
+    sequence: Uint64 = always(int)
+    kind: str
+    text: str = ""
+    tool_name: str = ""
+    tool_call_id: str = ""
+    input: str = ""
+    tool_output: str = ""
+    success: bool | None = None  # absent means unknown
+    error: str = ""
+
+
+class Result(Identity, frozen=True):
+    """A child's identity, its state, and one page of its events."""
+
+    done: bool = always(bool)
+    cancelled: bool = False
+    error: str = ""
+    output: str = ""
+    events: list[Event] = msgspec.field(default_factory=list)
+
+
+STEER_INJECTED = "injected"
+STEER_PROMPT_REQUIRED = "promptRequired"
+STEER_NO_RUNNING_TURN = "noRunningTurn"
+
+
+class SteerResult(WireStruct, frozen=True):
+    """The outcome of a steer: ``injected``, or ``promptRequired`` with a reason."""
+
+    outcome: str
+    reason: str = ""

@@ -1,0 +1,189 @@
+"""The shape of the wire, SPEC §2: JSON names, what is always written, what is omitted."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+import delegation
+from delegation import (
+    Event,
+    ExecutionOptions,
+    Identity,
+    Params,
+    Preset,
+    Profile,
+    Request,
+    Result,
+    SteerResult,
+    encode,
+)
+
+# SPEC §2, in order: (JSON name, always present?)
+SHAPES: dict[type[msgspec.Struct], list[tuple[str, bool]]] = {
+    Profile: [
+        ("name", True),
+        ("options", False),
+        ("systemPromptPath", False),
+        ("systemPrompt", False),
+    ],
+    Preset: [
+        ("name", True),
+        ("options", False),
+        ("systemPromptPath", False),
+        ("systemPrompt", False),
+        ("extensionId", True),
+        ("generation", True),
+    ],
+    Request: [
+        ("contextMode", False),
+        ("resume", False),
+        ("requestId", True),
+        ("profile", True),
+        ("message", True),
+        ("options", False),
+        ("systemPrompt", False),
+        ("cwd", False),
+        ("leaseId", False),
+    ],
+    Params: [
+        ("runId", True),
+        ("toolCallId", False),
+        ("extensionId", True),
+        ("generation", True),
+        ("request", False),
+        ("childId", False),
+        ("childRunId", False),
+        ("message", False),
+        ("requestId", False),
+        ("leaseId", False),
+        ("after", False),
+    ],
+    Identity: [
+        ("runnerId", False),
+        ("hostInstanceId", False),
+        ("conversationId", True),
+        ("runId", True),
+        ("parentConversationId", True),
+        ("parentRunId", True),
+        ("extensionId", True),
+        ("profile", True),
+    ],
+    Event: [
+        ("sequence", True),
+        ("kind", True),
+        ("text", False),
+        ("toolName", False),
+        ("toolCallId", False),
+        ("input", False),
+        ("toolOutput", False),
+        ("success", False),
+        ("error", False),
+    ],
+    SteerResult: [("outcome", True), ("reason", False)],
+    ExecutionOptions: [
+        (name, False)
+        for name in (
+            "provider",
+            "model",
+            "weakModel",
+            "maxTokens",
+            "weakModelMaxTokens",
+            "thinkingBudgetTokens",
+            "reasoningEffort",
+            "maxTurns",
+            "useWeakModel",
+            "noTools",
+            "noExtensions",
+            "noSkills",
+            "allowedTools",
+            "allowedCommands",
+            "enableFSSearchTools",
+        )
+    ],
+}
+SHAPES[Result] = SHAPES[Identity] + [
+    ("done", True),
+    ("cancelled", False),
+    ("error", False),
+    ("output", False),
+    ("events", False),
+]
+REQUIRED = {Event: {"kind": "text"}, SteerResult: {"outcome": "injected"}}
+
+
+@pytest.mark.parametrize("kind", SHAPES, ids=lambda k: k.__name__)
+def test_json_names_are_exact_and_in_order(kind: type[msgspec.Struct]) -> None:
+    names = [f.encode_name for f in msgspec.structs.fields(kind)]
+    assert names == [name for name, _ in SHAPES[kind]]
+
+
+@pytest.mark.parametrize("kind", SHAPES, ids=lambda k: k.__name__)
+def test_empty_values_write_exactly_the_unmarked_fields(kind: type[msgspec.Struct]) -> None:
+    written = list(json.loads(encode(kind(**REQUIRED.get(kind, {})))))
+    assert written == [name for name, always in SHAPES[kind] if always]
+
+
+@pytest.mark.parametrize("kind", SHAPES, ids=lambda k: k.__name__)
+def test_attributes_are_snake_case_of_json_names(kind: type[msgspec.Struct]) -> None:
+    for field in msgspec.structs.fields(kind):
+        expected = "".join("_" + c.lower() if c.isupper() else c for c in field.encode_name)
+        expected = expected.replace("f_s_search", "fs_search")
+        assert field.name == expected
+
+
+def test_done_false_and_sequence_zero_are_written() -> None:
+    assert json.loads(encode(Result(done=False)))["done"] is False
+    assert json.loads(encode(Event(kind="text")))["sequence"] == 0
+
+
+def test_success_absent_means_unknown() -> None:
+    assert "success" not in json.loads(encode(Event(kind="tool")))
+    assert json.loads(encode(Event(kind="tool", success=False)))["success"] is False
+
+
+def test_result_flattens_identity() -> None:
+    result = Result(conversation_id="c", run_id="r", done=True, events=[Event(kind="t")])
+    wire = json.loads(encode(result))
+    assert wire["conversationId"] == "c"
+    assert wire["events"] == [{"sequence": 0, "kind": "t"}]
+    assert "identity" not in wire
+
+
+def test_wire_values_are_frozen() -> None:
+    with pytest.raises(AttributeError):
+        Params().run_id = "x"  # type: ignore[misc]
+
+
+def test_method_constants() -> None:
+    assert delegation.START_METHOD == "child.start"
+    assert delegation.READ_METHOD == "child.read"
+    assert delegation.CANCEL_METHOD == "child.cancel"
+    assert delegation.STEER_METHOD == "child.steer"
+    assert delegation.RELEASE_METHOD == "child.lease.release"
+
+
+def test_public_exports() -> None:
+    for name in (
+        "decode",
+        "valid_id",
+        "DelegationError",
+        "Profile",
+        "Preset",
+        "Request",
+        "Params",
+        "Identity",
+        "Event",
+        "Result",
+        "SteerResult",
+        "ExecutionOptions",
+        "START_METHOD",
+        "READ_METHOD",
+        "CANCEL_METHOD",
+        "STEER_METHOD",
+        "RELEASE_METHOD",
+    ):
+        assert name in delegation.__all__
+        assert getattr(delegation, name) is not None
