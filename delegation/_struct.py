@@ -42,5 +42,17 @@ def utf8_len(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
+# Unicode white space as Go's strings.TrimSpace sees it: Python's str.isspace() also
+# counts the separators U+001C..U+001F, which the Go contract keeps as content.
+_SPACE = "".join(
+    ch for ch in map(chr, range(0x3001)) if ch.isspace() and not "\x1c" <= ch <= "\x1f"
+)
+
+
+def blank(text: str) -> bool:
+    """True when ``text`` is empty after trimming white space (as the Go original trims)."""
+    return not text.strip(_SPACE)
+
+
 def has_nul(text: str) -> bool:
     return "\x00" in text

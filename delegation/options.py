@@ -13,7 +13,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from delegation import errors
-from delegation._struct import Int64, WireStruct, has_nul
+from delegation._struct import Int64, WireStruct, blank, has_nul
 
 PROVIDERS: tuple[str, ...] = ("openai", "anthropic")
 REASONING_EFFORTS: frozenset[str] = frozenset(
@@ -73,7 +73,7 @@ class ExecutionOptions(WireStruct, frozen=True):
         """Check every present value; raise :class:`errors.InvalidOptions` on the first bad one."""
         for name in _TEXT_FIELDS:
             value = getattr(self, name)
-            if value is not UNSET and (not value.strip() or has_nul(value)):
+            if value is not UNSET and (blank(value) or has_nul(value)):
                 raise errors.InvalidOptions(
                     f"execution option {_camel(name)} must be nonempty and contain no NUL"
                 )
@@ -92,7 +92,7 @@ class ExecutionOptions(WireStruct, frozen=True):
             raise errors.InvalidOptions(f"unsupported reasoning effort {effort!r}")
         for name in _LIST_FIELDS:
             entries = getattr(self, name)
-            if entries is not UNSET and any(not e.strip() or has_nul(e) for e in entries):
+            if entries is not UNSET and any(blank(e) or has_nul(e) for e in entries):
                 raise errors.InvalidOptions(
                     f"execution option {_camel(name)} contains an empty or invalid entry"
                 )

@@ -13,7 +13,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from delegation import errors
-from delegation._struct import Uint64, WireStruct, always, has_nul, utf8_len
+from delegation._struct import Uint64, WireStruct, always, blank, has_nul, utf8_len
 from delegation.options import PROVIDERS, ExecutionOptions
 
 START_METHOD = "child.start"
@@ -66,7 +66,7 @@ class Profile(WireStruct, frozen=True):
         """Raise the first :class:`errors.InputError` that applies (SPEC §2.2)."""
         name = self.name
         if (
-            not name.strip()
+            blank(name)
             or utf8_len(name) > MAX_ID_BYTES
             or "/" in name
             or "\\" in name
@@ -106,10 +106,10 @@ class Request(WireStruct, frozen=True):
     def validate(self, providers: Iterable[str] = PROVIDERS) -> None:
         """Raise the first :class:`errors.InputError` that applies (SPEC §2.2)."""
         if (
-            not self.request_id.strip()
+            blank(self.request_id)
             or utf8_len(self.request_id) > MAX_ID_BYTES
-            or not self.profile.strip()
-            or not self.message.strip()
+            or blank(self.profile)
+            or blank(self.message)
         ):
             raise errors.RequestIncomplete()
         if (

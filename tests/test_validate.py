@@ -164,3 +164,10 @@ def test_profile_validates_options() -> None:
     with pytest.raises(errors.InvalidOptions):
         Preset(name="p", options=ExecutionOptions(provider="gemini")).validate()
     Preset(name="p", options=ExecutionOptions(provider="gemini")).validate(providers=["gemini"])
+
+
+def test_blank_is_go_trim_space() -> None:
+    make_request(message="\x1f").validate()  # a separator, not white space, in Go
+    for space in (" ", "\t", "\u00a0", "\u2028", "\u3000", "\u0085"):
+        with pytest.raises(errors.RequestIncomplete):
+            make_request(message=space * 3).validate()
