@@ -8,8 +8,12 @@ The wire contract (SPEC §2) lives in :mod:`delegation.wire`,
 from __future__ import annotations
 
 from delegation.codec import decode, encode
+from delegation.config import EngineConfig
+from delegation.engine import Engine
 from delegation.errors import DelegationError
 from delegation.options import ExecutionOptions
+from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
+from delegation.runs import ChildContext, NotResumable, Recovery, Run, Runner, admit
 from delegation.wire import (
     CANCEL_METHOD,
     READ_METHOD,
@@ -33,16 +37,28 @@ __all__ = [
     "RELEASE_METHOD",
     "START_METHOD",
     "STEER_METHOD",
+    "ChildContext",
+    "ChildRecord",
     "DelegationError",
+    "Engine",
+    "EngineConfig",
     "Event",
     "ExecutionOptions",
     "Identity",
+    "LeaseRecord",
+    "NotResumable",
     "Params",
     "Preset",
     "Profile",
+    "Recovery",
     "Request",
     "Result",
+    "Run",
+    "Runner",
+    "RunnerConnection",
     "SteerResult",
+    "ToolHandle",
+    "admit",
     "decode",
     "encode",
     "valid_id",

@@ -52,6 +52,7 @@ by clients: keep them exactly as written.
     │   ├── SteerRequestIdReused
     │   ├── AdmissionFailed
     │   ├── ReleaseUnconfirmed
+    │   ├── ToolAlreadyOpen
     │   └── IllegalTransition
     ├── LimitError                           a cap of SPEC §3.8
     │   ├── SubmissionLimit
@@ -63,6 +64,9 @@ by clients: keep them exactly as written.
     │   ├── ParseError                       (-32700)
     │   ├── InvalidRpcRequest                (-32600)
     │   └── MethodNotFound                   (-32601)
+    ├── StoreError                           (-32603) the database refused or failed
+    │   ├── DatabaseBusy                     another writer held the lock too long; retry
+    │   └── ChildPurged                      (-32602) the record is past retention
     └── InternalError                        (-32603) a fault of ours, no detail on the wire
 """
 
@@ -360,6 +364,12 @@ class ReleaseUnconfirmed(ConflictError):
     reason = "release_unconfirmed"
 
 
+class ToolAlreadyOpen(ConflictError):
+    """tool call is already open"""
+
+    reason = "tool_already_open"
+
+
 class IllegalTransition(ConflictError):
     """child state transition is not allowed"""
 
@@ -434,6 +444,26 @@ class MethodNotFound(ProtocolError):
 
     reason = "method_not_found"
     rpc_code = -32601
+
+
+class StoreError(DelegationError):
+    """child store failed"""
+
+    reason = "store_error"
+    rpc_code = -32603
+
+
+class DatabaseBusy(StoreError):
+    """child store is busy; retry"""
+
+    reason = "database_busy"
+
+
+class ChildPurged(StoreError):
+    """child record was purged after its retention period"""
+
+    reason = "child_purged"
+    rpc_code = -32602
 
 
 class InternalError(DelegationError):

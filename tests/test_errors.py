@@ -88,7 +88,9 @@ def test_rpc_codes() -> None:
     assert errors.InvalidRpcRequest().rpc_code == -32600
     assert errors.MethodNotFound().rpc_code == -32601
     assert errors.InternalError().rpc_code == -32603
-    refusals = [c for c in ALL if not issubclass(c, errors.ProtocolError | errors.InternalError)]
+    assert errors.StoreError().rpc_code == errors.DatabaseBusy().rpc_code == -32603
+    faults = errors.ProtocolError | errors.InternalError | errors.StoreError
+    refusals = [c for c in ALL if not issubclass(c, faults)] + [errors.ChildPurged]
     assert all(c.rpc_code == -32602 for c in refusals)
 
 

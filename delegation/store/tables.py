@@ -1,9 +1,25 @@
-"""The schema, as SQLAlchemy Core tables. Alembic migrations are generated from it
-and a parity test keeps the two identical."""
+"""The schema, as SQLAlchemy Core tables. Alembic migrations are written from it and
+a parity test keeps the two identical.
+
+Times are epoch seconds (REAL). JSON snapshots (requests, presets, event bodies) are
+stored as the exact wire bytes the codec produced.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData
+from sqlalchemy import (
+    REAL,
+    CheckConstraint,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    text,
+)
 
 # Stable constraint names, so migrations can refer to (and batch-alter) them.
 NAMING_CONVENTION = {
@@ -15,3 +31,182 @@ NAMING_CONVENTION = {
 }
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+STATES = "('prepared', 'admitted', 'running', 'done', 'cancelled')"
+
+host_instances = Table(
+    "host_instances",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("started_at", REAL, nullable=False),
+    Column("closed_at", REAL),
+)
+
+# One row per runner: which connection is current, and with which generation.
+runners = Table(
+    "runners",
+    metadata,
+    Column("runner_id", Text, primary_key=True),
+    Column("host_instance_id", Text, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("connection_id", Text),  # NULL: no live connection
+    Column("updated_at", REAL, nullable=False),
+    CheckConstraint("generation >= 1", name="generation_positive"),
+)
+
+connections = Table(
+    "connections",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("runner_id", Text, ForeignKey("runners.runner_id"), nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("host_instance_id", Text, nullable=False),  # the runner's
+    Column("engine_instance_id", Text, ForeignKey("host_instances.id"), nullable=False),
+    Column("opened_at", REAL, nullable=False),
+    Column("closed_at", REAL),
+    CheckConstraint("generation >= 1", name="generation_positive"),
+)
+
+# Tool grants live as long as one tool call; lease grants until released (a revoked
+# lease stays as a fencing tombstone) or expired (the row is deleted).
+grants = Table(
+    "grants",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("runner_id", Text, nullable=False),
+    Column("connection_id", Text, ForeignKey("connections.id")),
+    Column("engine_instance_id", Text, ForeignKey("host_instances.id")),
+    Column("run_id", Text),
+    Column("conversation_id", Text),
+    Column("tool_call_id", Text),
+    Column("extension_id", Text, nullable=False),
+    Column("lease_id", Text),
+    Column("origin_grant_id", Text),
+    Column("workspace", Text),
+    Column("presets", LargeBinary),
+    Column("generations", Text),  # the presets' generations, for release ownership
+    Column("depth", Integer, nullable=False, server_default=text("1")),
+    Column("created_at", REAL, nullable=False),
+    Column("expires_at", REAL),
+    Column("closed_at", REAL),
+    Column("activated_at", REAL),
+    Column("revoked_at", REAL),
+    Column("revoke_reason", Text),
+    CheckConstraint("kind IN ('tool', 'lease')", name="kind"),
+    CheckConstraint("kind = 'lease' OR lease_id IS NULL", name="tool_has_no_lease"),
+    CheckConstraint("kind = 'tool' OR lease_id IS NOT NULL", name="lease_has_id"),
+    CheckConstraint(
+        "kind = 'lease' OR (run_id IS NOT NULL AND tool_call_id IS NOT NULL"
+        " AND connection_id IS NOT NULL AND presets IS NOT NULL)",
+        name="tool_complete",
+    ),
+    CheckConstraint(
+        "kind = 'tool' OR revoked_at IS NOT NULL OR (expires_at IS NOT NULL"
+        " AND presets IS NOT NULL AND run_id IS NOT NULL)",
+        name="live_lease_complete",
+    ),
+    CheckConstraint("kind = 'lease' OR revoked_at IS NULL", name="tool_never_revoked"),
+    CheckConstraint("depth >= 1", name="depth_positive"),
+)
+Index(
+    "ix_grants_runner_lease",
+    grants.c.runner_id,
+    grants.c.lease_id,
+    unique=True,
+    sqlite_where=grants.c.kind == "lease",
+)
+Index("ix_grants_tool_call", grants.c.run_id, grants.c.tool_call_id)
+Index("ix_grants_connection", grants.c.connection_id)
+
+children = Table(
+    "children",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("conversation_id", Text, nullable=False),
+    Column("run_id", Text, nullable=False, unique=True),
+    Column("grant_id", Text, ForeignKey("grants.id", ondelete="SET NULL")),
+    Column("lease_id", Text),
+    Column("request_id", Text, nullable=False),
+    Column("runner_id", Text, nullable=False),
+    Column("runner_host_instance_id", Text, nullable=False),
+    Column("parent_conversation_id", Text, nullable=False),
+    Column("parent_run_id", Text, nullable=False),
+    Column("extension_id", Text, nullable=False),
+    Column("profile", Text, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("request", LargeBinary, nullable=False),
+    Column("preset", LargeBinary, nullable=False),
+    Column("cwd", Text, nullable=False),
+    Column("depth", Integer, nullable=False),
+    Column("followup", Integer, nullable=False, server_default=text("0")),
+    Column("state", Text, nullable=False),
+    Column("engine_instance_id", Text, ForeignKey("host_instances.id")),
+    Column("cancel_requested_at", REAL),
+    Column("cancel_reason", Text),
+    Column("error", Text, nullable=False, server_default=text("''")),
+    Column("output", Text, nullable=False, server_default=text("''")),
+    Column("recovery_attempts", Integer, nullable=False, server_default=text("0")),
+    Column("created_at", REAL, nullable=False),
+    Column("updated_at", REAL, nullable=False),
+    Column("admitted_at", REAL),
+    Column("finished_at", REAL),
+    CheckConstraint(f"state IN {STATES}", name="state"),
+    CheckConstraint(
+        "(state IN ('done', 'cancelled')) = (finished_at IS NOT NULL)", name="finished_iff_terminal"
+    ),
+    CheckConstraint(
+        "state NOT IN ('admitted', 'running') OR admitted_at IS NOT NULL",
+        name="admitted_has_time",
+    ),
+    CheckConstraint("state != 'prepared' OR admitted_at IS NULL", name="prepared_not_admitted"),
+    CheckConstraint(
+        "state != 'running' OR engine_instance_id IS NOT NULL", name="running_has_owner"
+    ),
+    CheckConstraint(
+        "(cancel_requested_at IS NULL) = (cancel_reason IS NULL)", name="cancel_has_reason"
+    ),
+    CheckConstraint("recovery_attempts >= 0", name="attempts_non_negative"),
+    CheckConstraint("depth >= 1", name="depth_positive"),
+    CheckConstraint("followup IN (0, 1)", name="followup_bool"),
+)
+Index("ix_children_grant_request", children.c.grant_id, children.c.request_id, unique=True)
+Index("ix_children_conversation", children.c.conversation_id)
+# At most one unfinished execution per conversation (SPEC §3.6), enforced by SQLite.
+Index(
+    "ix_children_one_active",
+    children.c.conversation_id,
+    unique=True,
+    sqlite_where=children.c.state.in_(["prepared", "admitted", "running"]),
+)
+Index("ix_children_state", children.c.state)
+Index("ix_children_lease", children.c.runner_id, children.c.lease_id)
+Index("ix_children_parent_run", children.c.parent_run_id)
+
+# Events: the body is the event's exact wire JSON, sequence included.
+events = Table(
+    "events",
+    metadata,
+    Column("child_id", Integer, ForeignKey("children.id", ondelete="CASCADE"), primary_key=True),
+    Column("sequence", Integer, primary_key=True),
+    Column("body", LargeBinary, nullable=False),
+    CheckConstraint("sequence >= 1", name="sequence_positive"),
+    sqlite_with_rowid=False,
+)
+
+# Steer receipts and the steer queue: an injected receipt is queued until delivered.
+steers = Table(
+    "steers",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("child_id", Integer, ForeignKey("children.id", ondelete="CASCADE"), nullable=False),
+    Column("request_id", Text, nullable=False),
+    Column("message", Text, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("reason", Text, nullable=False, server_default=text("''")),
+    Column("created_at", REAL, nullable=False),
+    Column("delivered_at", REAL),
+    CheckConstraint("outcome IN ('injected', 'promptRequired')", name="outcome"),
+    CheckConstraint("outcome = 'injected' OR delivered_at IS NULL", name="only_injected_delivered"),
+)
+Index("ix_steers_child_request", steers.c.child_id, steers.c.request_id, unique=True)

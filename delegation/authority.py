@@ -1,0 +1,127 @@
+"""Who may do what (SPEC §3): pure checks over records, in the spec's order.
+
+Nothing here reads or writes the database; the service hands in the records it
+loaded inside the same transaction that will act on the answer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from delegation import errors
+from delegation.records import ChildRecord, GrantRecord, RunnerConnection, RunnerRecord
+from delegation.wire import Params, Preset
+
+
+def check_connection(runner: RunnerRecord | None, conn: RunnerConnection) -> None:
+    """The call must arrive on the runner's current connection (SPEC §3.1)."""
+    if runner is None or runner.runner_id != conn.runner_id or runner.connection_id is None:
+        raise errors.RunnerNotFound()
+    if runner.connection_id != conn.id or runner.generation != conn.generation:
+        raise errors.StaleConnection()
+
+
+def grant_live(grant: GrantRecord, now: float) -> bool:
+    """A tool grant until its tool call ends; a lease until revoked or past its deadline.
+
+    A lease is still live at exactly ``expires_at`` and expired one tick after.
+    """
+    if not grant.is_lease:
+        return grant.closed_at is None
+    return grant.revoked_at is None and grant.expires_at is not None and now <= grant.expires_at
+
+
+def select_grant(
+    tool: GrantRecord | None, lease: GrantRecord | None, params: Params
+) -> GrantRecord | None:
+    """The lease grant when ``leaseId`` names an existing one, else the tool grant."""
+    if params.lease_id and lease is not None:
+        return lease
+    return tool
+
+
+def owns(grant: GrantRecord, conn: RunnerConnection, params: Params, now: float) -> bool:
+    """Whether the caller owns ``grant`` right now (SPEC §3.3)."""
+    if grant.runner_id != conn.runner_id or not grant_live(grant, now):
+        return False
+    if not grant.is_lease and grant.connection_id != conn.id:
+        return False
+    return (
+        params.run_id == grant.run_id
+        and params.extension_id == grant.extension_id
+        and params.generation != 0
+        and params.generation in grant.generations
+    )
+
+
+def require_owner(
+    grant: GrantRecord | None,
+    conn: RunnerConnection,
+    params: Params,
+    now: float,
+    *,
+    steer: bool = False,
+) -> GrantRecord:
+    """The selected grant, if the caller owns it; else the refusal of SPEC §3.3."""
+    if grant is None or not owns(grant, conn, params, now):
+        raise errors.SteerNotOwned() if steer else errors.NotOwned()
+    return grant
+
+
+def find_preset(grant: GrantRecord, name: str, generation: int) -> Preset:
+    """The named preset of the grant at exactly that generation (SPEC §3.4)."""
+    for preset in grant.presets:
+        if preset.name == name and preset.generation == generation:
+            return preset
+    raise errors.PresetStale()
+
+
+def resolve_cwd(workspace: str, cwd: str, default: str | None = None) -> str:
+    """Resolve a child's working directory inside the workspace, symlinks followed.
+
+    An empty ``cwd`` means ``default`` (the saved cwd on resume) or the workspace
+    root. A relative ``cwd`` is taken from the workspace root.
+
+    Raises:
+        errors.InvalidCwd: it does not exist or is not a directory.
+        errors.CwdOutsideWorkspace: once resolved, it is outside the workspace.
+    """
+    try:
+        root = os.path.realpath(workspace, strict=True)
+        target = cwd or default or root
+        real = os.path.realpath(os.path.join(root, target), strict=True)
+    except (OSError, ValueError):
+        raise errors.InvalidCwd() from None
+    if not os.path.isdir(real):
+        raise errors.InvalidCwd()
+    if os.path.commonpath([root, real]) != root:
+        raise errors.CwdOutsideWorkspace()
+    return real
+
+
+def locate(children: Iterable[ChildRecord], child_id: str, child_run_id: str) -> ChildRecord:
+    """The one child of a grant that a handle names (SPEC §3.7)."""
+    matches = [
+        child
+        for child in children
+        if child.conversation_id == child_id and (not child_run_id or child.run_id == child_run_id)
+    ]
+    if not matches:
+        raise errors.ChildNotOwned()
+    if len(matches) > 1:
+        raise errors.AmbiguousChild()
+    child = matches[0]
+    if child.followup and not child_run_id:
+        raise errors.FollowupRequiresRunId()
+    return child
+
+
+def check_release_owner(lease: GrantRecord | None, params: Params) -> None:
+    """``child.lease.release`` needs the lease's exact owner (SPEC §5)."""
+    if not params.lease_id or not params.extension_id or params.generation == 0:
+        raise errors.ReleaseOwnerRequired()
+    if lease is not None and (
+        lease.extension_id != params.extension_id or params.generation not in lease.generations
+    ):
+        raise errors.LeaseOwnerMismatch()

@@ -1,0 +1,46 @@
+"""EngineConfig: every limit and timing of the engine, with the defaults of SPEC §6."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from delegation.options import PROVIDERS
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    lease_lifetime_s: float = 3600.0
+    release_drain_s: float = 5.0
+    max_recovery_attempts: int = 3
+    retention_s: float = 604800.0
+    events_per_read: int = 128
+    # Caps (SPEC §3.8).
+    max_children_per_grant: int = 64
+    max_leases_per_runner: int = 1024
+    max_steers_per_child: int = 128
+    max_presets_per_extension: int = 32
+    max_depth: int = 8
+    max_event_field_bytes: int = 32 * 1024
+    max_steer_chars: int = 10_000
+    providers: tuple[str, ...] = field(default=PROVIDERS)
+    # SQLite: durability first. NORMAL may lose the last commits on power loss.
+    synchronous: str = "FULL"
+    busy_timeout_ms: int = 5000
+
+    def __post_init__(self) -> None:
+        if self.synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+            raise ValueError(f"unknown SQLite synchronous mode {self.synchronous!r}")
+        numbers = (
+            self.lease_lifetime_s,
+            self.release_drain_s,
+            self.retention_s,
+            self.events_per_read,
+            self.max_children_per_grant,
+            self.max_leases_per_runner,
+            self.max_steers_per_child,
+            self.max_presets_per_extension,
+            self.max_depth,
+            self.max_event_field_bytes,
+        )
+        if any(n <= 0 for n in numbers) or self.max_recovery_attempts < 0:
+            raise ValueError("engine limits and timings must be positive")

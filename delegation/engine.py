@@ -1,0 +1,410 @@
+"""The embedding API (SPEC §6): ``Engine`` wires the store, the use cases and the runs.
+
+One engine owns one SQLite file. Every child method checks authority inside the
+transaction that acts on it (see :mod:`delegation.service`); what must follow a
+commit (starting, stopping or waking a run) happens here, after the commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+
+from delegation import errors, queries, service
+from delegation.clock import Clock, SystemClock
+from delegation.codec import decode
+from delegation.config import EngineConfig
+from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
+from delegation.runs import ChildContext, Hooks, Recovery, Runner
+from delegation.store.database import Database
+from delegation.store.events import EventRow
+from delegation.store.steers import mark_delivered
+from delegation.wire import (
+    CANCEL_METHOD,
+    READ_METHOD,
+    RELEASE_METHOD,
+    START_METHOD,
+    STEER_METHOD,
+    Event,
+    Params,
+    Preset,
+    Result,
+    SteerResult,
+)
+
+log = logging.getLogger("delegation.engine")
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class _Local:
+    """A child executing in this process."""
+
+    child_id: int
+    decided: asyncio.Event = field(default_factory=asyncio.Event)  # admitted, or ended
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    ctx: ChildContext | None = None
+    finishing: bool = False
+    suspend: bool = False  # graceful close: stop without writing a terminal state
+
+
+class Engine:
+    """Durable child runs on SQLite. Use as ``async with Engine(url, runner=...) as engine``."""
+
+    def __init__(
+        self,
+        url: str = "sqlite:///delegation.db",
+        *,
+        runner: Runner,
+        config: EngineConfig | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.clock: Clock = clock or SystemClock()
+        self.instance_id = ""
+        self._runner = runner
+        self._db = Database(
+            url, synchronous=self.config.synchronous, busy_timeout_ms=self.config.busy_timeout_ms
+        )
+        self._local: dict[int, _Local] = {}
+        self._open = False
+        self._methods: dict[str, Callable[[RunnerConnection, Params], Awaitable[Any]]] = {
+            START_METHOD: self._start,
+            READ_METHOD: self._read,
+            CANCEL_METHOD: self._cancel,
+            STEER_METHOD: self._steer,
+            RELEASE_METHOD: self._release,
+        }
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def __aenter__(self) -> Engine:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Open (and migrate) the database and record a new host instance."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._db.open, loop)
+        self.instance_id = f"h-{uuid.uuid4().hex}"
+        await self._write(service.boot, self.instance_id)
+        self._open = True
+
+    async def close(self) -> None:
+        """Stop local execution gracefully; leased children are resumed at the next boot.
+
+        Tool grants end, so their foreground children are cancelled (and given up to
+        ``release_drain_s`` to stop); every other run is stopped without a state change.
+        """
+        if not self._open:
+            return
+        self._open = False
+        affected = await self._write(service.shutdown, self.instance_id)
+        await self._drain(await self._stop(affected), self.config.release_drain_s)
+        running = list(self._local.values())
+        for local in running:
+            local.suspend = True
+            if local.task is not None and not local.finishing:
+                local.task.cancel()
+        await asyncio.gather(*(lo.task for lo in running if lo.task), return_exceptions=True)
+        await self._write(service.close_instance, self.instance_id)
+        await asyncio.get_running_loop().run_in_executor(None, self._db.close)
+
+    # --- runners, tools, runs ---------------------------------------------------------
+
+    async def connect(self, runner_id: str, host_instance_id: str) -> RunnerConnection:
+        """Register a runner connection, one generation above its last.
+
+        A different ``host_instance_id`` than last time revokes the runner's leases.
+        """
+        handle, affected = await self._write(
+            service.connect, self.instance_id, runner_id, host_instance_id
+        )
+        await self._stop(affected)
+        return handle
+
+    async def disconnect(self, conn: RunnerConnection) -> None:
+        """End a connection: its tool grants end; leases survive for a reconnect."""
+        await self._stop(await self._write(service.disconnect, conn))
+
+    async def open_tool(
+        self,
+        conn: RunnerConnection,
+        *,
+        run_id: str,
+        conversation_id: str,
+        tool_call_id: str,
+        extension_id: str,
+        presets: Sequence[Preset],
+        workspace: str,
+    ) -> ToolHandle:
+        """Open the tool grant of one live extension tool call."""
+        now = self.clock.now()
+        grant = await self._db.write(
+            lambda c: service.open_tool(
+                c,
+                self.config,
+                self.instance_id,
+                conn,
+                run_id=run_id,
+                conversation_id=conversation_id,
+                tool_call_id=tool_call_id,
+                extension_id=extension_id,
+                presets=list(presets),
+                workspace=workspace,
+                now=now,
+            )
+        )
+        return ToolHandle(
+            grant.id, conn.runner_id, conn.id, run_id, conversation_id, tool_call_id, extension_id
+        )
+
+    async def close_tool(self, tool: ToolHandle) -> None:
+        """The tool call ended: its foreground children are cancelled."""
+        await self._stop(await self._write(service.close_tool, tool.grant_id))
+
+    async def finish_run(self, run_id: str, succeeded: bool = True) -> None:
+        """A parent run ended. On failure its leases are dropped and their children cancelled."""
+        await self._stop(await self._write(service.finish_run, run_id, succeeded))
+
+    # --- the five methods -------------------------------------------------------------
+
+    async def call(
+        self, conn: RunnerConnection, method: str, params: Params | bytes | str
+    ) -> Result | SteerResult:
+        """Serve one child method; raises a :class:`DelegationError` for every refusal."""
+        handler = self._methods.get(method)
+        if handler is None:
+            raise errors.MethodNotFound(f"method not found: {method}")
+        if not isinstance(params, Params):
+            if not isinstance(params, bytes | bytearray | memoryview | str):
+                raise errors.MalformedInput("child params must be Params or JSON")
+            params = decode(params, Params, providers=self.config.providers)
+        result: Result | SteerResult = await handler(conn, params)
+        return result
+
+    async def _start(self, conn: RunnerConnection, params: Params) -> Result:
+        now = self.clock.now()
+        plan = await self._db.write(
+            lambda c: service.reserve_start(c, self.config, conn, params, now)
+        )
+        if not plan.replay:
+            self._spawn(plan.child, plan, None)
+        return await self._outcome(plan.child.id, params.after)
+
+    async def _read(self, conn: RunnerConnection, params: Params) -> Result:
+        now = self.clock.now()
+        child = await self._db.read(lambda c: service.locate_child(c, conn, params, now))
+        return await self._outcome(child.id, params.after)
+
+    async def _cancel(self, conn: RunnerConnection, params: Params) -> Result:
+        child = await self._write(service.cancel, conn, params)
+        if not child.terminal:
+            await self._stop([child.id])
+        return await self._page(child.id, params.after)
+
+    async def _steer(self, conn: RunnerConnection, params: Params) -> SteerResult:
+        now = self.clock.now()
+        outcome = await self._db.write(lambda c: service.steer(c, self.config, conn, params, now))
+        local = self._local.get(outcome.child_id)
+        if outcome.queued is not None and local is not None and local.ctx is not None:
+            local.ctx.deliver(*outcome.queued)
+        return outcome.result
+
+    async def _release(self, conn: RunnerConnection, params: Params) -> Result:
+        now = self.clock.now()
+        affected = await self._db.write(
+            lambda c: service.release(c, self.config, conn, params, now)
+        )
+        await self._drain(await self._stop(affected), self.config.release_drain_s)
+        remaining = await self._db.read(
+            lambda c: queries.active_under_lease(c, conn.runner_id, params.lease_id)
+        )
+        if remaining:
+            raise errors.ReleaseUnconfirmed()
+        return Result(done=True)
+
+    # --- read models ------------------------------------------------------------------
+
+    async def get_child(
+        self, conversation_id: str, run_id: str | None = None
+    ) -> ChildRecord | None:
+        """The newest execution of a conversation (or the one ``run_id`` names), or None."""
+        return await self._db.read(lambda c: queries.find_child(c, conversation_id, run_id))
+
+    async def list_children(
+        self,
+        *,
+        state: str | None = None,
+        lease_id: str | None = None,
+        parent_run_id: str | None = None,
+        parent_conversation_id: str | None = None,
+        limit: int = 100,
+    ) -> list[ChildRecord]:
+        """Child records, newest first, filtered by state, lease and parent."""
+        filters = {
+            "state": state,
+            "lease_id": lease_id,
+            "parent_run_id": parent_run_id,
+            "parent_conversation_id": parent_conversation_id,
+            "limit": limit,
+        }
+        return await self._db.read(lambda c: queries.list_children(c, **filters))
+
+    async def events(
+        self,
+        conversation_id: str,
+        run_id: str | None = None,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """Committed events of an execution with ``sequence > after``, oldest first."""
+        size = limit or self.config.events_per_read
+        return await self._db.read(
+            lambda c: queries.child_events(c, conversation_id, run_id, after, size)
+        )
+
+    async def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
+        """Leases and tombstones, newest first."""
+        return await self._db.read(lambda c: queries.leases(c, runner_id))
+
+    # --- runs in this process ---------------------------------------------------------
+
+    def _spawn(
+        self, child: ChildRecord, plan: service.StartPlan, recovery: Recovery | None
+    ) -> None:
+        local = _Local(child.id)
+        self._local[child.id] = local
+        local.task = asyncio.create_task(
+            self._execute(local, child, plan, recovery), name=f"delegation-child-{child.run_id}"
+        )
+
+    async def _execute(
+        self,
+        local: _Local,
+        child: ChildRecord,
+        plan: service.StartPlan,
+        recovery: Recovery | None,
+    ) -> None:
+        error = ""
+        ctx: ChildContext | None = None
+        try:
+            run = await self._runner.prepare(plan.request, plan.preset, plan.identity, recovery)
+            ctx = ChildContext(
+                identity=plan.identity,
+                request=plan.request,
+                preset=plan.preset,
+                cwd=child.cwd,
+                recovery=recovery,
+                last_sequence=recovery.last_sequence + 1 if recovery else 0,
+                max_field_bytes=self.config.max_event_field_bytes,
+                hooks=self._hooks(local),
+            )
+            local.ctx = ctx
+            ctx.bind()
+            for steer_id, message in await self._db.read(
+                lambda c: queries.undelivered_steers(c, child.id)
+            ):
+                ctx.deliver(steer_id, message)
+            await run(ctx)
+        except asyncio.CancelledError:
+            pass  # cancelled: the state follows the durable cancellation request
+        except Exception as exc:
+            error = str(exc) or type(exc).__name__
+        finally:
+            local.finishing = True
+            if ctx is not None:
+                ctx.close()
+            try:
+                if not local.suspend:
+                    await self._write(service.finish, child.id, error)
+            except errors.DelegationError as exc:
+                log.error(
+                    "child finish not recorded: %s", exc, extra={"action": "child_finish_failed"}
+                )
+            finally:
+                self._local.pop(child.id, None)
+                local.decided.set()
+                local.ended.set()
+
+    def _hooks(self, local: _Local) -> Hooks:
+        child_id = local.child_id
+
+        async def admit() -> None:
+            await self._write(service.admit, child_id, self.instance_id)
+            local.decided.set()
+
+        def append(sequence: int, body: bytes, output: str | None) -> None:
+            self._db.append_event(EventRow(child_id, sequence, body, output))
+
+        def delivered(steer_ids: list[int]) -> None:
+            now = self.clock.now()
+            self._db.write_nowait(lambda c: mark_delivered(c, steer_ids, now))
+
+        return Hooks(admit=admit, append=append, flush=self._db.barrier, delivered=delivered)
+
+    async def _stop(self, child_ids: Sequence[int]) -> list[asyncio.Event]:
+        """Stop the runs of children whose cancellation was requested.
+
+        Local runs are cancelled (their state follows when they stop); children no
+        task runs are finished as cancelled at once. Returns the local runs' end events.
+        """
+        waits: list[asyncio.Event] = []
+        orphans: list[int] = []
+        for child_id in child_ids:
+            local = self._local.get(child_id)
+            if local is None:
+                orphans.append(child_id)
+                continue
+            if local.task is not None and not local.finishing:
+                local.task.cancel()
+            waits.append(local.ended)
+        if orphans:
+            await self._write(service.stop_unowned, orphans)
+        return waits
+
+    @staticmethod
+    async def _drain(waits: list[asyncio.Event], timeout: float) -> None:
+        if not waits:
+            return
+        pending = [asyncio.ensure_future(w.wait()) for w in waits]
+        _, late = await asyncio.wait(pending, timeout=timeout)
+        for waiter in late:
+            waiter.cancel()
+
+    async def _outcome(self, child_id: int, after: int) -> Result:
+        """Wait until admission is decided (without cancelling anything if the caller
+        goes away), then answer the child's Result."""
+        local = self._local.get(child_id)
+        if local is not None:
+            await local.decided.wait()
+        return await self._page(child_id, after)
+
+    async def _page(self, child_id: int, after: int) -> Result:
+        limit = self.config.events_per_read
+        return await self._db.read(lambda c: queries.page(c, child_id, after, limit))
+
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a use case in the next write batch with the clock's ``now`` appended."""
+        now = self.clock.now()
+
+        def job(conn: Connection) -> T:
+            return fn(conn, *args, now)
+
+        return await self._db.write(job)

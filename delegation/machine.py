@@ -1,0 +1,70 @@
+"""The child state machine of SPEC §4, as data.
+
+``TRANSITIONS`` is the whole truth: the store turns each trigger into one
+guarded UPDATE (``WHERE state IN sources(trigger)``) and treats zero matched
+rows as :class:`errors.IllegalTransition`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+from delegation import errors
+
+
+class State(StrEnum):
+    PREPARED = "prepared"
+    ADMITTED = "admitted"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+class Trigger(StrEnum):
+    ADMIT = "admit"  # the run called admit(): the last moment before any effect
+    RUN = "run"  # a live host instance executes the admitted child
+    FINISH = "finish"  # the run returned or failed (before admission too)
+    STOP = "stop"  # cancellation was requested and the run has stopped
+    SUSPEND = "suspend"  # the host instance running it went away
+
+
+TERMINAL: frozenset[State] = frozenset({State.DONE, State.CANCELLED})
+ACTIVE: frozenset[State] = frozenset({State.PREPARED, State.ADMITTED, State.RUNNING})
+
+TRANSITIONS: Mapping[tuple[State, Trigger], State] = {
+    (State.PREPARED, Trigger.ADMIT): State.ADMITTED,
+    (State.ADMITTED, Trigger.RUN): State.RUNNING,
+    (State.PREPARED, Trigger.FINISH): State.DONE,
+    (State.ADMITTED, Trigger.FINISH): State.DONE,
+    (State.RUNNING, Trigger.FINISH): State.DONE,
+    (State.PREPARED, Trigger.STOP): State.CANCELLED,
+    (State.ADMITTED, Trigger.STOP): State.CANCELLED,
+    (State.RUNNING, Trigger.STOP): State.CANCELLED,
+    (State.RUNNING, Trigger.SUSPEND): State.ADMITTED,
+}
+
+
+def next_state(state: State, trigger: Trigger) -> State:
+    """The state after ``trigger`` fires in ``state``.
+
+    Raises:
+        errors.IllegalTransition: the table has no such transition.
+    """
+    try:
+        return TRANSITIONS[(state, trigger)]
+    except KeyError:
+        raise errors.IllegalTransition(
+            f"child state transition {trigger.value} is not allowed from {state.value}"
+        ) from None
+
+
+def sources(trigger: Trigger) -> frozenset[State]:
+    """Every state from which ``trigger`` may fire."""
+    return frozenset(state for state, t in TRANSITIONS if t is trigger)
+
+
+def target(trigger: Trigger) -> State:
+    """The one state ``trigger`` leads to (each trigger has a single target)."""
+    (state,) = {to for (_, t), to in TRANSITIONS.items() if t is trigger}
+    return state

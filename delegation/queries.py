@@ -1,0 +1,113 @@
+"""Read models: the Result of a child, and the records tools and the CLI list.
+
+Each function is one read transaction on a WAL reader, so it only ever sees
+committed rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from sqlalchemy import Connection, func, select
+
+from delegation import errors
+from delegation.records import ChildRecord, LeaseRecord
+from delegation.store import children, events, steers
+from delegation.store.tables import children as children_table
+from delegation.store.tables import grants as grants_table
+from delegation.wire import Event, Result
+
+_events = msgspec.json.Decoder(list[Event])
+
+
+def decode_events(bodies: list[bytes]) -> list[Event]:
+    if not bodies:
+        return []
+    return _events.decode(b"[" + b",".join(bodies) + b"]")
+
+
+def result_of(child: ChildRecord, bodies: list[bytes]) -> Result:
+    """A child's wire Result; a child that ended unadmitted answers AdmissionFailed."""
+    if child.terminal and child.admitted_at is None:
+        raise errors.AdmissionFailed(child.error)
+    return Result(
+        runner_id=child.runner_id,
+        host_instance_id=child.runner_host_instance_id,
+        conversation_id=child.conversation_id,
+        run_id=child.run_id,
+        parent_conversation_id=child.parent_conversation_id,
+        parent_run_id=child.parent_run_id,
+        extension_id=child.extension_id,
+        profile=child.profile,
+        done=child.terminal,
+        cancelled=child.state == "cancelled",
+        error=child.error,
+        output=child.output,
+        events=decode_events(bodies),
+    )
+
+
+def page(conn: Connection, child_id: int, after: int, limit: int) -> Result:
+    child = children.get(conn, child_id)
+    if child is None:
+        raise errors.ChildPurged()
+    return result_of(child, events.page(conn, child_id, after, limit))
+
+
+def find_child(conn: Connection, conversation_id: str, run_id: str | None) -> ChildRecord | None:
+    return children.find(conn, conversation_id, run_id)
+
+
+def list_children(conn: Connection, **filters: Any) -> list[ChildRecord]:
+    return children.listing(conn, **filters)
+
+
+def child_events(
+    conn: Connection, conversation_id: str, run_id: str | None, after: int, limit: int
+) -> list[Event]:
+    child = children.find(conn, conversation_id, run_id)
+    if child is None:
+        return []
+    return decode_events(events.page(conn, child.id, after, limit))
+
+
+def undelivered_steers(conn: Connection, child_id: int) -> list[tuple[int, str]]:
+    return steers.undelivered(conn, child_id)
+
+
+def last_sequence(conn: Connection, child_id: int) -> int:
+    return events.last_sequence(conn, child_id)
+
+
+def active_under_lease(conn: Connection, runner_id: str, lease_id: str) -> list[int]:
+    return children.active_ids(
+        conn, children_table.c.runner_id == runner_id, children_table.c.lease_id == lease_id
+    )
+
+
+def leases(conn: Connection, runner_id: str | None = None) -> list[LeaseRecord]:
+    """Live leases and tombstones, newest first, with how many children each holds."""
+    count = (
+        select(func.count()).where(children_table.c.grant_id == grants_table.c.id).scalar_subquery()
+    )
+    query = select(grants_table, count.label("children")).where(grants_table.c.kind == "lease")
+    if runner_id is not None:
+        query = query.where(grants_table.c.runner_id == runner_id)
+    rows = conn.execute(query.order_by(grants_table.c.created_at.desc()))
+    return [
+        LeaseRecord(
+            lease_id=row.lease_id,
+            runner_id=row.runner_id,
+            extension_id=row.extension_id,
+            run_id=row.run_id,
+            conversation_id=row.conversation_id,
+            created_at=row.created_at,
+            expires_at=row.expires_at,
+            activated_at=row.activated_at,
+            revoked_at=row.revoked_at,
+            revoke_reason=row.revoke_reason,
+            children=row.children,
+        )
+        for row in rows
+    ]

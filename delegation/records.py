@@ -1,0 +1,128 @@
+"""Plain records of what the store holds: what authority checks and read models return.
+
+They carry no behaviour and import no persistence, so pure code (authority, the state
+machine) can be tested over them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from delegation.wire import Preset
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConnection:
+    """One live registration of a runner, as returned by ``Engine.connect``."""
+
+    id: str
+    runner_id: str
+    host_instance_id: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerRecord:
+    runner_id: str
+    host_instance_id: str
+    generation: int
+    connection_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GrantRecord:
+    """A tool grant (one tool call) or a lease grant (retained authority)."""
+
+    id: str
+    kind: str  # "tool" | "lease"
+    runner_id: str
+    connection_id: str | None
+    run_id: str | None
+    conversation_id: str | None
+    tool_call_id: str | None
+    extension_id: str
+    lease_id: str | None
+    origin_grant_id: str | None
+    workspace: str | None
+    presets: tuple[Preset, ...]
+    generations: frozenset[int]
+    depth: int
+    created_at: float
+    expires_at: float | None
+    closed_at: float | None
+    activated_at: float | None
+    revoked_at: float | None
+    revoke_reason: str | None
+
+    @property
+    def is_lease(self) -> bool:
+        return self.kind == "lease"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolHandle:
+    """An open tool call, as returned by ``Engine.open_tool``."""
+
+    grant_id: str
+    runner_id: str
+    connection_id: str
+    run_id: str
+    conversation_id: str
+    tool_call_id: str
+    extension_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChildRecord:
+    """One execution of a child conversation: the engine's read model."""
+
+    id: int
+    conversation_id: str
+    run_id: str
+    grant_id: str | None
+    lease_id: str | None
+    request_id: str
+    runner_id: str
+    runner_host_instance_id: str
+    parent_conversation_id: str
+    parent_run_id: str
+    extension_id: str
+    profile: str
+    generation: int
+    request: bytes
+    preset: bytes
+    cwd: str
+    depth: int
+    followup: bool
+    state: str
+    engine_instance_id: str | None
+    cancel_requested_at: float | None
+    cancel_reason: str | None
+    error: str
+    output: str
+    recovery_attempts: int
+    created_at: float
+    updated_at: float
+    admitted_at: float | None
+    finished_at: float | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in ("done", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """A lease as the read models show it (live or a revoked tombstone)."""
+
+    lease_id: str
+    runner_id: str
+    extension_id: str
+    run_id: str | None
+    conversation_id: str | None
+    created_at: float
+    expires_at: float | None
+    activated_at: float | None
+    revoked_at: float | None
+    revoke_reason: str | None
+    children: int

@@ -1,0 +1,193 @@
+"""The runner protocol and the context a child run sees (SPEC §6).
+
+A host supplies a runner: ``async prepare(request, preset, identity, recovery) -> Run``
+validates and freezes configuration without side effects; the returned
+``Run`` is ``async (ctx) -> None`` and calls ``await ctx.admit()`` (or the
+module-level :func:`admit`) before its first effect. Cancellation arrives as
+``asyncio.CancelledError``; a run that raises ends ``done`` with the message as error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
+
+from delegation import errors
+from delegation.codec import encode
+from delegation.wire import Event, Identity, Preset, Request
+
+RESULT_KIND = "result"
+RECOVERY_KIND = "recovery"
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """Given to ``prepare`` when a child is resumed after a host restart."""
+
+    attempt: int  # 1 for the first resume
+    last_sequence: int  # the last committed event before the engine's recovery event
+
+
+class NotResumable(Exception):
+    """Raised by ``prepare`` to refuse resuming a child after a restart."""
+
+
+Run = Callable[["ChildContext"], Awaitable[None]]
+
+
+class Runner(Protocol):
+    async def prepare(
+        self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
+    ) -> Run: ...
+
+
+_current: ContextVar[ChildContext | None] = ContextVar("delegation_child", default=None)
+
+
+async def admit() -> None:
+    """Admit the child whose run is executing in this task (see ``ChildContext.admit``)."""
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError("delegation.admit() called outside a child run")
+    await ctx.admit()
+
+
+def truncate(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, never inside a character."""
+    if len(text) * 4 <= limit:
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", "ignore")
+
+
+_CUT_FIELDS = ("text", "input", "tool_output", "error")
+
+
+@dataclass(slots=True)
+class Hooks:
+    """What a context needs from the engine, handed in so runs never import the store."""
+
+    admit: Callable[[], Awaitable[None]]
+    append: Callable[[int, bytes, str | None], None]  # sequence, body, output
+    flush: Callable[[], Awaitable[None]]
+    delivered: Callable[[list[int]], None]
+
+
+class ChildContext:
+    """The running child's view of the engine."""
+
+    def __init__(
+        self,
+        *,
+        identity: Identity,
+        request: Request,
+        preset: Preset,
+        cwd: str,
+        recovery: Recovery | None,
+        last_sequence: int,
+        max_field_bytes: int,
+        hooks: Hooks,
+    ) -> None:
+        self.identity = identity
+        self.request = request
+        self.preset = preset
+        self.cwd = cwd
+        self.recovery = recovery
+        self._sequence = last_sequence
+        self._limit = max_field_bytes
+        self._hooks = hooks
+        self._steers: deque[tuple[int, str]] = deque()
+        self._seen: set[int] = set()
+        self._steer_ready = asyncio.Event()
+        self._closed = False
+        self.admitted = False
+
+    async def admit(self) -> None:
+        """Commit admission: the last moment before any effect. A no-op once admitted.
+
+        Raises ``asyncio.CancelledError`` when cancellation was requested first.
+        """
+        if self.admitted:
+            return
+        try:
+            await self._hooks.admit()
+        except errors.AdmissionFailed:
+            raise asyncio.CancelledError() from None
+        self.admitted = True
+
+    def emit(self, event: Event) -> int:
+        """Append an event without blocking; the engine assigns and returns its sequence.
+
+        Oversized ``text``, ``input``, ``toolOutput`` and ``error`` are cut at a UTF-8
+        character boundary; the child's ``output`` keeps a ``result`` text whole.
+        """
+        if self._closed:
+            raise RuntimeError("the child run has ended; its context no longer accepts events")
+        if not isinstance(event, Event):
+            raise TypeError(f"emit() takes an Event, not {type(event).__name__}")
+        self._sequence += 1
+        changes: dict[str, object] = {"sequence": self._sequence}
+        for name in _CUT_FIELDS:
+            value = getattr(event, name)
+            cut = truncate(value, self._limit)
+            if cut is not value:
+                changes[name] = cut
+        body = encode(msgspec.structs.replace(event, **changes))
+        output = event.text if event.kind == RESULT_KIND else None
+        self._hooks.append(self._sequence, body, output)
+        return self._sequence
+
+    async def flush(self) -> None:
+        """Return once every event emitted so far is committed."""
+        await self._hooks.flush()
+
+    def take_steers(self) -> list[str]:
+        """Every steer delivered so far and not yet taken, oldest first."""
+        taken = list(self._steers)
+        self._steers.clear()
+        self._steer_ready.clear()
+        if taken:
+            self._hooks.delivered([steer_id for steer_id, _ in taken])
+        return [message for _, message in taken]
+
+    async def wait_steer(self, timeout: float | None = None) -> str | None:
+        """The next steer message, or None if none arrives within ``timeout`` seconds."""
+        if not self._steers:
+            try:
+                await asyncio.wait_for(self._steer_ready.wait(), timeout)
+            except TimeoutError:
+                return None
+        steer_id, message = self._steers.popleft()
+        if not self._steers:
+            self._steer_ready.clear()
+        self._hooks.delivered([steer_id])
+        return message
+
+    # --- engine side --------------------------------------------------------------
+
+    def deliver(self, steer_id: int, message: str) -> None:
+        """Queue a committed steer for the run (each steer id at most once)."""
+        if steer_id in self._seen:
+            return
+        self._seen.add(steer_id)
+        self._steers.append((steer_id, message))
+        self._steer_ready.set()
+
+    @property
+    def last_sequence(self) -> int:
+        return self._sequence
+
+    def close(self) -> None:
+        self._closed = True
+
+    def bind(self) -> object:
+        """Make this the context of the current task for :func:`admit`."""
+        return _current.set(self)

@@ -1,0 +1,444 @@
+"""Use cases: each function is one write (or read) transaction over the store.
+
+They run inside the store's writer thread (or a reader), take ``now`` as an
+argument, check authority first and raise before writing anything, so a refused
+call has no effect (the store rolls back the job's savepoint). What must happen
+after commit (cancelling tasks, waking waiters) is left to the engine, which acts
+on what these functions return.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from msgspec import UNSET
+from sqlalchemy import Connection
+
+from delegation import authority, errors
+from delegation._struct import blank
+from delegation.codec import encode
+from delegation.config import EngineConfig
+from delegation.machine import State, Trigger
+from delegation.records import ChildRecord, GrantRecord, RunnerConnection
+from delegation.store import children, grants, runners, steers
+from delegation.store.tables import grants as grants_table
+from delegation.wire import (
+    STEER_INJECTED,
+    STEER_NO_RUNNING_TURN,
+    STEER_PROMPT_REQUIRED,
+    Identity,
+    Params,
+    Preset,
+    Request,
+    SteerResult,
+    valid_id,
+)
+
+# Why a child was cancelled: the error it ends with.
+CANCEL_REQUESTED = "cancelled: cancel requested"
+LEASE_RELEASED = "cancelled: lease released"
+LEASE_EXPIRED = "cancelled: lease expired"
+TOOL_ENDED = "cancelled: tool call ended"
+ORIGIN_TOOL_ENDED = "cancelled: originating tool ended before admission"
+PARENT_FAILED = "cancelled: parent run failed"
+RUNNER_RESTARTED = "cancelled: runner restarted"
+RUNNER_RECONNECTED = "cancelled: runner reconnected"
+RUNNER_DISCONNECTED = "cancelled: runner disconnected"
+NOT_ADMITTED = "child run ended before admission"
+
+
+@dataclass(frozen=True, slots=True)
+class StartPlan:
+    """What ``reserve_start`` decided: a new reservation, or a replay of an old one."""
+
+    child: ChildRecord
+    replay: bool
+    request: Request
+    preset: Preset
+    identity: Identity
+
+
+def identity_of(child: ChildRecord) -> Identity:
+    return Identity(
+        runner_id=child.runner_id,
+        host_instance_id=child.runner_host_instance_id,
+        conversation_id=child.conversation_id,
+        run_id=child.run_id,
+        parent_conversation_id=child.parent_conversation_id,
+        parent_run_id=child.parent_run_id,
+        extension_id=child.extension_id,
+        profile=child.profile,
+    )
+
+
+# --- authority over stored records ----------------------------------------------------
+
+
+def authorize(
+    conn: Connection, rconn: RunnerConnection, params: Params, now: float, *, steer: bool = False
+) -> tuple[GrantRecord, GrantRecord | None]:
+    """SPEC §3.1-3.3: the current connection, then the selected grant, owned by the caller.
+
+    Returns the selected grant and the live tool grant of the call (if any).
+    """
+    authority.check_connection(runners.get_runner(conn, rconn.runner_id), rconn)
+    tool = grants.live_tool(conn, rconn.runner_id, params.run_id, params.tool_call_id)
+    lease = grants.get_lease(conn, rconn.runner_id, params.lease_id)
+    grant = authority.select_grant(tool, lease, params)
+    return authority.require_owner(grant, rconn, params, now, steer=steer), tool
+
+
+def locate_child(
+    conn: Connection, rconn: RunnerConnection, params: Params, now: float, *, steer: bool = False
+) -> ChildRecord:
+    """Authorize the call and find the one child its handle names (SPEC §3.7)."""
+    grant, _ = authorize(conn, rconn, params, now, steer=steer)
+    found = children.of_grant(conn, grant.id, params.child_id) if params.child_id else []
+    return authority.locate(found, params.child_id, params.child_run_id)
+
+
+# --- child.start ----------------------------------------------------------------------
+
+
+def reserve_start(
+    conn: Connection, cfg: EngineConfig, rconn: RunnerConnection, params: Params, now: float
+) -> StartPlan:
+    """Check a start in the order of SPEC §5 and reserve the child as ``prepared``.
+
+    Raises the first refusal that applies; nothing is written then.
+    """
+    grant, tool = authorize(conn, rconn, params, now)
+    request = params.request if params.request is not UNSET else Request()
+    request.validate(cfg.providers)
+    preset = authority.find_preset(grant, request.profile, params.generation)
+    if request.lease_id != params.lease_id:
+        raise errors.LeaseMismatch()
+    previous = children.find(conn, request.resume) if request.resume else None
+    cwd = authority.resolve_cwd(
+        grant.workspace or "", request.cwd, previous.cwd if previous else None
+    )
+    wire_request = encode(request)
+    existing = children.by_request(conn, grant.id, request.request_id)
+    if existing is not None:
+        if existing.request != wire_request or existing.cwd != cwd:
+            raise errors.RequestIdReused()
+        return StartPlan(existing, True, request, preset, identity_of(existing))
+    tool_owned = tool is not None and authority.owns(tool, rconn, params, now)
+    if params.lease_id and grant.activated_at is None and not tool_owned:
+        raise errors.LeaseNotActivated()
+    if request.context_mode == "fork" and not tool_owned:
+        raise errors.ForkRequiresTool()
+    if request.resume:
+        _check_resume(conn, grant, rconn, request)
+    if params.lease_id and not grant.is_lease:
+        if grants.count_leases(conn, rconn.runner_id) >= cfg.max_leases_per_runner:
+            raise errors.LeaseCapacity()
+        grant = grants.insert_lease(conn, grant, params.lease_id, now, cfg.lease_lifetime_s)
+    if children.count_of_grant(conn, grant.id) >= cfg.max_children_per_grant:
+        raise errors.SubmissionLimit()
+    if grant.depth > cfg.max_depth:
+        raise errors.NestingLimit()
+    runner = runners.get_runner(conn, rconn.runner_id)
+    assert runner is not None
+    child_id = children.insert_child(
+        conn,
+        conversation_id=request.resume or f"c-{uuid.uuid4().hex}",
+        run_id=f"r-{uuid.uuid4().hex}",
+        grant_id=grant.id,
+        lease_id=grant.lease_id,
+        request_id=request.request_id,
+        runner_id=rconn.runner_id,
+        runner_host_instance_id=runner.host_instance_id,
+        parent_conversation_id=grant.conversation_id,
+        parent_run_id=grant.run_id,
+        extension_id=grant.extension_id,
+        profile=request.profile,
+        generation=params.generation,
+        request=wire_request,
+        preset=encode(preset),
+        cwd=cwd,
+        depth=grant.depth,
+        followup=1 if request.resume else 0,
+        created_at=now,
+    )
+    child = children.get(conn, child_id)
+    assert child is not None
+    return StartPlan(child, False, request, preset, identity_of(child))
+
+
+def _check_resume(
+    conn: Connection, grant: GrantRecord, rconn: RunnerConnection, request: Request
+) -> None:
+    executions = children.executions(conn, request.resume)
+    same_owner = bool(executions) and all(
+        e.parent_conversation_id == grant.conversation_id
+        and e.extension_id == grant.extension_id
+        and e.runner_id == rconn.runner_id
+        and e.profile == request.profile
+        for e in executions
+    )
+    if not same_owner:
+        raise errors.ResumeMismatch()
+    if any(not e.terminal for e in executions):
+        raise errors.ActiveSubmission()
+
+
+# --- the run's own transitions ----------------------------------------------------------
+
+
+def admit(conn: Connection, child_id: int, instance_id: str, now: float) -> None:
+    """prepared → admitted → running, after re-checking cancellation and the origin tool.
+
+    Raises:
+        errors.AdmissionFailed: cancellation was requested first (the run must stop).
+        errors.LeaseNotActivated: a first admission under a lease whose tool has ended.
+    """
+    child = children.get(conn, child_id)
+    if child is None:
+        raise errors.ChildPurged()
+    if child.state != State.PREPARED.value:
+        return  # admitted already: admit() is a no-op then
+    if child.cancel_requested_at is not None:
+        raise errors.AdmissionFailed(child.cancel_reason)
+    lease = grants.get(conn, child.grant_id) if child.lease_id and child.grant_id else None
+    if lease is not None and lease.activated_at is None:
+        origin = grants.get(conn, lease.origin_grant_id) if lease.origin_grant_id else None
+        if origin is None or origin.closed_at is not None or lease.revoked_at is not None:
+            raise errors.LeaseNotActivated()
+        grants.activate(conn, lease.id, now)
+    children.transition(conn, child_id, Trigger.ADMIT, now, admitted_at=now)
+    children.transition(conn, child_id, Trigger.RUN, now, engine_instance_id=instance_id)
+
+
+def finish(conn: Connection, child_id: int, error: str, now: float) -> ChildRecord:
+    """End a run: ``cancelled`` if cancellation was requested, else ``done``."""
+    child = children.get(conn, child_id)
+    if child is None:
+        raise errors.ChildPurged()
+    if child.cancel_requested_at is not None:
+        children.transition(conn, child_id, Trigger.STOP, now, error=child.cancel_reason or "")
+    else:
+        if child.admitted_at is None and not error:
+            error = NOT_ADMITTED
+        children.transition(conn, child_id, Trigger.FINISH, now, error=error)
+    ended = children.get(conn, child_id)
+    assert ended is not None
+    return ended
+
+
+def stop_unowned(conn: Connection, child_ids: Sequence[int], now: float) -> None:
+    """Finish cancelled children that no local task is running (nothing left to stop)."""
+    for child_id in child_ids:
+        child = children.get(conn, child_id)
+        if child is not None and not child.terminal and child.cancel_requested_at is not None:
+            children.transition(conn, child_id, Trigger.STOP, now, error=child.cancel_reason or "")
+
+
+# --- child.cancel, child.steer, child.lease.release ------------------------------------
+
+
+def cancel(conn: Connection, rconn: RunnerConnection, params: Params, now: float) -> ChildRecord:
+    child = locate_child(conn, rconn, params, now)
+    children.request_cancel(conn, [child.id], now, CANCEL_REQUESTED)
+    updated = children.get(conn, child.id)
+    assert updated is not None
+    return updated
+
+
+@dataclass(frozen=True, slots=True)
+class SteerOutcome:
+    result: SteerResult
+    child_id: int
+    queued: tuple[int, str] | None  # (steer id, message) when newly queued
+
+
+def steer(
+    conn: Connection, cfg: EngineConfig, rconn: RunnerConnection, params: Params, now: float
+) -> SteerOutcome:
+    """Record a steer receipt, idempotently, and queue it for a running child."""
+    child = locate_child(conn, rconn, params, now, steer=True)
+    message = params.message
+    if not valid_id(params.request_id) or blank(message) or len(message) > cfg.max_steer_chars:
+        raise errors.BadSteer()
+    stored = steers.receipt(conn, child.id, params.request_id)
+    if stored is not None:
+        if stored[0] != message:
+            raise errors.SteerRequestIdReused()
+        return SteerOutcome(SteerResult(outcome=stored[1], reason=stored[2]), child.id, None)
+    if steers.count(conn, child.id) >= cfg.max_steers_per_child:
+        raise errors.SteerLimit()
+    live = child.state in (State.ADMITTED.value, State.RUNNING.value)
+    if live:
+        result = SteerResult(outcome=STEER_INJECTED)
+    else:
+        result = SteerResult(outcome=STEER_PROMPT_REQUIRED, reason=STEER_NO_RUNNING_TURN)
+    steer_id = steers.insert_receipt(
+        conn, child.id, params.request_id, message, result.outcome, result.reason, now
+    )
+    return SteerOutcome(result, child.id, (steer_id, message) if live else None)
+
+
+def release(
+    conn: Connection, cfg: EngineConfig, rconn: RunnerConnection, params: Params, now: float
+) -> list[int]:
+    """Revoke a lease (a durable tombstone) and request cancellation of its children.
+
+    Returns the unfinished children under the lease. Releasing an unknown lease
+    leaves a tombstone too, so a later start with that leaseId is fenced.
+    """
+    authority.check_connection(runners.get_runner(conn, rconn.runner_id), rconn)
+    lease = grants.get_lease(conn, rconn.runner_id, params.lease_id)
+    authority.check_release_owner(lease, params)
+    if lease is None:
+        if grants.count_leases(conn, rconn.runner_id) >= cfg.max_leases_per_runner:
+            raise errors.LeaseCapacity()
+        grants.insert_tombstone(
+            conn, rconn.runner_id, params.lease_id, params.extension_id, params.generation, now
+        )
+        return []
+    grants.revoke_leases(conn, [lease.id], now, "released")
+    return children.request_cancel(
+        conn, children.active_of_grants(conn, [lease.id]), now, LEASE_RELEASED
+    )
+
+
+# --- lifecycle of connections, tools and runs --------------------------------------------
+
+
+def connect(
+    conn: Connection, instance_id: str, runner_id: str, host_instance_id: str, now: float
+) -> tuple[RunnerConnection, list[int]]:
+    """Register a runner connection; returns it and the children whose cancellation it requested.
+
+    The previous connection's tool grants end. A different ``host_instance_id`` means
+    the runner's extension processes are gone: its leases are revoked too.
+    """
+    if not valid_id(runner_id) or not valid_id(host_instance_id):
+        raise errors.InputError("runner registration requires a valid runnerId and hostInstanceId")
+    handle, previous = runners.register(conn, runner_id, host_instance_id, instance_id, now)
+    affected: list[int] = []
+    if previous is not None:
+        if previous.connection_id is not None:
+            tools = grants.tools_of_connections(conn, [previous.connection_id])
+            affected += _close_tools(conn, tools, now, RUNNER_RECONNECTED)
+        if previous.host_instance_id != host_instance_id:
+            leases = grants.live_leases(conn, grants_table.c.runner_id == runner_id)
+            affected += _revoke(conn, leases, now, "runner restarted", RUNNER_RESTARTED)
+    return handle, affected
+
+
+def disconnect(conn: Connection, rconn: RunnerConnection, now: float) -> list[int]:
+    affected = _close_tools(
+        conn, grants.tools_of_connections(conn, [rconn.id]), now, RUNNER_DISCONNECTED
+    )
+    runners.disconnect(conn, rconn.id, now)
+    return affected
+
+
+def open_tool(
+    conn: Connection,
+    cfg: EngineConfig,
+    instance_id: str,
+    rconn: RunnerConnection,
+    *,
+    run_id: str,
+    conversation_id: str,
+    tool_call_id: str,
+    extension_id: str,
+    presets: Sequence[Preset],
+    workspace: str,
+    now: float,
+) -> GrantRecord:
+    """Open the tool grant of one extension tool call."""
+    authority.check_connection(runners.get_runner(conn, rconn.runner_id), rconn)
+    if not all(valid_id(v) for v in (run_id, conversation_id, tool_call_id, extension_id)):
+        raise errors.InputError(
+            "tool call requires valid runId, conversationId, toolCallId and extensionId"
+        )
+    if len(presets) > cfg.max_presets_per_extension:
+        raise errors.PresetLimit()
+    for preset in presets:
+        preset.validate(cfg.providers)
+        if preset.extension_id != extension_id or preset.generation == 0:
+            raise errors.PresetStale(
+                "execution preset must belong to the tool's extension with a non-zero generation"
+            )
+    if not os.path.isabs(workspace) or not os.path.isdir(workspace):
+        raise errors.InvalidCwd("tool workspace must be an existing absolute directory")
+    if grants.live_tool(conn, rconn.runner_id, run_id, tool_call_id) is not None:
+        raise errors.ToolAlreadyOpen()
+    return grants.insert_tool(
+        conn,
+        runner_id=rconn.runner_id,
+        connection_id=rconn.id,
+        engine_instance_id=instance_id,
+        run_id=run_id,
+        conversation_id=conversation_id,
+        tool_call_id=tool_call_id,
+        extension_id=extension_id,
+        workspace=os.path.realpath(workspace),
+        presets=presets,
+        depth=children.depth_of_run(conn, run_id) + 1,
+        now=now,
+    )
+
+
+def close_tool(conn: Connection, grant_id: str, now: float) -> list[int]:
+    return _close_tools(conn, [grant_id], now, TOOL_ENDED)
+
+
+def finish_run(conn: Connection, run_id: str, succeeded: bool, now: float) -> list[int]:
+    """A parent run ended: its tools end; on failure its leases are dropped as well."""
+    affected = _close_tools(conn, grants.tools_of_run(conn, run_id), now, TOOL_ENDED)
+    if not succeeded:
+        leases = grants.live_leases(conn, grants_table.c.run_id == run_id)
+        affected += _revoke(conn, leases, now, "parent run failed", PARENT_FAILED)
+    return affected
+
+
+def _close_tools(conn: Connection, tool_ids: Sequence[str], now: float, reason: str) -> list[int]:
+    """End tool grants: cancel their foreground children, and the not-yet-admitted
+    children of leases they created that never admitted anyone."""
+    closed = grants.close_tools(conn, tool_ids, now)
+    if not closed:
+        return []
+    foreground = children.active_of_grants(conn, closed)
+    affected = children.request_cancel(conn, foreground, now, reason)
+    leases = grants.unactivated_leases_from(conn, closed)
+    pending = children.prepared_of_grants(conn, leases)
+    return affected + children.request_cancel(conn, pending, now, ORIGIN_TOOL_ENDED)
+
+
+def _revoke(
+    conn: Connection, lease_ids: Sequence[str], now: float, why: str, reason: str
+) -> list[int]:
+    grants.revoke_leases(conn, lease_ids, now, why)
+    return children.request_cancel(conn, children.active_of_grants(conn, lease_ids), now, reason)
+
+
+# --- the host instance ----------------------------------------------------------------
+
+HOST_CLOSED = "cancelled: host closed"
+
+
+def boot(conn: Connection, instance_id: str, now: float) -> None:
+    """Record this engine's host instance."""
+    runners.insert_instance(conn, instance_id, now)
+
+
+def shutdown(conn: Connection, instance_id: str, now: float) -> list[int]:
+    """Graceful close: this instance's connections and tool grants end (their tools are
+    gone, so their foreground children are cancelled); leases and leased children stay."""
+    connections = runners.open_connections(conn, instance_id)
+    tools = grants.tools_of_connections(conn, connections)
+    affected = _close_tools(conn, tools, now, HOST_CLOSED)
+    for connection_id in connections:
+        runners.disconnect(conn, connection_id, now)
+    return affected
+
+
+def close_instance(conn: Connection, instance_id: str, now: float) -> None:
+    runners.close_instance(conn, instance_id, now)

@@ -1,0 +1,273 @@
+"""The one way asyncio code reaches SQLite.
+
+SQLite has a single writer, so the engine does not fight for the lock: every write
+goes to one **writer thread** that owns one connection and commits in batches
+(group commit). A batch is one ``BEGIN IMMEDIATE`` transaction holding, in order,
+every event appended so far and every queued job, each job in its own SAVEPOINT so
+one refusal never undoes its neighbours. Futures are resolved only after the
+batch's COMMIT returned, so an answer never reports a write that could still be
+lost. Reads run on a small thread pool of WAL readers and see only committed data.
+
+Ordering guarantee: a job queued after ``append_event`` commits in the same batch as
+that event or a later one. So "flush" is simply an empty job (a barrier), and a
+terminal state written after a run's last emit is committed after its events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from delegation import errors
+from delegation.store import migrate
+from delegation.store.events import EventRow, insert_events
+
+log = logging.getLogger("delegation.store")
+
+T = TypeVar("T")
+Job = Callable[[Connection], Any]
+
+
+@dataclass(slots=True)
+class _Pending:
+    fn: Job | None
+    future: asyncio.Future[Any] | None
+    ok: bool = True
+    value: Any = None
+
+
+@dataclass(slots=True)
+class _Queue:
+    jobs: list[_Pending] = field(default_factory=list)
+    events: list[EventRow] = field(default_factory=list)
+
+
+def sqlite_path(url: str) -> Path:
+    """The file behind a ``sqlite:///`` URL; in-memory databases are refused."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or url[len(prefix) :] in ("", ":memory:"):
+        raise ValueError("delegation needs a SQLite file URL such as sqlite:///delegation.db")
+    return Path(url[len(prefix) :].split("?", 1)[0])
+
+
+def _make_engine(url: str, *, begin: str, pragmas: dict[str, str], pool_size: int) -> Engine:
+    engine = create_engine(url, pool_size=pool_size, max_overflow=0, pool_pre_ping=False)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # We issue BEGIN ourselves (below), so pysqlite must not start its own.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        for name, value in pragmas.items():
+            cursor.execute(f"PRAGMA {name}={value}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql(begin)
+
+    return engine
+
+
+def translate(exc: BaseException) -> errors.DelegationError:
+    """SQLAlchemy and sqlite3 failures as domain errors (the store's one boundary)."""
+    if isinstance(exc, errors.DelegationError):
+        return exc
+    text = str(getattr(exc, "orig", exc))
+    if isinstance(exc, OperationalError) and ("locked" in text or "busy" in text):
+        return errors.DatabaseBusy(f"child store is busy; retry ({text})")
+    if isinstance(exc, DBAPIError):
+        return errors.StoreError(f"child store failed: {text}")
+    return errors.InternalError()
+
+
+class Database:
+    """SQLite for the engine: one batching writer thread, pooled WAL readers."""
+
+    def __init__(self, url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> None:
+        self.url = url
+        self.path = sqlite_path(url)
+        self._pragmas = {
+            "journal_mode": "WAL",
+            "synchronous": synchronous.upper(),
+            "busy_timeout": str(busy_timeout_ms),
+            "foreign_keys": "ON",
+        }
+        self._queue = _Queue()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._write_engine: Engine | None = None
+        self._read_engine: Engine | None = None
+        self._readers: ThreadPoolExecutor | None = None
+
+    # --- lifecycle --------------------------------------------------------------
+
+    def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Create the file if needed, migrate it to head, and start the writer."""
+        self._loop = loop
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._write_engine = _make_engine(
+            self.url, begin="BEGIN IMMEDIATE", pragmas=self._pragmas, pool_size=1
+        )
+        read_pragmas = {**self._pragmas, "query_only": "ON"}
+        del read_pragmas["journal_mode"]
+        self._read_engine = _make_engine(self.url, begin="BEGIN", pragmas=read_pragmas, pool_size=4)
+        try:
+            with self._write_engine.connect() as conn:
+                migrate.upgrade(conn)
+        except Exception as exc:
+            self._dispose()
+            raise translate(exc) from exc
+        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="delegation-read")
+        self._stopping = False
+        self._thread = threading.Thread(target=self._writer_main, name="delegation-writer")
+        self._thread.start()
+
+    def close(self) -> None:
+        """Commit everything queued, then stop the writer and the readers."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._readers is not None:
+            self._readers.shutdown(wait=True)
+            self._readers = None
+        self._dispose()
+
+    def _dispose(self) -> None:
+        for engine in (self._write_engine, self._read_engine):
+            if engine is not None:
+                engine.dispose()
+        self._write_engine = self._read_engine = None
+
+    # --- writing ----------------------------------------------------------------
+
+    async def write(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` in the next write batch; return its value once committed.
+
+        Raises what ``fn`` raised (its savepoint rolled back), or a
+        :class:`errors.StoreError` when the batch could not commit.
+        """
+        assert self._loop is not None
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._enqueue(_Pending(fn, future))
+        return await future
+
+    def write_nowait(self, fn: Job) -> None:
+        """Queue ``fn`` without waiting; a failure is logged, never raised."""
+        self._enqueue(_Pending(fn, None))
+
+    async def barrier(self) -> None:
+        """Return once everything queued before this call is committed."""
+        assert self._loop is not None
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._enqueue(_Pending(None, future))
+        await future
+
+    def append_event(self, row: EventRow) -> None:
+        """Queue one event row; it commits with the next batch."""
+        with self._cond:
+            self._queue.events.append(row)
+            self._cond.notify()
+
+    def _enqueue(self, pending: _Pending) -> None:
+        with self._cond:
+            if self._stopping:
+                raise errors.StoreError("child store is closed")
+            self._queue.jobs.append(pending)
+            self._cond.notify()
+
+    def _writer_main(self) -> None:
+        assert self._write_engine is not None
+        with self._write_engine.connect() as conn:
+            while True:
+                with self._cond:
+                    while not (self._queue.jobs or self._queue.events or self._stopping):
+                        self._cond.wait()
+                    batch, self._queue = self._queue, _Queue()
+                if not batch.jobs and not batch.events:
+                    return  # stopping, and nothing left to commit
+                self._commit_batch(conn, batch)
+                self._deliver(batch.jobs)
+
+    def _commit_batch(self, conn: Connection, batch: _Queue) -> None:
+        try:
+            with conn.begin():
+                if batch.events:
+                    insert_events(conn, batch.events)
+                for pending in batch.jobs:
+                    if pending.fn is not None:
+                        self._run_job(conn, pending)
+        except Exception as exc:
+            failure = translate(exc)
+            log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
+            for pending in batch.jobs:
+                pending.ok, pending.value = False, failure
+            if isinstance(failure, errors.DatabaseBusy):
+                # Events are not lost to a busy database: they go first in the next batch.
+                with self._cond:
+                    self._queue.events[:0] = batch.events
+
+    @staticmethod
+    def _run_job(conn: Connection, pending: _Pending) -> None:
+        assert pending.fn is not None
+        savepoint = conn.begin_nested()
+        try:
+            pending.value = pending.fn(conn)
+        except Exception as exc:
+            savepoint.rollback()
+            pending.ok, pending.value = False, translate(exc)
+            if not isinstance(exc, errors.DelegationError):
+                log.error("write job failed", extra={"action": "write_job_failed"}, exc_info=exc)
+        else:
+            savepoint.commit()
+
+    def _deliver(self, jobs: list[_Pending]) -> None:
+        waiting = [p for p in jobs if p.future is not None]
+        for pending in jobs:
+            if pending.future is None and not pending.ok:
+                log.warning("background write refused: %s", pending.value)
+        if waiting and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(_resolve, waiting)
+
+    # --- reading ----------------------------------------------------------------
+
+    async def read(self, fn: Callable[[Connection], T]) -> T:
+        """Run ``fn`` in one read transaction (a consistent WAL snapshot)."""
+        assert self._loop is not None
+        assert self._readers is not None
+        return await self._loop.run_in_executor(self._readers, self.read_sync, fn)
+
+    def read_sync(self, fn: Callable[[Connection], T]) -> T:
+        assert self._read_engine is not None
+        try:
+            with self._read_engine.connect() as conn, conn.begin():
+                return fn(conn)
+        except errors.DelegationError:
+            raise
+        except Exception as exc:
+            raise translate(exc) from exc
+
+
+def _resolve(batch: list[_Pending]) -> None:
+    for pending in batch:
+        future = pending.future
+        if future is None or future.done():
+            continue
+        if pending.ok:
+            future.set_result(pending.value)
+        else:
+            future.set_exception(pending.value)

@@ -1,0 +1,39 @@
+"""Event rows: appended in batches by the writer, paged by readers."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from sqlalchemy import Connection
+
+_INSERT = "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)"
+_OUTPUT = "UPDATE children SET output = ? WHERE id = ?"
+_PAGE = "SELECT body FROM events WHERE child_id = ? AND sequence > ? ORDER BY sequence LIMIT ?"
+
+
+class EventRow(NamedTuple):
+    child_id: int
+    sequence: int
+    body: bytes  # the event's wire JSON, sequence included
+    output: str | None  # the untruncated text of a ``result`` event
+
+
+def insert_events(conn: Connection, rows: list[EventRow]) -> None:
+    """Insert a batch of events and keep each child's ``output`` current."""
+    conn.exec_driver_sql(_INSERT, [(r.child_id, r.sequence, r.body) for r in rows])
+    outputs = {r.child_id: r.output for r in rows if r.output is not None}
+    if outputs:
+        conn.exec_driver_sql(_OUTPUT, [(text, child) for child, text in outputs.items()])
+
+
+def page(conn: Connection, child_id: int, after: int, limit: int) -> list[bytes]:
+    """Up to ``limit`` event bodies with ``sequence > after``, oldest first."""
+    result = conn.exec_driver_sql(_PAGE, (child_id, after, limit))
+    return [row[0] for row in result]
+
+
+def last_sequence(conn: Connection, child_id: int) -> int:
+    row = conn.exec_driver_sql(
+        "SELECT MAX(sequence) FROM events WHERE child_id = ?", (child_id,)
+    ).first()
+    return int(row[0]) if row and row[0] is not None else 0

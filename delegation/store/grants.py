@@ -1,0 +1,244 @@
+"""Tool grants, lease grants and lease tombstones."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+from sqlalchemy import Connection, Row, delete, func, insert, select, update
+
+from delegation.records import GrantRecord
+from delegation.store.tables import grants
+from delegation.wire import Preset
+
+_presets = msgspec.json.Decoder(tuple[Preset, ...])
+_encoder = msgspec.json.Encoder()
+
+
+def _record(row: Row[Any]) -> GrantRecord:
+    presets = _presets.decode(row.presets) if row.presets else ()
+    generations = frozenset(int(g) for g in (row.generations or "").split(",") if g)
+    return GrantRecord(
+        id=row.id,
+        kind=row.kind,
+        runner_id=row.runner_id,
+        connection_id=row.connection_id,
+        run_id=row.run_id,
+        conversation_id=row.conversation_id,
+        tool_call_id=row.tool_call_id,
+        extension_id=row.extension_id,
+        lease_id=row.lease_id,
+        origin_grant_id=row.origin_grant_id,
+        workspace=row.workspace,
+        presets=presets,
+        generations=generations,
+        depth=row.depth,
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+        closed_at=row.closed_at,
+        activated_at=row.activated_at,
+        revoked_at=row.revoked_at,
+        revoke_reason=row.revoke_reason,
+    )
+
+
+def _generations(values: Iterable[int]) -> str:
+    return ",".join(str(g) for g in sorted(set(values)))
+
+
+def get(conn: Connection, grant_id: str) -> GrantRecord | None:
+    row = conn.execute(select(grants).where(grants.c.id == grant_id)).first()
+    return None if row is None else _record(row)
+
+
+def insert_tool(
+    conn: Connection,
+    *,
+    runner_id: str,
+    connection_id: str,
+    engine_instance_id: str,
+    run_id: str,
+    conversation_id: str,
+    tool_call_id: str,
+    extension_id: str,
+    workspace: str,
+    presets: Sequence[Preset],
+    depth: int,
+    now: float,
+) -> GrantRecord:
+    grant_id = uuid.uuid4().hex
+    conn.execute(
+        insert(grants).values(
+            id=grant_id,
+            kind="tool",
+            runner_id=runner_id,
+            connection_id=connection_id,
+            engine_instance_id=engine_instance_id,
+            run_id=run_id,
+            conversation_id=conversation_id,
+            tool_call_id=tool_call_id,
+            extension_id=extension_id,
+            workspace=workspace,
+            presets=_encoder.encode(list(presets)),
+            generations=_generations(p.generation for p in presets),
+            depth=depth,
+            created_at=now,
+        )
+    )
+    record = get(conn, grant_id)
+    assert record is not None
+    return record
+
+
+def live_tool(
+    conn: Connection, runner_id: str, run_id: str, tool_call_id: str
+) -> GrantRecord | None:
+    """The open tool grant of one tool call of a runner, if any."""
+    if not tool_call_id:
+        return None
+    row = conn.execute(
+        select(grants).where(
+            grants.c.run_id == run_id,
+            grants.c.tool_call_id == tool_call_id,
+            grants.c.kind == "tool",
+            grants.c.runner_id == runner_id,
+            grants.c.closed_at.is_(None),
+        )
+    ).first()
+    return None if row is None else _record(row)
+
+
+def get_lease(conn: Connection, runner_id: str, lease_id: str) -> GrantRecord | None:
+    if not lease_id:
+        return None
+    row = conn.execute(
+        select(grants).where(
+            grants.c.kind == "lease", grants.c.runner_id == runner_id, grants.c.lease_id == lease_id
+        )
+    ).first()
+    return None if row is None else _record(row)
+
+
+def count_leases(conn: Connection, runner_id: str) -> int:
+    """Leases plus tombstones of a runner: what the lease capacity counts."""
+    query = select(func.count()).where(grants.c.kind == "lease", grants.c.runner_id == runner_id)
+    return int(conn.execute(query).scalar_one())
+
+
+def insert_lease(
+    conn: Connection, tool: GrantRecord, lease_id: str, now: float, lifetime: float
+) -> GrantRecord:
+    """A lease grant created from a live tool grant: same owner, presets and workspace."""
+    grant_id = uuid.uuid4().hex
+    conn.execute(
+        insert(grants).values(
+            id=grant_id,
+            kind="lease",
+            runner_id=tool.runner_id,
+            connection_id=tool.connection_id,
+            run_id=tool.run_id,
+            conversation_id=tool.conversation_id,
+            tool_call_id=tool.tool_call_id,
+            extension_id=tool.extension_id,
+            lease_id=lease_id,
+            origin_grant_id=tool.id,
+            workspace=tool.workspace,
+            presets=_encoder.encode(list(tool.presets)),
+            generations=_generations(tool.generations),
+            depth=tool.depth,
+            created_at=now,
+            expires_at=now + lifetime,
+        )
+    )
+    record = get(conn, grant_id)
+    assert record is not None
+    return record
+
+
+def insert_tombstone(
+    conn: Connection, runner_id: str, lease_id: str, extension_id: str, generation: int, now: float
+) -> None:
+    """A revoked lease that never existed: it fences later starts with that leaseId."""
+    conn.execute(
+        insert(grants).values(
+            id=uuid.uuid4().hex,
+            kind="lease",
+            runner_id=runner_id,
+            extension_id=extension_id,
+            lease_id=lease_id,
+            generations=str(generation),
+            created_at=now,
+            revoked_at=now,
+            revoke_reason="released",
+        )
+    )
+
+
+def close_tools(conn: Connection, grant_ids: Iterable[str], now: float) -> list[str]:
+    """Close the still-open tool grants among ``grant_ids``; return those closed now."""
+    ids = list(grant_ids)
+    if not ids:
+        return []
+    open_ids = list(
+        conn.execute(
+            select(grants.c.id).where(grants.c.id.in_(ids), grants.c.closed_at.is_(None))
+        ).scalars()
+    )
+    if open_ids:
+        conn.execute(update(grants).where(grants.c.id.in_(open_ids)).values(closed_at=now))
+    return open_ids
+
+
+def revoke_leases(conn: Connection, grant_ids: Iterable[str], now: float, reason: str) -> None:
+    ids = list(grant_ids)
+    if ids:
+        conn.execute(
+            update(grants)
+            .where(grants.c.id.in_(ids), grants.c.revoked_at.is_(None))
+            .values(revoked_at=now, revoke_reason=reason)
+        )
+
+
+def activate(conn: Connection, grant_id: str, now: float) -> None:
+    conn.execute(
+        update(grants)
+        .where(grants.c.id == grant_id, grants.c.activated_at.is_(None))
+        .values(activated_at=now)
+    )
+
+
+def delete_grants(conn: Connection, grant_ids: Iterable[str]) -> None:
+    ids = list(grant_ids)
+    if ids:
+        conn.execute(delete(grants).where(grants.c.id.in_(ids)))
+
+
+def ids_where(conn: Connection, *conditions: Any) -> list[str]:
+    return list(conn.execute(select(grants.c.id).where(*conditions)).scalars())
+
+
+def tools_of_connections(conn: Connection, connection_ids: Iterable[str]) -> list[str]:
+    return ids_where(
+        conn,
+        grants.c.kind == "tool",
+        grants.c.connection_id.in_(list(connection_ids)),
+        grants.c.closed_at.is_(None),
+    )
+
+
+def tools_of_run(conn: Connection, run_id: str) -> list[str]:
+    return ids_where(
+        conn, grants.c.kind == "tool", grants.c.run_id == run_id, grants.c.closed_at.is_(None)
+    )
+
+
+def live_leases(conn: Connection, *conditions: Any) -> list[str]:
+    return ids_where(conn, grants.c.kind == "lease", grants.c.revoked_at.is_(None), *conditions)
+
+
+def unactivated_leases_from(conn: Connection, tool_grant_ids: Iterable[str]) -> list[str]:
+    return live_leases(
+        conn, grants.c.origin_grant_id.in_(list(tool_grant_ids)), grants.c.activated_at.is_(None)
+    )

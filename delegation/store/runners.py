@@ -1,0 +1,86 @@
+"""Host instances, runners and their connections."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import Connection, insert, select, update
+
+from delegation.records import RunnerConnection, RunnerRecord
+from delegation.store.tables import connections, host_instances, runners
+
+
+def insert_instance(conn: Connection, instance_id: str, now: float) -> None:
+    conn.execute(insert(host_instances).values(id=instance_id, started_at=now))
+
+
+def close_instance(conn: Connection, instance_id: str, now: float) -> None:
+    conn.execute(
+        update(host_instances).where(host_instances.c.id == instance_id).values(closed_at=now)
+    )
+
+
+def get_runner(conn: Connection, runner_id: str) -> RunnerRecord | None:
+    row = conn.execute(select(runners).where(runners.c.runner_id == runner_id)).first()
+    if row is None:
+        return None
+    return RunnerRecord(row.runner_id, row.host_instance_id, row.generation, row.connection_id)
+
+
+def register(
+    conn: Connection, runner_id: str, host_instance_id: str, engine_instance_id: str, now: float
+) -> tuple[RunnerConnection, RunnerRecord | None]:
+    """Open a new connection one generation above the last; the previous one is closed."""
+    previous = get_runner(conn, runner_id)
+    generation = 1 if previous is None else previous.generation + 1
+    connection_id = uuid.uuid4().hex
+    values = {
+        "host_instance_id": host_instance_id,
+        "generation": generation,
+        "connection_id": connection_id,
+        "updated_at": now,
+    }
+    if previous is None:
+        conn.execute(insert(runners).values(runner_id=runner_id, **values))
+    else:
+        conn.execute(update(runners).where(runners.c.runner_id == runner_id).values(**values))
+        if previous.connection_id is not None:
+            _close(conn, previous.connection_id, now)
+    conn.execute(
+        insert(connections).values(
+            id=connection_id,
+            runner_id=runner_id,
+            generation=generation,
+            host_instance_id=host_instance_id,
+            engine_instance_id=engine_instance_id,
+            opened_at=now,
+        )
+    )
+    handle = RunnerConnection(connection_id, runner_id, host_instance_id, generation)
+    return handle, previous
+
+
+def disconnect(conn: Connection, connection_id: str, now: float) -> None:
+    """Close the connection; the runner has no live connection until it registers again."""
+    _close(conn, connection_id, now)
+    conn.execute(
+        update(runners)
+        .where(runners.c.connection_id == connection_id)
+        .values(connection_id=None, updated_at=now)
+    )
+
+
+def _close(conn: Connection, connection_id: str, now: float) -> None:
+    conn.execute(
+        update(connections)
+        .where(connections.c.id == connection_id, connections.c.closed_at.is_(None))
+        .values(closed_at=now)
+    )
+
+
+def open_connections(conn: Connection, engine_instance_id: str | None = None) -> list[str]:
+    """Connections not yet closed (of one engine instance, or of every other one)."""
+    query = select(connections.c.id).where(connections.c.closed_at.is_(None))
+    if engine_instance_id is not None:
+        query = query.where(connections.c.engine_instance_id == engine_instance_id)
+    return list(conn.execute(query).scalars())
