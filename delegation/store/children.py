@@ -51,6 +51,11 @@ def of_grant(conn: Connection, grant_id: str, conversation_id: str) -> list[Chil
     return [_record(row) for row in rows]
 
 
+def by_state(conn: Connection, state: str) -> list[ChildRecord]:
+    rows = conn.execute(select(children).where(children.c.state == state).order_by(children.c.id))
+    return [_record(row) for row in rows]
+
+
 def count_of_grant(conn: Connection, grant_id: str) -> int:
     query = select(func.count()).where(children.c.grant_id == grant_id)
     return int(conn.execute(query).scalar_one())
@@ -89,7 +94,9 @@ def transition(
         errors.IllegalTransition: the child is not in a state ``trigger`` may leave.
     """
     to = machine.target(trigger)
-    values: dict[str, Any] = {"state": to.value, "updated_at": now, **fields}
+    if "state" in fields:
+        raise ValueError("a transition's target state comes from the table, not from fields")
+    values: dict[str, Any] = {**fields, "state": to.value, "updated_at": now}
     if to in machine.TERMINAL:
         values.setdefault("finished_at", now)
     result = conn.execute(
