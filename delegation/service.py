@@ -19,7 +19,7 @@ from sqlalchemy import Connection
 
 from delegation import authority, errors
 from delegation._struct import blank
-from delegation.codec import encode
+from delegation.codec import decode, encode
 from delegation.config import EngineConfig
 from delegation.machine import State, Trigger
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection
@@ -59,6 +59,7 @@ class StartPlan:
     request: Request
     preset: Preset
     identity: Identity
+    new_lease_deadline: float | None = None
 
 
 def identity_of(child: ChildRecord) -> Identity:
@@ -116,10 +117,9 @@ def reserve_start(
     preset = authority.find_preset(grant, request.profile, params.generation)
     if request.lease_id != params.lease_id:
         raise errors.LeaseMismatch()
-    previous = children.find(conn, request.resume) if request.resume else None
-    cwd = authority.resolve_cwd(
-        grant.workspace or "", request.cwd, previous.cwd if previous else None
-    )
+    executions = _owned_executions(conn, grant, rconn, request) if request.resume else []
+    saved_cwd = executions[-1].cwd if executions else None
+    cwd = authority.resolve_cwd(grant.workspace or "", request.cwd, saved_cwd)
     wire_request = encode(request)
     existing = children.by_request(conn, grant.id, request.request_id)
     if existing is not None:
@@ -131,12 +131,14 @@ def reserve_start(
         raise errors.LeaseNotActivated()
     if request.context_mode == "fork" and not tool_owned:
         raise errors.ForkRequiresTool()
-    if request.resume:
-        _check_resume(conn, grant, rconn, request)
+    if any(not e.terminal for e in executions):
+        raise errors.ActiveSubmission()
+    new_lease: float | None = None
     if params.lease_id and not grant.is_lease:
         if grants.count_leases(conn, rconn.runner_id) >= cfg.max_leases_per_runner:
             raise errors.LeaseCapacity()
         grant = grants.insert_lease(conn, grant, params.lease_id, now, cfg.lease_lifetime_s)
+        new_lease = grant.expires_at
     if children.count_of_grant(conn, grant.id) >= cfg.max_children_per_grant:
         raise errors.SubmissionLimit()
     if grant.depth > cfg.max_depth:
@@ -166,12 +168,26 @@ def reserve_start(
     )
     child = children.get(conn, child_id)
     assert child is not None
-    return StartPlan(child, False, request, preset, identity_of(child))
+    return StartPlan(child, False, request, preset, identity_of(child), new_lease)
 
 
-def _check_resume(
+def plan_of(child: ChildRecord) -> StartPlan:
+    """The plan to run a stored child again (after a restart)."""
+    request = decode(child.request, Request)
+    preset = decode(child.preset, Preset)
+    return StartPlan(child, True, request, preset, identity_of(child))
+
+
+def resume_running(conn: Connection, child_id: int, instance_id: str, now: float) -> None:
+    """A resumed child runs again under this host instance: admitted → running."""
+    children.transition(conn, child_id, Trigger.RUN, now, engine_instance_id=instance_id)
+
+
+def _owned_executions(
     conn: Connection, grant: GrantRecord, rconn: RunnerConnection, request: Request
-) -> None:
+) -> list[ChildRecord]:
+    """The executions of the conversation a resume names, if the caller may resume it:
+    started by the same parent conversation, extension, runner and preset (SPEC §3.6)."""
     executions = children.executions(conn, request.resume)
     same_owner = bool(executions) and all(
         e.parent_conversation_id == grant.conversation_id
@@ -182,8 +198,7 @@ def _check_resume(
     )
     if not same_owner:
         raise errors.ResumeMismatch()
-    if any(not e.terminal for e in executions):
-        raise errors.ActiveSubmission()
+    return executions
 
 
 # --- the run's own transitions ----------------------------------------------------------
@@ -199,6 +214,8 @@ def admit(conn: Connection, child_id: int, instance_id: str, now: float) -> None
     child = children.get(conn, child_id)
     if child is None:
         raise errors.ChildPurged()
+    if child.state in (State.DONE.value, State.CANCELLED.value):
+        raise errors.AdmissionFailed(child.error or child.cancel_reason)
     if child.state != State.PREPARED.value:
         return  # admitted already: admit() is a no-op then
     if child.cancel_requested_at is not None:
@@ -323,7 +340,7 @@ def connect(
     if previous is not None:
         if previous.connection_id is not None:
             tools = grants.tools_of_connections(conn, [previous.connection_id])
-            affected += _close_tools(conn, tools, now, RUNNER_RECONNECTED)
+            affected += close_tools(conn, tools, now, RUNNER_RECONNECTED)
         if previous.host_instance_id != host_instance_id:
             leases = grants.live_leases(conn, grants_table.c.runner_id == runner_id)
             affected += _revoke(conn, leases, now, "runner restarted", RUNNER_RESTARTED)
@@ -331,7 +348,7 @@ def connect(
 
 
 def disconnect(conn: Connection, rconn: RunnerConnection, now: float) -> list[int]:
-    affected = _close_tools(
+    affected = close_tools(
         conn, grants.tools_of_connections(conn, [rconn.id]), now, RUNNER_DISCONNECTED
     )
     runners.disconnect(conn, rconn.id, now)
@@ -387,19 +404,19 @@ def open_tool(
 
 
 def close_tool(conn: Connection, grant_id: str, now: float) -> list[int]:
-    return _close_tools(conn, [grant_id], now, TOOL_ENDED)
+    return close_tools(conn, [grant_id], now, TOOL_ENDED)
 
 
 def finish_run(conn: Connection, run_id: str, succeeded: bool, now: float) -> list[int]:
     """A parent run ended: its tools end; on failure its leases are dropped as well."""
-    affected = _close_tools(conn, grants.tools_of_run(conn, run_id), now, TOOL_ENDED)
+    affected = close_tools(conn, grants.tools_of_run(conn, run_id), now, TOOL_ENDED)
     if not succeeded:
         leases = grants.live_leases(conn, grants_table.c.run_id == run_id)
         affected += _revoke(conn, leases, now, "parent run failed", PARENT_FAILED)
     return affected
 
 
-def _close_tools(conn: Connection, tool_ids: Sequence[str], now: float, reason: str) -> list[int]:
+def close_tools(conn: Connection, tool_ids: Sequence[str], now: float, reason: str) -> list[int]:
     """End tool grants: cancel their foreground children, and the not-yet-admitted
     children of leases they created that never admitted anyone."""
     closed = grants.close_tools(conn, tool_ids, now)
@@ -434,7 +451,7 @@ def shutdown(conn: Connection, instance_id: str, now: float) -> list[int]:
     gone, so their foreground children are cancelled); leases and leased children stay."""
     connections = runners.open_connections(conn, instance_id)
     tools = grants.tools_of_connections(conn, connections)
-    affected = _close_tools(conn, tools, now, HOST_CLOSED)
+    affected = close_tools(conn, tools, now, HOST_CLOSED)
     for connection_id in connections:
         runners.disconnect(conn, connection_id, now)
     return affected
