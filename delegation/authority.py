@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from delegation import errors
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection, RunnerRecord
-from delegation.wire import Params, Preset
+from delegation.wire import Params, Preset, valid_id
 
 
 def check_connection(runner: RunnerRecord | None, conn: RunnerConnection) -> None:
@@ -121,6 +121,8 @@ def check_release_owner(lease: GrantRecord | None, params: Params) -> None:
     """``child.lease.release`` needs the lease's exact owner (SPEC §5)."""
     if not params.lease_id or not params.extension_id or params.generation == 0:
         raise errors.ReleaseOwnerRequired()
+    if not valid_id(params.lease_id):
+        raise errors.BadLeaseId()
     if lease is not None and (
         lease.extension_id != params.extension_id or params.generation not in lease.generations
     ):

@@ -29,6 +29,7 @@ by clients: keep them exactly as written.
     │   │   ├── TokenLimitRaised
     │   │   └── TurnLimitWidened
     │   ├── BadSteer
+    │   ├── BadLeaseId
     │   └── ReleaseOwnerRequired
     ├── AuthorityError                       the caller lacks authority
     │   ├── RunnerNotFound
@@ -214,6 +215,12 @@ class BadSteer(InputError):
     """child steer requires requestId and a nonempty bounded message"""
 
     reason = "invalid_steer"
+
+
+class BadLeaseId(InputError):
+    """child leaseId must be a valid ID"""
+
+    reason = "invalid_lease_id"
 
 
 class ReleaseOwnerRequired(InputError):

@@ -117,6 +117,8 @@ def reserve_start(
     preset = authority.find_preset(grant, request.profile, params.generation)
     if request.lease_id != params.lease_id:
         raise errors.LeaseMismatch()
+    if params.lease_id and not valid_id(params.lease_id):
+        raise errors.BadLeaseId()
     executions = _owned_executions(conn, grant, rconn, request) if request.resume else []
     saved_cwd = executions[-1].cwd if executions else None
     cwd = authority.resolve_cwd(grant.workspace or "", request.cwd, saved_cwd)
