@@ -105,6 +105,7 @@ class ChildRecord:
     updated_at: float
     admitted_at: float | None
     finished_at: float | None
+    origin_grant_id: str | None = None
 
     @property
     def terminal(self) -> bool:

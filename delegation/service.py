@@ -98,6 +98,8 @@ def locate_child(
     """Authorize the call and find the one child its handle names (SPEC §3.7)."""
     grant, _ = authorize(conn, rconn, params, now, steer=steer)
     found = children.of_grant(conn, grant.id, params.child_id) if params.child_id else []
+    if not found and children.was_purged(conn, grant.id, params.child_id, params.child_run_id):
+        raise errors.ChildPurged()
     return authority.locate(found, params.child_id, params.child_run_id)
 
 
@@ -166,6 +168,7 @@ def reserve_start(
         cwd=cwd,
         depth=grant.depth,
         followup=1 if request.resume else 0,
+        origin_grant_id=tool.id if tool is not None and tool_owned else None,
         created_at=now,
     )
     child = children.get(conn, child_id)
@@ -224,7 +227,8 @@ def admit(conn: Connection, child_id: int, instance_id: str, now: float) -> None
         raise errors.AdmissionFailed(child.cancel_reason)
     lease = grants.get(conn, child.grant_id) if child.lease_id and child.grant_id else None
     if lease is not None and lease.activated_at is None:
-        origin = grants.get(conn, lease.origin_grant_id) if lease.origin_grant_id else None
+        # A first admission under a lease needs the tool that authorized this start.
+        origin = grants.get(conn, child.origin_grant_id) if child.origin_grant_id else None
         if origin is None or origin.closed_at is not None or lease.revoked_at is not None:
             raise errors.LeaseNotActivated()
         grants.activate(conn, lease.id, now)
@@ -419,15 +423,14 @@ def finish_run(conn: Connection, run_id: str, succeeded: bool, now: float) -> li
 
 
 def close_tools(conn: Connection, tool_ids: Sequence[str], now: float, reason: str) -> list[int]:
-    """End tool grants: cancel their foreground children, and the not-yet-admitted
-    children of leases they created that never admitted anyone."""
+    """End tool grants: cancel their foreground children, and the children they
+    authorized under a lease that has not admitted anyone yet."""
     closed = grants.close_tools(conn, tool_ids, now)
     if not closed:
         return []
     foreground = children.active_of_grants(conn, closed)
     affected = children.request_cancel(conn, foreground, now, reason)
-    leases = grants.unactivated_leases_from(conn, closed)
-    pending = children.prepared_of_grants(conn, leases)
+    pending = children.pending_first_admissions(conn, closed)
     return affected + children.request_cancel(conn, pending, now, ORIGIN_TOOL_ENDED)
 
 

@@ -71,7 +71,8 @@ def _table_ddl(sql: str) -> tuple[str, frozenset[str], str]:
     head, rest = sql.strip().split("(", 1)
     body, tail = rest.rsplit(")", 1)
     clauses = frozenset(_clause(part) for part in re.split(r",\s*\n", body))
-    return _squash(head), clauses, _squash(tail)
+    # A table rebuilt by a batch migration is stored as CREATE TABLE "name".
+    return _squash(head).replace('"', ""), clauses, _squash(tail)
 
 
 def _schema_drift(conn: Connection, md: MetaData) -> list[str]:
@@ -113,7 +114,15 @@ def _snapshot(conn: Connection) -> frozenset[tuple[str, str, str]]:
         "SELECT type, name, coalesce(sql, '') FROM sqlite_master"
         " WHERE name NOT LIKE 'sqlite_%' AND name != 'alembic_version'"
     )
-    return frozenset((kind, name, _squash(sql)) for kind, name, sql in rows)
+    return frozenset((kind, name, _canonical(kind, sql)) for kind, name, sql in rows)
+
+
+def _canonical(kind: str, sql: str) -> str:
+    """DDL in a form that ignores what SQLite gives no meaning (clause order, quoting)."""
+    if kind != "table":
+        return _squash(sql)
+    head, clauses, tail = _table_ddl(sql)
+    return " | ".join([head, *sorted(clauses), tail])
 
 
 def _tables(snapshot: frozenset[tuple[str, str, str]]) -> set[str]:

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, Row, func, insert, select, update
 from delegation import errors, machine
 from delegation.machine import State, Trigger
 from delegation.records import ChildRecord
-from delegation.store.tables import children
+from delegation.store.tables import children, grants, purged
 
 ACTIVE_STATES = [s.value for s in machine.ACTIVE]
 
@@ -54,6 +54,16 @@ def of_grant(conn: Connection, grant_id: str, conversation_id: str) -> list[Chil
 def by_state(conn: Connection, state: str) -> list[ChildRecord]:
     rows = conn.execute(select(children).where(children.c.state == state).order_by(children.c.id))
     return [_record(row) for row in rows]
+
+
+def was_purged(conn: Connection, grant_id: str, conversation_id: str, run_id: str) -> bool:
+    """Whether an execution under this grant was purged after retention."""
+    query = select(purged.c.run_id).where(
+        purged.c.grant_id == grant_id, purged.c.conversation_id == conversation_id
+    )
+    if run_id:
+        query = query.where(purged.c.run_id == run_id)
+    return conn.execute(query.limit(1)).first() is not None
 
 
 def count_of_grant(conn: Connection, grant_id: str) -> int:
@@ -147,9 +157,17 @@ def active_of_grants(conn: Connection, grant_ids: Iterable[str]) -> list[int]:
     return active_ids(conn, children.c.grant_id.in_(list(grant_ids)))
 
 
-def prepared_of_grants(conn: Connection, grant_ids: Iterable[str]) -> list[int]:
-    query = select(children.c.id).where(
-        children.c.grant_id.in_(list(grant_ids)), children.c.state == State.PREPARED.value
+def pending_first_admissions(conn: Connection, tool_ids: Iterable[str]) -> list[int]:
+    """Unadmitted children that these tools authorized under a not-yet-activated lease."""
+    query = (
+        select(children.c.id)
+        .join(grants, grants.c.id == children.c.grant_id)
+        .where(
+            children.c.origin_grant_id.in_(list(tool_ids)),
+            children.c.state == State.PREPARED.value,
+            grants.c.kind == "lease",
+            grants.c.activated_at.is_(None),
+        )
     )
     return list(conn.execute(query).scalars())
 

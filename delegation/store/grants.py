@@ -236,9 +236,3 @@ def tools_of_run(conn: Connection, run_id: str) -> list[str]:
 
 def live_leases(conn: Connection, *conditions: Any) -> list[str]:
     return ids_where(conn, grants.c.kind == "lease", grants.c.revoked_at.is_(None), *conditions)
-
-
-def unactivated_leases_from(conn: Connection, tool_grant_ids: Iterable[str]) -> list[str]:
-    return live_leases(
-        conn, grants.c.origin_grant_id.in_(list(tool_grant_ids)), grants.c.activated_at.is_(None)
-    )
