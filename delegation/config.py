@@ -13,6 +13,7 @@ class EngineConfig:
     release_drain_s: float = 5.0
     max_recovery_attempts: int = 3
     retention_s: float = 604800.0
+    retention_sweep_s: float = 3600.0  # how often the retention purge runs
     events_per_read: int = 128
     # Caps (SPEC §3.8).
     max_children_per_grant: int = 64
@@ -34,6 +35,7 @@ class EngineConfig:
             self.lease_lifetime_s,
             self.release_drain_s,
             self.retention_s,
+            self.retention_sweep_s,
             self.events_per_read,
             self.max_children_per_grant,
             self.max_leases_per_runner,

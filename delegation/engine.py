@@ -17,12 +17,13 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from delegation import errors, queries, service
+from delegation import errors, maintenance, queries, service
 from delegation.clock import Clock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
 from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
-from delegation.runs import ChildContext, Hooks, Recovery, Runner
+from delegation.runs import ChildContext, Hooks, NotResumable, Recovery, Runner
+from delegation.scheduler import Timers
 from delegation.store.database import Database
 from delegation.store.events import EventRow
 from delegation.store.steers import mark_delivered
@@ -76,6 +77,9 @@ class Engine:
         )
         self._local: dict[int, _Local] = {}
         self._open = False
+        self.timers = Timers(
+            self.clock, self.expire_due, self._sweep, self.config.retention_sweep_s
+        )
         self._methods: dict[str, Callable[[RunnerConnection, Params], Awaitable[Any]]] = {
             START_METHOD: self._start,
             READ_METHOD: self._read,
@@ -99,12 +103,50 @@ class Engine:
         await self.close()
 
     async def open(self) -> None:
-        """Open (and migrate) the database and record a new host instance."""
+        """Open (and migrate) the database, take over from the previous host instance,
+        arm the lease timer and resume the children this host owns (SPEC §7)."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._db.open, loop)
         self.instance_id = f"h-{uuid.uuid4().hex}"
-        await self._write(service.boot, self.instance_id)
+        stopping, resumable = await self._write(
+            maintenance.reconcile, self.config, self.instance_id
+        )
         self._open = True
+        await self._stop(stopping)
+        self.timers.start(loop)
+        self.timers.arm(await self._db.read(maintenance.next_deadline))
+        for item in resumable:
+            recovery = Recovery(attempt=item.attempt, last_sequence=item.last_sequence)
+            self._spawn(item.child, service.plan_of(item.child), recovery)
+            log.info(
+                "child resumed",
+                extra={"action": "child_recovered", "run_id": item.child.run_id},
+            )
+
+    async def expire_due(self) -> None:
+        """Expire every lease past its deadline now, then re-arm at the next deadline.
+
+        The timer calls this; calling it again is harmless (the database is the truth).
+        """
+        affected, deadline = await self._write(maintenance.expire_due)
+        if affected:
+            log.info("leases expired", extra={"action": "lease_expired", "children": len(affected)})
+        await self._stop(affected)
+        self.timers.arm(deadline)
+
+    async def purge(self) -> int:
+        """Purge everything past ``retention_s`` now; returns how many children went."""
+        total = 0
+        while True:
+            count = await self._write(maintenance.purge, self.config.retention_s)
+            total += count
+            if count < 1000:
+                return total
+
+    async def _sweep(self) -> None:
+        purged = await self.purge()
+        if purged:
+            log.info("children purged", extra={"action": "retention_purged", "children": purged})
 
     async def close(self) -> None:
         """Stop local execution gracefully; leased children are resumed at the next boot.
@@ -115,6 +157,7 @@ class Engine:
         if not self._open:
             return
         self._open = False
+        self.timers.stop()
         affected = await self._write(service.shutdown, self.instance_id)
         await self._drain(await self._stop(affected), self.config.release_drain_s)
         running = list(self._local.values())
@@ -189,6 +232,8 @@ class Engine:
         self, conn: RunnerConnection, method: str, params: Params | bytes | str
     ) -> Result | SteerResult:
         """Serve one child method; raises a :class:`DelegationError` for every refusal."""
+        if not self._open:
+            raise errors.StoreError("the engine is not open")
         handler = self._methods.get(method)
         if handler is None:
             raise errors.MethodNotFound(f"method not found: {method}")
@@ -201,11 +246,22 @@ class Engine:
 
     async def _start(self, conn: RunnerConnection, params: Params) -> Result:
         now = self.clock.now()
-        plan = await self._db.write(
-            lambda c: service.reserve_start(c, self.config, conn, params, now)
-        )
-        if not plan.replay:
-            self._spawn(plan.child, plan, None)
+
+        async def reserve() -> service.StartPlan:
+            plan = await self._db.write(
+                lambda c: service.reserve_start(c, self.config, conn, params, now)
+            )
+            if plan.new_lease_deadline is not None:
+                self.timers.arm_earlier(plan.new_lease_deadline)
+            if not plan.replay:
+                self._spawn(plan.child, plan, None)
+            return plan
+
+        # A caller that goes away must not strand a committed reservation unrun:
+        # reserving and spawning finish even if this call is cancelled.
+        reservation = asyncio.ensure_future(reserve())
+        reservation.add_done_callback(_retrieve)
+        plan = await asyncio.shield(reservation)
         return await self._outcome(plan.child.id, params.after)
 
     async def _read(self, conn: RunnerConnection, params: Params) -> Result:
@@ -306,16 +362,19 @@ class Engine:
         ctx: ChildContext | None = None
         try:
             run = await self._runner.prepare(plan.request, plan.preset, plan.identity, recovery)
+            if recovery is not None:
+                await self._write(service.resume_running, child.id, self.instance_id)
             ctx = ChildContext(
                 identity=plan.identity,
                 request=plan.request,
                 preset=plan.preset,
                 cwd=child.cwd,
                 recovery=recovery,
-                last_sequence=recovery.last_sequence + 1 if recovery else 0,
+                last_sequence=recovery.last_sequence if recovery else 0,
                 max_field_bytes=self.config.max_event_field_bytes,
                 hooks=self._hooks(local),
             )
+            ctx.admitted = recovery is not None
             local.ctx = ctx
             ctx.bind()
             for steer_id, message in await self._db.read(
@@ -323,6 +382,8 @@ class Engine:
             ):
                 ctx.deliver(steer_id, message)
             await run(ctx)
+        except NotResumable:
+            error = maintenance.INTERRUPTED
         except asyncio.CancelledError:
             pass  # cancelled: the state follows the durable cancellation request
         except Exception as exc:
@@ -408,3 +469,9 @@ class Engine:
             return fn(conn, *args, now)
 
         return await self._db.write(job)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a detached future's outcome as seen (its caller may have gone away)."""
+    if not future.cancelled():
+        future.exception()

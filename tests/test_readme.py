@@ -16,5 +16,6 @@ def test_readme_has_examples() -> None:
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_example_runs(index: int) -> None:
+def test_readme_example_runs(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # examples may create ./delegation.db
     exec(compile(BLOCKS[index], f"README.md[python block {index}]", "exec"), {})

@@ -151,6 +151,9 @@ children = Table(
     Column("updated_at", REAL, nullable=False),
     Column("admitted_at", REAL),
     Column("finished_at", REAL),
+    # The live tool grant that authorized the start: a first admission under a lease
+    # cannot outlive it (SPEC §3.5).
+    Column("origin_grant_id", Text),
     CheckConstraint(f"state IN {STATES}", name="state"),
     CheckConstraint(
         "(state IN ('done', 'cancelled')) = (finished_at IS NOT NULL)", name="finished_iff_terminal"
@@ -210,3 +213,18 @@ steers = Table(
     CheckConstraint("outcome = 'injected' OR delivered_at IS NULL", name="only_injected_delivered"),
 )
 Index("ix_steers_child_request", steers.c.child_id, steers.c.request_id, unique=True)
+
+# Children purged after retention, remembered for one more period so that a handle to
+# one gets a clear "purged" answer rather than "not owned".
+purged = Table(
+    "purged",
+    metadata,
+    Column("run_id", Text, primary_key=True),
+    Column("conversation_id", Text, nullable=False),
+    Column("grant_id", Text),
+    Column("lease_id", Text),
+    Column("purged_at", REAL, nullable=False),
+)
+Index("ix_purged_grant_conversation", purged.c.grant_id, purged.c.conversation_id)
+Index("ix_grants_expiry", grants.c.expires_at, sqlite_where=grants.c.revoked_at.is_(None))
+Index("ix_children_finished", children.c.finished_at)
