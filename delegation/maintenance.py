@@ -78,6 +78,15 @@ def reconcile(
     Returns (children to stop, children to resume).
     """
     service.boot(conn, instance_id, now)
+    # First the never-admitted: the restart, not what it ends below, interrupted them.
+    # A cancellation requested before the restart still wins.
+    for statement in (
+        "UPDATE children SET state = 'cancelled', error = cancel_reason, finished_at = :now,"
+        " updated_at = :now WHERE state = 'prepared' AND cancel_requested_at IS NOT NULL",
+        "UPDATE children SET state = 'done', error = :error, finished_at = :now,"
+        " updated_at = :now WHERE state = 'prepared'",
+    ):
+        conn.execute(text(statement), {"now": now, "error": ADMISSION_INTERRUPTED})
     previous = runners.open_connections(conn)
     previous_tools = grants.tools_of_connections(conn, previous)
     stopping = service.close_tools(conn, previous_tools, now, HOST_RESTARTED)
@@ -90,11 +99,6 @@ def reconcile(
     expired, _ = expire_due(conn, now)
     stopping += expired
     statements = (
-        # Never admitted: cancelled if that was asked first, else interrupted.
-        "UPDATE children SET state = 'cancelled', error = cancel_reason, finished_at = :now,"
-        " updated_at = :now WHERE state = 'prepared' AND cancel_requested_at IS NOT NULL",
-        "UPDATE children SET state = 'done', error = :interrupted_admission,"
-        " finished_at = :now, updated_at = :now WHERE state = 'prepared'",
         # Asked to cancel, and nothing runs them any more.
         "UPDATE children SET state = 'cancelled', error = cancel_reason, finished_at = :now,"
         " updated_at = :now WHERE state IN ('admitted', 'running')"
@@ -115,7 +119,6 @@ def reconcile(
     values = {
         "now": now,
         "max": cfg.max_recovery_attempts,
-        "interrupted_admission": ADMISSION_INTERRUPTED,
         "interrupted": INTERRUPTED,
         "recovery_text": RECOVERY_TEXT,
     }
