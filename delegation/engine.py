@@ -90,6 +90,10 @@ class Engine:
 
     # --- lifecycle --------------------------------------------------------------------
 
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
     async def __aenter__(self) -> Engine:
         await self.open()
         return self
@@ -375,6 +379,8 @@ class Engine:
                 hooks=self._hooks(local),
             )
             ctx.admitted = recovery is not None
+            if ctx.admitted:
+                local.decided.set()  # admitted before the restart: nothing to wait for
             local.ctx = ctx
             ctx.bind()
             for steer_id, message in await self._db.read(
@@ -455,6 +461,8 @@ class Engine:
         local = self._local.get(child_id)
         if local is not None:
             await local.decided.wait()
+            if local.suspend:
+                raise errors.HostClosing()
         return await self._page(child_id, after)
 
     async def _page(self, child_id: int, after: int) -> Result:

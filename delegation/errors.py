@@ -67,6 +67,7 @@ by clients: keep them exactly as written.
     │   └── MethodNotFound                   (-32601)
     ├── StoreError                           (-32603) the database refused or failed
     │   ├── DatabaseBusy                     another writer held the lock too long; retry
+    │   ├── HostClosing                      the host closed before the answer; retry
     │   └── ChildPurged                      (-32602) the record is past retention
     └── InternalError                        (-32603) a fault of ours, no detail on the wire
 """
@@ -464,6 +465,12 @@ class DatabaseBusy(StoreError):
     """child store is busy; retry"""
 
     reason = "database_busy"
+
+
+class HostClosing(StoreError):
+    """the host closed before the child was admitted; replay the requestId"""
+
+    reason = "host_closing"
 
 
 class ChildPurged(StoreError):

@@ -31,7 +31,7 @@ class Recovery:
     """Given to ``prepare`` when a child is resumed after a host restart."""
 
     attempt: int  # 1 for the first resume
-    last_sequence: int  # the last committed event before the engine's recovery event
+    last_sequence: int  # the last committed event: the engine's recovery event
 
 
 class NotResumable(Exception):

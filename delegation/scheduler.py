@@ -60,8 +60,10 @@ class Timers:
             if scheduler.get_job(LEASE_JOB) is not None:
                 scheduler.remove_job(LEASE_JOB)
             return
-        # A lease is live at exactly its deadline, so wake a little after it.
-        delay = max(0.0, deadline - self._clock.now()) + 0.001
+        # A lease is live at exactly its deadline, so wake a little after it; a deadline
+        # that is now (or past, by a clock that does not move) is looked at again soon.
+        gap = deadline - self._clock.now()
+        delay = gap + 0.001 if gap > 0 else 0.05
         scheduler.add_job(
             self._expire,
             "date",

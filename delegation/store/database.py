@@ -161,7 +161,8 @@ class Database:
         Raises what ``fn`` raised (its savepoint rolled back), or a
         :class:`errors.StoreError` when the batch could not commit.
         """
-        assert self._loop is not None
+        if self._loop is None:
+            raise errors.StoreError("child store is closed")
         future: asyncio.Future[T] = self._loop.create_future()
         self._enqueue(_Pending(fn, future))
         return await future
@@ -247,8 +248,8 @@ class Database:
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn`` in one read transaction (a consistent WAL snapshot)."""
-        assert self._loop is not None
-        assert self._readers is not None
+        if self._loop is None or self._readers is None:
+            raise errors.StoreError("child store is closed")
         return await self._loop.run_in_executor(self._readers, self.read_sync, fn)
 
     def read_sync(self, fn: Callable[[Connection], T]) -> T:
@@ -271,3 +272,60 @@ def _resolve(batch: list[_Pending]) -> None:
             future.set_result(pending.value)
         else:
             future.set_exception(pending.value)
+
+
+class ReadOnly:
+    """A read-only view of a database file, safe beside a running host (WAL readers).
+
+    It never migrates, never writes, and refuses a file whose schema this code does
+    not know.
+    """
+
+    def __init__(self, url: str) -> None:
+        path = sqlite_path(url)
+        if not path.is_file():
+            raise errors.StoreError(f"no delegation database at {path}")
+        self._engine = create_engine(
+            f"sqlite:///file:{path}?mode=ro&uri=true", pool_size=1, max_overflow=0
+        )
+
+        @event.listens_for(self._engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.execute("PRAGMA query_only=ON")
+            dbapi_connection.execute("PRAGMA busy_timeout=5000")
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        try:
+            with self._engine.connect() as conn:
+                return fn(conn)
+        except errors.DelegationError:
+            raise
+        except Exception as exc:
+            raise translate(exc) from exc
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+
+def upgrade_file(url: str, *, apply: bool) -> tuple[str | None, str | None]:
+    """The schema revision of a file before and after an optional upgrade to head."""
+    if not apply:
+        reader = ReadOnly(url)
+        try:
+            current = reader.read(migrate.current)
+        finally:
+            reader.close()
+        return current, current
+    path = sqlite_path(url)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+            before = migrate.current(conn)
+            migrate.upgrade(conn)
+            return before, migrate.current(conn)
+    except Exception as exc:
+        raise translate(exc) from exc
+    finally:
+        engine.dispose()
