@@ -277,8 +277,8 @@ def _resolve(batch: list[_Pending]) -> None:
 class ReadOnly:
     """A read-only view of a database file, safe beside a running host (WAL readers).
 
-    It never migrates, never writes, and refuses a file whose schema this code does
-    not know.
+    It never migrates and never writes; the caller checks the schema revision
+    (see ``Inspector.revision``) before trusting the tables.
     """
 
     def __init__(self, url: str) -> None:

@@ -1,0 +1,154 @@
+"""The ``delegation`` command: argument parsing and printing only.
+
+It calls the same API users call: ``serve`` runs an :class:`Engine` host,
+``demo`` drives one, and the inspection commands read the database through an
+:class:`Inspector` (read-only, safe while a host runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from delegation import errors
+from delegation.config import EngineConfig
+
+
+def db_url(path: str) -> str:
+    return f"sqlite:///{Path(path).expanduser().resolve()}"
+
+
+def _add_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db", default="./delegation.db", help="database file (default ./delegation.db)"
+    )
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON document for scripts")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="delegation", description="Durable, credential-free child runs for agent hosts."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run a host speaking JSON-RPC 2.0")
+    where = serve.add_mutually_exclusive_group()
+    where.add_argument("--stdio", action="store_true", help="one connection on stdin/stdout")
+    where.add_argument("--socket", metavar="PATH", help="a Unix socket (mode 0600)")
+    _add_db(serve)
+    serve.add_argument(
+        "--runner", default="scripted", help="scripted, command, or module:attr (default scripted)"
+    )
+    serve.add_argument("--runner-config", type=Path, help="TOML settings for a built-in runner")
+    serve.add_argument(
+        "--allow-uid", type=int, help="the peer uid allowed on the socket (default: this uid)"
+    )
+    serve.add_argument("--lease-lifetime", type=float, help="lease lifetime in seconds")
+
+    demo = commands.add_parser("demo", help="the guided tour: crash a host and watch it resume")
+    _add_db(demo)
+    demo.add_argument("--fast", action="store_true", help="shorter steps")
+
+    children = commands.add_parser("children", help="list child runs, newest first")
+    _add_db(children)
+    children.add_argument("--state", help="prepared, admitted, running, done or cancelled")
+    children.add_argument("--lease", help="only children under this leaseId")
+    children.add_argument("--parent", help="only children of this parent runId")
+    children.add_argument("--limit", type=int, default=50)
+    _add_json(children)
+
+    show = commands.add_parser("show", help="one child run in detail")
+    _add_db(show)
+    show.add_argument("child", help="the child's conversationId")
+    show.add_argument("--run", help="one execution (runId); default the newest")
+    _add_json(show)
+
+    events = commands.add_parser("events", help="a child's events")
+    _add_db(events)
+    events.add_argument("child", help="the child's conversationId")
+    events.add_argument("--run", help="one execution (runId); default the newest")
+    events.add_argument("--after", type=int, default=0, help="only events after this sequence")
+    events.add_argument("--follow", action="store_true", help="keep printing until it ends")
+    _add_json(events)
+
+    leases = commands.add_parser("leases", help="leases and tombstones")
+    _add_db(leases)
+    leases.add_argument("--runner", help="only this runnerId")
+    _add_json(leases)
+
+    db = commands.add_parser("db", help="the database schema")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    _add_db(db_commands.add_parser("upgrade", help="migrate the database to the newest schema"))
+    _add_db(db_commands.add_parser("current", help="print the schema revision"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("DELEGATION_LOG", "WARNING").upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        return _run(args)
+    except errors.DelegationError as exc:
+        print(f"delegation: {exc} ({exc.reason})", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "demo":
+        from delegation.demo import run_demo
+
+        return run_demo(Path(args.db), fast=args.fast)
+    if args.command == "db":
+        return _db(args)
+    from delegation import show
+
+    return show.command(args, db_url(args.db))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from delegation.engine import Engine
+    from delegation.runners import load_runner
+    from delegation.serve import serve
+
+    try:
+        runner = load_runner(args.runner, args.runner_config)
+    except (ValueError, ImportError, AttributeError, OSError) as exc:
+        print(f"delegation: cannot load runner {args.runner!r}: {exc}", file=sys.stderr)
+        return 2
+    config = EngineConfig()
+    if args.lease_lifetime is not None:
+        config = EngineConfig(lease_lifetime_s=args.lease_lifetime)
+    engine = Engine(db_url(args.db), runner=runner, config=config)
+    asyncio.run(serve(engine, socket_path=args.socket, allowed_uid=args.allow_uid))
+    return 0
+
+
+def _db(args: argparse.Namespace) -> int:
+    from delegation.store.database import upgrade_file
+
+    before, after = upgrade_file(db_url(args.db), apply=args.db_command == "upgrade")
+    if args.db_command == "upgrade":
+        print(f"upgraded {before or 'empty'} -> {after}")
+    else:
+        print(after or "empty (no schema yet)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Read-only inspection of a delegation database, for people and scripts (the CLI).
+
+Opening an :class:`Engine` would take the database over as a new host instance;
+an :class:`Inspector` only reads, through SQLite's read-only mode, so it is safe to
+use while a host is running on the same file.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from delegation import queries
+from delegation.records import ChildRecord, LeaseRecord
+from delegation.store import migrate
+from delegation.store.database import ReadOnly
+from delegation.wire import Event
+
+
+class Inspector:
+    """Synchronous read models over a database file: children, events, leases."""
+
+    def __init__(self, url: str = "sqlite:///delegation.db") -> None:
+        self._db = ReadOnly(url)
+
+    def __enter__(self) -> Inspector:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def revision(self) -> str | None:
+        """The schema revision the file is at (None before the first migration)."""
+        return self._db.read(migrate.current)
+
+    def get_child(self, conversation_id: str, run_id: str | None = None) -> ChildRecord | None:
+        return self._db.read(lambda c: queries.find_child(c, conversation_id, run_id))
+
+    def list_children(
+        self,
+        *,
+        state: str | None = None,
+        lease_id: str | None = None,
+        parent_run_id: str | None = None,
+        parent_conversation_id: str | None = None,
+        limit: int = 100,
+    ) -> list[ChildRecord]:
+        filters = {
+            "state": state,
+            "lease_id": lease_id,
+            "parent_run_id": parent_run_id,
+            "parent_conversation_id": parent_conversation_id,
+            "limit": limit,
+        }
+        return self._db.read(lambda c: queries.list_children(c, **filters))
+
+    def events(
+        self, conversation_id: str, run_id: str | None = None, after: int = 0, limit: int = 128
+    ) -> list[Event]:
+        return self._db.read(
+            lambda c: queries.child_events(c, conversation_id, run_id, after, limit)
+        )
+
+    def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
+        return self._db.read(lambda c: queries.leases(c, runner_id))

@@ -1,0 +1,114 @@
+"""JSON-RPC 2.0 framing: one message per line, the method table, errors to the wire.
+
+The envelope is decoded with ``params`` kept raw; each method then decodes its own
+params strictly. Every domain error becomes one error response with its
+``rpc_code`` and ``data.reason``; anything else becomes -32603 with no detail, so no
+stack trace ever reaches the wire.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from delegation import errors
+
+log = logging.getLogger("delegation.rpc")
+
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+Id = int | str | None
+Handler = Callable[[bytes], Awaitable[Any]]
+
+
+class Envelope(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    jsonrpc: str
+    method: str
+    id: int | str | msgspec.UnsetType | None = msgspec.UNSET
+    params: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class ErrorBody(msgspec.Struct, omit_defaults=True, frozen=True):
+    code: int
+    message: str
+    data: dict[str, str] | None = None
+
+
+class ErrorResponse(msgspec.Struct, frozen=True):
+    error: ErrorBody
+    id: Id
+    jsonrpc: str = "2.0"
+
+
+class Response(msgspec.Struct, frozen=True):
+    result: Any
+    id: Id
+    jsonrpc: str = "2.0"
+
+
+_envelope = msgspec.json.Decoder(Envelope)
+_any = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+def error_frame(exc: BaseException, request_id: Id) -> bytes:
+    """The wire form of a refusal or a fault."""
+    if not isinstance(exc, errors.DelegationError):
+        log.error("internal fault", extra={"action": "rpc_internal_error"}, exc_info=exc)
+        exc = errors.InternalError()
+    body = ErrorBody(exc.rpc_code, str(exc), {"reason": exc.reason})
+    return _encoder.encode(ErrorResponse(body, request_id)) + b"\n"
+
+
+def result_frame(result: Any, request_id: Id) -> bytes:
+    return _encoder.encode(Response(result, request_id)) + b"\n"
+
+
+def parse(line: bytes) -> tuple[Envelope | None, bytes | None]:
+    """Decode one line into an envelope, or the error frame to answer instead.
+
+    Returns ``(envelope, None)`` for a well-formed request or notification, and
+    ``(None, frame)`` for a malformed one (``frame`` is None when nothing may be
+    answered: never, since a malformed message always gets an error with id null).
+    """
+    try:
+        value = _any.decode(line)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError) as exc:
+        return None, error_frame(errors.ParseError(f"parse error: {exc}"), None)
+    request_id = value.get("id") if isinstance(value, dict) else None
+    if not isinstance(request_id, int | str) or isinstance(request_id, bool):
+        request_id = None
+    if not isinstance(value, dict):
+        return None, error_frame(errors.InvalidRpcRequest("invalid request: not an object"), None)
+    try:
+        envelope = _envelope.decode(line)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        return None, error_frame(errors.InvalidRpcRequest(f"invalid request: {exc}"), request_id)
+    if envelope.jsonrpc != "2.0":
+        failure = errors.InvalidRpcRequest('invalid request: jsonrpc must be "2.0"')
+        return None, error_frame(failure, request_id)
+    return envelope, None
+
+
+async def dispatch(envelope: Envelope, methods: dict[str, Handler]) -> bytes | None:
+    """Run one request; return its response frame (None for a notification)."""
+    handler = methods.get(envelope.method)
+    notification = envelope.id is msgspec.UNSET
+    request_id: Id = None if notification else envelope.id  # type: ignore[assignment]
+    try:
+        if handler is None:
+            raise errors.MethodNotFound(f"method not found: {envelope.method}")
+        result = await handler(envelope.params)
+    except Exception as exc:
+        return None if notification else error_frame(exc, request_id)
+    return None if notification else result_frame(result, request_id)
+
+
+def decode_params(raw: bytes, kind: type[Any]) -> Any:
+    """Strictly decode a method's params; a malformed value is -32602 with a reason."""
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except (msgspec.MsgspecError, ValueError, TypeError, RecursionError) as exc:
+        raise errors.MalformedInput(f"malformed params: {exc}") from exc

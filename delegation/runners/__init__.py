@@ -1,0 +1,43 @@
+"""Built-in runners, and loading a runner named on the command line.
+
+``scripted`` is a deterministic demo agent; ``command`` runs each profile as a
+subprocess. Any other ``module:attr`` names an object with ``prepare`` or a
+zero-argument factory of one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from delegation.runs import Runner
+
+BUILT_IN = {
+    "scripted": "delegation.runners.scripted:ScriptedRunner",
+    "command": "delegation.runners.command:CommandRunner",
+}
+
+
+def load_runner(spec: str, config: Path | None = None) -> Runner:
+    """The runner ``spec`` names (``scripted``, ``command`` or ``module:attr``).
+
+    ``config`` is handed to a built-in runner's ``from_file``.
+    """
+    target = BUILT_IN.get(spec, spec)
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"runner must be scripted, command or module:attr, not {spec!r}")
+    found: Any = getattr(importlib.import_module(module_name), attr)
+    if config is not None:
+        return found.from_file(config)  # type: ignore[no-any-return]
+    is_runner = hasattr(found, "prepare") and not isinstance(found, type)
+    if not is_runner and not callable(found):
+        raise ValueError(f"{spec!r} is not a runner: it has no prepare()")
+    try:
+        runner = found if is_runner else found()
+    except TypeError as exc:
+        raise ValueError(f"runner {spec!r} needs settings: give --runner-config ({exc})") from exc
+    if not callable(getattr(runner, "prepare", None)):
+        raise ValueError(f"{spec!r} is not a runner: it has no prepare()")
+    return runner  # type: ignore[no-any-return]

@@ -1,0 +1,385 @@
+"""The ``command`` runner: each profile runs as a subprocess that speaks in lines.
+
+Every run guarantees:
+
+* **argv** is the profile's template filled from fixed placeholders (``{message}``,
+  ``{profile}``, ``{conversation_id}``, ``{run_id}``, ``{cwd}``; ``{{`` for a literal
+  brace), executed without a shell in the child's ``cwd``, leading a new process group.
+* **The environment is built from scratch**: the allowlisted names of the host's
+  (PATH, HOME, LANG, LC_ALL, TZ, TMPDIR, configured extras), then
+  ``DELEGATION_CONVERSATION_ID``, ``DELEGATION_RUN_ID``, ``DELEGATION_PROFILE`` and,
+  on a resume, ``DELEGATION_RECOVERY_ATTEMPT`` and ``DELEGATION_LAST_SEQUENCE``.
+* **stdin** gets the message, then each steer as one line (its line breaks become
+  spaces); it stays open until stdout ends.
+* **stdout**: a JSON object line that decodes as an :class:`Event` is that event (the
+  engine assigns its sequence; a ``result`` event is the output); any other non-blank
+  line is a ``text`` event.
+* **A non-zero exit** is the run's error, with the code and stderr's tail.
+* **Cancellation** sends SIGTERM to the group, SIGKILL after ``grace_s``, and
+  re-raises once the process is reaped.
+
+A resume after a host restart runs the command again from the start. Hazard:
+``{message}`` is caller input; a template should put it after ``--``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import string
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from delegation import errors
+from delegation.codec import decode
+from delegation.runs import ChildContext, Recovery
+from delegation.wire import Event, Identity, Preset, Request
+
+DEFAULT_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+PLACEHOLDERS = frozenset({"message", "profile", "conversation_id", "run_id", "cwd"})
+DEFAULT_GRACE_S = 5.0
+STDERR_TAIL_BYTES = 64 * 1024
+ERROR_TAIL_CHARS = 4096
+MAX_LINE_BYTES = 8 * 1024 * 1024  # one stdout line; a result line is kept whole
+FLUSH_EVERY = 256  # events between commits awaited, so a chatty command cannot outrun SQLite
+_CHUNK = 64 * 1024
+_POLL_S = 0.01
+_PIPES_S = 1.0
+_SETTINGS = frozenset({"profiles", "env_allow", "grace_s"})
+
+
+class CommandConfigError(ValueError):
+    """The command runner's configuration is invalid (raised at construction)."""
+
+
+class UnknownProfile(LookupError):
+    """No command is configured for the requested profile (raised by ``prepare``)."""
+
+
+class CommandFailed(RuntimeError):
+    """The command could not start or exited non-zero; ``stderr`` keeps its tail."""
+
+    def __init__(self, message: str, stderr: str = "") -> None:
+        super().__init__(message)
+        self.stderr = stderr
+
+
+class CommandRunner:
+    """Runs each profile's argv template as a subprocess (see the module docstring).
+
+    ``profiles`` maps a preset name to its argv template; ``env_allow`` adds names to
+    :data:`DEFAULT_ENV_ALLOW`; ``grace_s`` is the wait between SIGTERM and SIGKILL.
+    Everything is checked and frozen here: a bad template, name or grace raises
+    :class:`CommandConfigError` now, never at run time.
+    """
+
+    def __init__(
+        self,
+        profiles: Mapping[str, Sequence[str]],
+        *,
+        env_allow: Iterable[str] = (),
+        grace_s: float = DEFAULT_GRACE_S,
+    ) -> None:
+        if not isinstance(profiles, Mapping) or not profiles:
+            raise CommandConfigError("the command runner needs at least one profile")
+        checked = {name: _check_template(name, argv) for name, argv in profiles.items()}
+        self.profiles: Mapping[str, tuple[str, ...]] = MappingProxyType(checked)
+        self.env_allow: tuple[str, ...] = tuple(
+            dict.fromkeys([*DEFAULT_ENV_ALLOW, *_check_env_names(env_allow)])
+        )
+        self.grace_s = _check_grace(grace_s)
+
+    @classmethod
+    def from_file(cls, path: Path | str) -> CommandRunner:
+        """A runner from the ``[command]`` table of a TOML file.
+
+        Raises:
+            CommandConfigError: the file is not TOML or its settings are invalid.
+            OSError: the file cannot be read.
+        """
+        path = Path(path)
+        try:
+            document = tomllib.loads(path.read_text(encoding="utf-8"))
+            return cls(**_settings(document))
+        except (tomllib.TOMLDecodeError, CommandConfigError) as exc:
+            raise CommandConfigError(f"{path}: {exc}") from exc
+
+    async def prepare(
+        self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
+    ) -> CommandRun:
+        """Freeze one run's argv template, placeholder values and environment.
+
+        Reads the host's environment, starts nothing. Raises :class:`UnknownProfile`
+        when no command is configured for ``preset.name``.
+        """
+        template = self.profiles.get(preset.name)
+        if template is None:
+            raise UnknownProfile(f"the command runner has no profile {preset.name!r}")
+        values = {
+            "message": request.message,
+            "profile": preset.name,
+            "conversation_id": identity.conversation_id,
+            "run_id": identity.run_id,
+        }
+        env = child_env(self.env_allow, identity, recovery)
+        message = request.message if request.message.endswith("\n") else request.message + "\n"
+        return CommandRun(
+            template, MappingProxyType(values), MappingProxyType(env), message, self.grace_s
+        )
+
+
+def child_env(
+    allow: Iterable[str],
+    identity: Identity,
+    recovery: Recovery | None,
+    source: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The command's whole environment: the ``allow``ed names present in ``source``
+    (default: the host's environment), then the ``DELEGATION_*`` variables."""
+    host = os.environ if source is None else source
+    env = {name: host[name] for name in allow if name in host}
+    env["DELEGATION_CONVERSATION_ID"] = identity.conversation_id
+    env["DELEGATION_RUN_ID"] = identity.run_id
+    env["DELEGATION_PROFILE"] = identity.profile
+    if recovery is not None:
+        env["DELEGATION_RECOVERY_ATTEMPT"] = str(recovery.attempt)
+        env["DELEGATION_LAST_SEQUENCE"] = str(recovery.last_sequence)
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRun:
+    """One prepared run; calling it with the child's context executes the command."""
+
+    template: tuple[str, ...]
+    values: Mapping[str, str]
+    env: Mapping[str, str]
+    message: str
+    grace_s: float
+
+    def argv(self, cwd: str) -> list[str]:
+        """The template filled in; it cannot fail, the template was checked."""
+        values = {**self.values, "cwd": cwd}
+        return [item.format_map(values) for item in self.template]
+
+    async def __call__(self, ctx: ChildContext) -> None:
+        """Admit, run the command to its end, and raise :class:`CommandFailed` on a
+        non-zero exit. On cancellation the process is stopped and reaped first."""
+        await ctx.admit()
+        process = await _spawn(self.argv(ctx.cwd), ctx.cwd, self.env)
+        finished = False
+        try:
+            code, stderr = await _converse(process, ctx, self.message.encode())
+            finished = True
+        finally:
+            if not finished:
+                await _stop(process, self.grace_s)
+        if code != 0:
+            raise CommandFailed(_failure(self.template[0], code, stderr), stderr)
+
+
+# --- the process ------------------------------------------------------------------
+
+
+async def _spawn(argv: list[str], cwd: str, env: Mapping[str, str]) -> asyncio.subprocess.Process:
+    try:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=dict(env),
+            limit=MAX_LINE_BYTES,
+            start_new_session=True,  # its own process group: a stop reaches its children too
+        )
+    except (OSError, ValueError) as exc:
+        raise CommandFailed(f"command {argv[0]!r} could not start: {exc}") from exc
+
+
+async def _converse(
+    process: asyncio.subprocess.Process, ctx: ChildContext, message: bytes
+) -> tuple[int, str]:
+    """Feed stdin and read stdout and stderr until the command exits; its code and stderr."""
+    stdin, stdout, stderr = _pipes(process)
+    tail = bytearray()
+    feeder = asyncio.create_task(_feed(stdin, ctx, message))
+    collector = asyncio.create_task(_collect(stderr, tail))
+    try:
+        await _read_events(stdout, ctx)
+        feeder.cancel()
+        stdin.close()
+        code = await process.wait()  # also waits for stderr's end, which the collector reads
+        await collector
+    finally:
+        for task in (feeder, collector):
+            task.cancel()
+        await asyncio.gather(feeder, collector, return_exceptions=True)
+    return code, tail.decode("utf-8", "replace")
+
+
+async def _read_events(stdout: asyncio.StreamReader, ctx: ChildContext) -> None:
+    emitted = 0
+    while True:
+        try:
+            line = await stdout.readline()
+        except ValueError as exc:  # asyncio's LimitOverrunError, re-raised by readline
+            raise CommandFailed(f"command wrote a line over {MAX_LINE_BYTES} bytes") from exc
+        if not line:
+            return
+        event = parse_line(line)
+        if event is None:
+            continue
+        ctx.emit(event)
+        emitted += 1
+        if emitted % FLUSH_EVERY == 0:
+            await ctx.flush()
+
+
+def parse_line(line: bytes) -> Event | None:
+    """The event one stdout line stands for, or None for a blank line."""
+    text = line.decode("utf-8", "replace").rstrip("\r\n")
+    if not text.strip():
+        return None
+    if text.lstrip().startswith("{"):
+        try:
+            event = decode(text, Event)
+        except errors.DelegationError:
+            pass  # a JSON line that is not an event is still something the command said
+        else:
+            if event.kind.strip():
+                return event  # its sequence is replaced by the engine's in ctx.emit
+    return Event(kind="text", text=text)
+
+
+async def _feed(stdin: asyncio.StreamWriter, ctx: ChildContext, message: bytes) -> None:
+    """Write the message, then every steer as one line, until stdin breaks."""
+    line = message
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        while not stdin.is_closing():  # closing: the command stopped reading
+            stdin.write(line)
+            await stdin.drain()
+            steer = await ctx.wait_steer(None)  # no timeout: never None
+            line = (" ".join(str(steer).splitlines()) + "\n").encode()
+
+
+async def _collect(stderr: asyncio.StreamReader, tail: bytearray) -> None:
+    while chunk := await stderr.read(_CHUNK):
+        tail += chunk
+        del tail[:-STDERR_TAIL_BYTES]
+
+
+async def _stop(process: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM the process group, SIGKILL it after ``grace_s``; return once reaped.
+
+    A second cancellation while waiting skips to SIGKILL; the process is reaped anyway.
+    """
+    stdin, stdout, stderr = _pipes(process)
+    _signal_group(process, signal.SIGTERM)
+    # wait() also waits for every pipe to close: keep reading so none stays paused.
+    drains = [asyncio.create_task(_collect(s, bytearray())) for s in (stdout, stderr)]
+    stdin.close()
+    try:
+        await asyncio.wait_for(process.wait(), grace_s)
+    except TimeoutError:
+        pass
+    finally:
+        _signal_group(process, signal.SIGKILL)  # also whatever of the group outlived SIGTERM
+        while process.returncode is None:  # set once the child watcher has reaped it
+            await asyncio.sleep(_POLL_S)
+        # A descendant that left the group may hold the pipes open: wait only so long.
+        await asyncio.wait(drains, timeout=_PIPES_S)
+
+
+def _pipes(
+    process: asyncio.subprocess.Process,
+) -> tuple[asyncio.StreamWriter, asyncio.StreamReader, asyncio.StreamReader]:
+    if process.stdin is None or process.stdout is None or process.stderr is None:
+        raise RuntimeError("the command was started without pipes")
+    return process.stdin, process.stdout, process.stderr
+
+
+def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)  # the group id is the leader's pid (start_new_session)
+
+
+def _failure(program: str, code: int, stderr: str) -> str:
+    how = f"exited with code {code}"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            how += f" (killed by {signal.Signals(-code).name})"
+    quoted = stderr[-ERROR_TAIL_CHARS:].strip()
+    return f"command {program!r} {how}" + (f": {quoted}" if quoted else "")
+
+
+# --- configuration ----------------------------------------------------------------
+
+
+def _check_template(profile: object, argv: object) -> tuple[str, ...]:
+    if not isinstance(profile, str) or not profile.strip():
+        raise CommandConfigError(f"a profile name must be a nonempty string, not {profile!r}")
+    if isinstance(argv, str | bytes) or not isinstance(argv, Sequence) or not argv:
+        raise CommandConfigError(f"profile {profile!r}: argv must be a nonempty list of strings")
+    for item in argv:
+        if not isinstance(item, str) or "\0" in item:
+            raise CommandConfigError(f"profile {profile!r}: argv item {item!r} is not a string")
+        _check_placeholders(profile, item)
+    if not argv[0].strip():
+        raise CommandConfigError(f"profile {profile!r}: argv[0] must name a program")
+    return tuple(argv)
+
+
+def _check_placeholders(profile: str, item: str) -> None:
+    try:
+        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(item)]
+    except ValueError as exc:
+        raise CommandConfigError(f"profile {profile!r}: bad template {item!r}: {exc}") from exc
+    known = ", ".join(f"{{{name}}}" for name in sorted(PLACEHOLDERS))
+    for name, spec, conversion in fields:
+        if name is not None and (name not in PLACEHOLDERS or spec or conversion):
+            raise CommandConfigError(
+                f"profile {profile!r}: unknown placeholder {{{name}}} in {item!r}"
+                f" (known: {known}; use {{{{ and }}}} for literal braces)"
+            )
+
+
+def _check_env_names(names: Iterable[str]) -> list[str]:
+    checked = list(names)
+    for name in checked:
+        if isinstance(names, str) or not isinstance(name, str) or not name.isidentifier():
+            raise CommandConfigError(f"env_allow must list variable names, not {names!r}")
+    return checked
+
+
+def _check_grace(grace_s: object) -> float:
+    if (
+        isinstance(grace_s, bool)
+        or not isinstance(grace_s, int | float)
+        or not math.isfinite(grace_s)
+        or grace_s < 0
+    ):
+        raise CommandConfigError(f"grace_s must be a finite number >= 0, not {grace_s!r}")
+    return float(grace_s)
+
+
+def _settings(document: Mapping[str, Any]) -> dict[str, Any]:
+    """The constructor's arguments from a parsed TOML document; unknown keys refused."""
+    section = document.get("command")
+    if not isinstance(section, dict) or not isinstance(section.get("profiles"), dict):
+        raise CommandConfigError("a [command] table with [command.profiles.NAME] is required")
+    if unknown := sorted(set(section) - _SETTINGS):
+        raise CommandConfigError(f"unknown [command] settings: {', '.join(unknown)}")
+    profiles: dict[str, Any] = {}
+    for name, table in section["profiles"].items():
+        if not isinstance(table, dict) or set(table) != {"argv"}:
+            raise CommandConfigError(f"[command.profiles.{name}] must set argv and nothing else")
+        profiles[name] = table["argv"]
+    return {**section, "profiles": profiles}

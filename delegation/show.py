@@ -1,0 +1,280 @@
+"""The inspection commands: ``children``, ``show``, ``events`` and ``leases``.
+
+Printing only: every value comes from an :class:`Inspector`, which reads the file
+through SQLite's read-only mode, so these commands are safe beside a running host.
+Tables are for people; ``--json`` is for scripts (one document, or JSON Lines for
+``events`` so that ``--follow --json`` streams).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from delegation.codec import encode
+from delegation.inspect import Inspector
+from delegation.machine import State
+from delegation.records import ChildRecord, LeaseRecord
+from delegation.store import migrate
+from delegation.wire import Event
+
+POLL_S = 0.2
+RECENT_EVENTS = 5
+_FIELDS = ("text", "tool_name", "input", "tool_output", "error")
+
+
+def command(args: argparse.Namespace, url: str) -> int:
+    """Run one inspection command on the database at ``url``; returns the exit code.
+
+    Raises:
+        errors.StoreError: the file is missing or unreadable (the CLI prints it).
+    """
+    commands: dict[str, Callable[[Inspector, argparse.Namespace], int]] = {
+        "children": _children,
+        "show": _show,
+        "events": _events,
+        "leases": _leases,
+    }
+    with Inspector(url) as inspector:
+        revision, head = inspector.revision(), migrate.head()
+        if revision != head:
+            found = f"schema {revision}" if revision else "no schema"
+            return _fail(f"{found}, this delegation reads {head}: run `delegation db upgrade`")
+        return commands[args.command](inspector, args)
+
+
+# --- children ------------------------------------------------------------------------
+
+
+def _children(inspector: Inspector, args: argparse.Namespace) -> int:
+    if args.state is not None and args.state not in set(State):
+        return _fail(f"unknown state {args.state!r}; use one of {', '.join(State)}")
+    records = inspector.list_children(
+        state=args.state, lease_id=args.lease, parent_run_id=args.parent, limit=args.limit
+    )
+    if args.json:
+        _print_json([child_json(record) for record in records])
+        return 0
+    table = Table()
+    for heading in ("conversation", "run"):
+        table.add_column(heading, overflow="fold")  # ids are copied: never "…"
+    for heading in ("state", "profile", "lease", "parent run", "created", "finished"):
+        table.add_column(heading)
+    table.add_column("error / output")
+    for record in records:
+        table.add_row(
+            *_cells(
+                record.conversation_id,
+                record.run_id,
+                record.state,
+                record.profile,
+                record.lease_id or "",
+                record.parent_run_id,
+                local_time(record.created_at),
+                local_time(record.finished_at),
+                shorten(record.error or record.output),
+            )
+        )
+    _console().print(table)
+    return 0
+
+
+def child_json(record: ChildRecord) -> dict[str, Any]:
+    """A child record for scripts: snake_case fields, request and preset decoded."""
+    values = dataclasses.asdict(record)
+    values["request"] = _decoded(record.request)
+    values["preset"] = _decoded(record.preset)
+    return values
+
+
+def _decoded(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
+
+
+# --- show ----------------------------------------------------------------------------
+
+
+def _show(inspector: Inspector, args: argparse.Namespace) -> int:
+    record = inspector.get_child(args.child, args.run)
+    if record is None:
+        return _missing(args)
+    count, recent = 0, deque[Event](maxlen=RECENT_EVENTS)
+    for event in all_events(inspector, record.conversation_id, record.run_id, 0):
+        count += 1
+        recent.append(event)
+    if args.json:
+        document = child_json(record)
+        document["event_count"] = count
+        document["recent_events"] = [json.loads(encode(event)) for event in recent]
+        _print_json(document)
+        return 0
+    table = Table("field", "value", show_header=False)
+    for key, value in child_json(record).items():
+        if key.endswith("_at"):
+            value = local_time(value)
+        elif isinstance(value, dict):
+            value = json.dumps(value, indent=2, ensure_ascii=False)
+        table.add_row(*_cells(key, "" if value is None else str(value)))
+    table.add_row(*_cells("events", str(count)))
+    console = _console()
+    console.print(table)
+    for event in recent:
+        console.print(event_line(event))
+    return 0
+
+
+# --- events --------------------------------------------------------------------------
+
+
+def _events(inspector: Inspector, args: argparse.Namespace) -> int:
+    record = inspector.get_child(args.child, args.run)
+    if record is None:
+        return _missing(args)
+    emit = _json_line if args.json else _human_line()
+    after: int = args.after
+    while True:
+        # Read the state first: a terminal state commits after the run's last event,
+        # so a drain that starts after seeing it cannot miss one.
+        current = inspector.get_child(record.conversation_id, record.run_id)
+        for event in all_events(inspector, record.conversation_id, record.run_id, after):
+            emit(event)
+            after = event.sequence
+        if not args.follow or current is None or current.terminal:
+            return 0
+        time.sleep(POLL_S)
+
+
+def all_events(
+    inspector: Inspector, conversation_id: str, run_id: str, after: int
+) -> Iterator[Event]:
+    """Every committed event after ``after``, oldest first, page by page."""
+    while True:
+        page = inspector.events(conversation_id, run_id, after)
+        yield from page
+        if not page:
+            return
+        after = page[-1].sequence
+
+
+def event_line(event: Event) -> Text:
+    line = Text(f"{event.sequence:>6} ", style="dim")
+    line.append(f"{event.kind:<12}", style="bold")
+    parts = [getattr(event, name) for name in _FIELDS if getattr(event, name)]
+    if event.success is not None:
+        parts.append("ok" if event.success else "failed")
+    line.append(" " + " | ".join(parts))
+    return line
+
+
+def _json_line(event: Event) -> None:
+    sys.stdout.write(encode(event).decode() + "\n")
+    sys.stdout.flush()
+
+
+def _human_line() -> Callable[[Event], None]:
+    console = _console()
+
+    def emit(event: Event) -> None:
+        console.print(event_line(event))
+        console.file.flush()
+
+    return emit
+
+
+# --- leases --------------------------------------------------------------------------
+
+
+def _leases(inspector: Inspector, args: argparse.Namespace) -> int:
+    records = inspector.leases(args.runner)
+    now = time.time()
+    if args.json:
+        _print_json([{**dataclasses.asdict(r), "status": lease_status(r, now)} for r in records])
+        return 0
+    table = Table("lease", "runner", "extension", "parent run", "children", "created", "status")
+    for r in records:
+        table.add_row(
+            *_cells(
+                r.lease_id,
+                r.runner_id,
+                r.extension_id,
+                r.run_id or "",
+                str(r.children),
+                local_time(r.created_at),
+                lease_status(r, now),
+            )
+        )
+    _console().print(table)
+    return 0
+
+
+def lease_status(lease: LeaseRecord, now: float) -> str:
+    """``revoked (reason)``, ``live``, ``overdue`` or ``expires in 59m 12s``."""
+    if lease.revoked_at is not None:
+        return f"revoked ({lease.revoke_reason})" if lease.revoke_reason else "revoked"
+    if lease.expires_at is None:
+        return "live"
+    left = lease.expires_at - now
+    return "overdue" if left <= 0 else f"expires in {duration(left)}"
+
+
+def duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    units = ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s"))
+    shown = [f"{n}{unit}" for n, unit in units if n][:2]
+    return " ".join(shown) or "0s"
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def local_time(timestamp: float | None) -> str:
+    if timestamp is None:
+        return ""
+    return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="seconds")
+
+
+def shorten(text: str, width: int = 60) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _cells(*values: str) -> list[Text]:
+    # Text, not str: rich would read "[...]" in an error message as markup.
+    return [Text(value) for value in values]
+
+
+def _console() -> Console:
+    # Piped output (grep, less) keeps each table's natural width, not 80 columns.
+    sized = sys.stdout.isatty() or "COLUMNS" in os.environ
+    return Console(width=None if sized else 1000, highlight=False)
+
+
+def _print_json(document: Any) -> None:
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+
+
+def _missing(args: argparse.Namespace) -> int:
+    run = f" run {args.run}" if args.run else ""
+    return _fail(f"no child {args.child}{run}")
+
+
+def _fail(message: str) -> int:
+    print(f"delegation: {message}", file=sys.stderr)
+    return 1

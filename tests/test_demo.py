@@ -1,0 +1,33 @@
+"""``delegation demo``, the main job on a fresh machine, runs and proves what it shows."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_demo_runs_and_the_leased_child_survives_the_crash(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "delegation.cli", "demo", "--fast"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "kill -9 the host" in proc.stdout
+    assert "finished after the crash" in proc.stdout
+    db = tmp_path / "delegation.db"
+    with sqlite3.connect(db) as conn:
+        states = dict(conn.execute("SELECT request_id LIKE 'bg-%', state FROM children"))
+        recoveries = conn.execute(
+            'SELECT COUNT(*) FROM events WHERE CAST(body AS TEXT) LIKE \'%"kind":"recovery"%\''
+        ).fetchone()
+    assert states == {1: "done", 0: "cancelled"}
+    assert recoveries == (1,)
