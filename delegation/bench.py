@@ -1,0 +1,443 @@
+"""``python -m delegation.bench``: the engine beside raw ``sqlite3``, in the same run.
+
+Every scenario runs on temporary files with the engine's production durability
+(WAL, ``synchronous=FULL``), and its raw baseline does the same durable work with the
+stdlib ``sqlite3`` module under the same journal mode and ``synchronous``. Caps that
+would stop a long benchmark (children per grant) are raised; nothing that affects
+durability is changed. Prints a table, or with ``--json`` one line of JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import platform
+import resource
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from delegation import Engine, EngineConfig, Event, Params, Preset, Request
+from delegation.runs import ChildContext, Recovery, Run
+from delegation.wire import Identity
+
+PRESET = Preset(name="bench", extension_id="ext", generation=1)
+CONFIG = EngineConfig(max_children_per_grant=10**9, max_leases_per_runner=10**9)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    starts: int
+    callers: int
+    events_children: int
+    events_each: int
+    events_single: int
+    page_events: int
+    recover: int
+    expire: int
+    rss_small: int
+    rss_large: int
+
+
+FULL = Sizes(2000, 50, 100, 200, 20000, 1_000_000, 10_000, 5_000, 1_000, 100_000)
+QUICK = Sizes(200, 50, 20, 50, 2000, 20_000, 500, 500, 100, 1_000)
+
+
+class Runner:
+    """Admits, emits what the scenario asks, and returns (or holds until cancelled)."""
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.emit = 0
+
+    async def prepare(
+        self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
+    ) -> Run:
+        async def run(ctx: ChildContext) -> None:
+            await ctx.admit()
+            if self.emit:
+                for n in range(self.emit):
+                    ctx.emit(Event(kind="text", text=f"event {n}"))
+                await ctx.flush()
+            if self.hold:
+                await asyncio.Event().wait()
+
+        return run
+
+
+class Bench:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.count = 0
+
+    def path(self) -> Path:
+        self.count += 1
+        return self.folder / f"bench-{self.count}.db"
+
+    async def engine(self, path: Path, runner: Runner, **config: Any) -> Engine:
+        settings = msgspec.structs.asdict(_Settings(**config)) if config else {}
+        engine = Engine(f"sqlite:///{path}", runner=runner, config=_config(**settings))
+        await engine.open()
+        return engine
+
+
+class _Settings(msgspec.Struct):
+    lease_lifetime_s: float = 3600.0
+
+
+def _config(**changes: Any) -> EngineConfig:
+    from dataclasses import replace
+
+    return replace(CONFIG, **changes)
+
+
+async def _tool(engine: Engine, name: str = "call-1") -> tuple[Any, Callable[..., Params]]:
+    conn = await engine.connect("bench-runner", "bench-host")
+    await engine.open_tool(
+        conn,
+        run_id="run-1",
+        conversation_id="conv-1",
+        tool_call_id=name,
+        extension_id="ext",
+        presets=[PRESET],
+        workspace=tempfile.gettempdir(),
+    )
+
+    def params(request_id: str, lease: str = "") -> Params:
+        request = Request(request_id=request_id, profile="bench", message="go", lease_id=lease)
+        return Params(
+            run_id="run-1",
+            tool_call_id=name,
+            extension_id="ext",
+            generation=1,
+            lease_id=lease,
+            request=request,
+        )
+
+    return conn, params
+
+
+# --- raw sqlite3 baselines ------------------------------------------------------------
+
+
+def raw(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS rows (id INTEGER PRIMARY KEY, child INTEGER, seq INTEGER,"
+        " body BLOB)"
+    )
+    return conn
+
+
+def raw_commits(path: Path, n: int) -> float:
+    """Single-row INSERT transactions per second."""
+    conn = raw(path)
+    body = b'{"requestId":"q","profile":"bench","message":"go"}'
+    started = time.perf_counter()
+    for i in range(n):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO rows (child, seq, body) VALUES (?, ?, ?)", (i, 0, body))
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - started
+    conn.close()
+    return n / elapsed
+
+
+def raw_batches(path: Path, n: int, batch: int = 100) -> float:
+    """Rows per second inserted in committed batches of ``batch`` rows."""
+    conn = raw(path)
+    rows = [(i, i, b'{"sequence":1,"kind":"text","text":"event 1"}') for i in range(batch)]
+    started = time.perf_counter()
+    for _ in range(max(1, n // batch)):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT INTO rows (child, seq, body) VALUES (?, ?, ?)", rows)
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - started
+    conn.close()
+    return max(1, n // batch) * batch / elapsed
+
+
+def ratio(engine: float, baseline: float) -> dict[str, float]:
+    return {"engine": round(engine, 1), "raw": round(baseline, 1), "ratio": round(engine / baseline, 3)}
+
+
+# --- scenarios ----------------------------------------------------------------------------
+
+
+async def start_seq(bench: Bench, sizes: Sizes) -> dict[str, float]:
+    runner = Runner()
+    engine = await bench.engine(bench.path(), runner)
+    conn, params = await _tool(engine)
+    started = time.perf_counter()
+    for i in range(sizes.starts):
+        await engine.call(conn, "child.start", params(f"q{i}"))
+    rate = sizes.starts / (time.perf_counter() - started)
+    await engine.close()
+    return ratio(rate, raw_commits(bench.path(), sizes.starts))
+
+
+async def start_concurrent(bench: Bench, sizes: Sizes) -> dict[str, float]:
+    runner = Runner()
+    engine = await bench.engine(bench.path(), runner)
+    conn, params = await _tool(engine)
+    each = max(1, sizes.starts // sizes.callers)
+
+    async def caller(c: int) -> None:
+        for i in range(each):
+            await engine.call(conn, "child.start", params(f"q{c}-{i}"))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(c) for c in range(sizes.callers)))
+    rate = each * sizes.callers / (time.perf_counter() - started)
+    await engine.close()
+    return ratio(rate, raw_commits(bench.path(), sizes.starts))
+
+
+async def _events(bench: Bench, children: int, each: int) -> float:
+    runner = Runner()
+    runner.hold = True
+    engine = await bench.engine(bench.path(), runner)
+    conn, params = await _tool(engine)
+    contexts: list[ChildContext] = []
+    original = runner.prepare
+
+    async def capture(*args: Any) -> Run:
+        inner = await original(*args)
+
+        async def run(ctx: ChildContext) -> None:
+            contexts.append(ctx)
+            await inner(ctx)
+
+        return run
+
+    runner.prepare = capture  # type: ignore[method-assign]
+    for i in range(children):
+        await engine.call(conn, "child.start", params(f"q{i}"))
+
+    async def emitter(ctx: ChildContext) -> None:
+        for n in range(each):
+            ctx.emit(Event(kind="text", text=f"event {n}"))
+            if n % 100 == 99:
+                await ctx.flush()
+        await ctx.flush()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(emitter(ctx) for ctx in contexts))
+    rate = children * each / (time.perf_counter() - started)
+    await engine.close()
+    return rate
+
+
+async def events_100(bench: Bench, sizes: Sizes) -> dict[str, float]:
+    rate = await _events(bench, sizes.events_children, sizes.events_each)
+    return ratio(rate, raw_batches(bench.path(), sizes.events_children * sizes.events_each))
+
+
+async def events_1(bench: Bench, sizes: Sizes) -> dict[str, float]:
+    rate = await _events(bench, 1, sizes.events_single)
+    return ratio(rate, raw_batches(bench.path(), sizes.events_single))
+
+
+async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
+    runner = Runner()
+    runner.hold = True
+    path = bench.path()
+    engine = await bench.engine(path, runner)
+    conn, params = await _tool(engine)
+    started = await engine.call(conn, "child.start", params("q-read"))
+    child = await engine.get_child(started.conversation_id)
+    assert child is not None
+    filler = sqlite3.connect(path)
+    body = b'{"sequence":0,"kind":"text","text":"a page of events to read back"}'
+    filler.executemany(
+        "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)",
+        ((child.id, n, body) for n in range(1, sizes.page_events + 1)),
+    )
+    filler.commit()
+    filler.close()
+    cursor = sizes.page_events // 2
+    read = Params(run_id="run-1", tool_call_id="call-1", extension_id="ext", generation=1,
+                  child_id=started.conversation_id, after=cursor)  # fmt: skip
+    timings = []
+    for _ in range(200):
+        t = time.perf_counter()
+        result = await engine.call(conn, "child.read", read)
+        timings.append(time.perf_counter() - t)
+        assert len(result.events) == 128
+    await engine.close()
+    baseline = sqlite3.connect(path)
+    baseline.execute("PRAGMA journal_mode=WAL")
+    raw_timings = []
+    for _ in range(200):
+        t = time.perf_counter()
+        rows = baseline.execute(
+            "SELECT body FROM events WHERE child_id = ? AND sequence > ? ORDER BY sequence LIMIT 128",
+            (child.id, cursor),
+        ).fetchall()
+        raw_timings.append(time.perf_counter() - t)
+        assert len(rows) == 128
+    baseline.close()
+    engine_ms, raw_ms = _median(timings) * 1000, _median(raw_timings) * 1000
+    return {"engine_ms": round(engine_ms, 3), "raw_ms": round(raw_ms, 3),
+            "ratio": round(engine_ms / raw_ms, 2)}  # fmt: skip
+
+
+async def _leased(bench: Bench, path: Path, n: int, **config: Any) -> Engine:
+    """An engine holding ``n`` admitted, running children, each under its own lease."""
+    runner = Runner()
+    runner.hold = True
+    engine = await bench.engine(path, runner, **config)
+    conn, params = await _tool(engine)
+    await asyncio.gather(
+        *(engine.call(conn, "child.start", params(f"q{i}", lease=f"L{i}")) for i in range(n))
+    )
+    return engine
+
+
+async def recover(bench: Bench, sizes: Sizes) -> float:
+    path = bench.path()
+    engine = await _leased(bench, path, sizes.recover)
+    await engine.close()
+    runner = Runner()
+    runner.hold = True
+    started = time.perf_counter()
+    engine = await bench.engine(path, runner)
+    while len(await engine.list_children(state="running", limit=sizes.recover)) < sizes.recover:
+        await asyncio.sleep(0.01)
+    elapsed = time.perf_counter() - started
+    await engine.close()
+    return round(elapsed, 3)
+
+
+async def expire(bench: Bench, sizes: Sizes) -> float:
+    path = bench.path()
+    engine = await _leased(bench, path, sizes.expire, lease_lifetime_s=3600.0)
+    engine.timers.arm(None)
+    engine.clock = _Shifted(engine.clock, 3601.0)
+    started = time.perf_counter()
+    await engine.expire_due()
+    while await engine.list_children(state="running", limit=1):
+        await asyncio.sleep(0.005)
+    elapsed = time.perf_counter() - started
+    await engine.close()
+    return round(elapsed, 3)
+
+
+class _Shifted:
+    """A clock some seconds ahead: the shared deadline has passed."""
+
+    def __init__(self, clock: Any, ahead: float) -> None:
+        self._clock = clock
+        self._ahead = ahead
+
+    def now(self) -> float:
+        return float(self._clock.now()) + self._ahead
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+async def rss_growth(bench: Bench, sizes: Sizes) -> float:
+    runner = Runner()
+    engine = await bench.engine(bench.path(), runner)
+    conn, params = await _tool(engine)
+
+    async def finish(start: int, stop: int) -> None:
+        for base in range(start, stop, 500):
+            await asyncio.gather(
+                *(engine.call(conn, "child.start", params(f"q{i}")) for i in range(base, min(stop, base + 500)))
+            )
+        await engine._db.barrier()  # noqa: SLF001 - let the finishes commit
+
+    await finish(0, sizes.rss_small)
+    gc.collect()
+    small = rss_mb()
+    await finish(sizes.rss_small, sizes.rss_large)
+    gc.collect()
+    grown = rss_mb() - small
+    await engine.close()
+    return round(grown, 1)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+SCENARIOS: dict[str, Callable[[Bench, Sizes], Awaitable[Any]]] = {
+    "start_seq": start_seq,
+    "start_concurrent": start_concurrent,
+    "events_100": events_100,
+    "events_1": events_1,
+    "read_page": read_page,
+    "recover_10k_s": recover,
+    "expire_5k_s": expire,
+    "rss_growth_mb": rss_growth,
+}
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "platform": platform.platform(),
+    }
+
+
+async def run_all(sizes: Sizes, only: list[str] | None) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="delegation-bench-") as folder:
+        bench = Bench(Path(folder))
+        for name, scenario in SCENARIOS.items():
+            if only and name not in only:
+                continue
+            report[name] = await scenario(bench, sizes)
+            print(f"  {name}: {report[name]}", file=sys.stderr, flush=True)
+    report["machine"] = machine()
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = [f"{'scenario':<18} {'engine':>12} {'raw sqlite3':>12} {'ratio':>8}"]
+    for name, value in report.items():
+        if name == "machine":
+            continue
+        if isinstance(value, dict) and "engine" in value:
+            lines.append(f"{name:<18} {value['engine']:>10}/s {value['raw']:>10}/s {value['ratio']:>8}")
+        elif isinstance(value, dict):
+            lines.append(f"{name:<18} {value['engine_ms']:>9} ms {value['raw_ms']:>9} ms {value['ratio']:>8}")
+        else:
+            lines.append(f"{name:<18} {value:>12}")
+    m = report["machine"]
+    lines.append(f"machine: {m['cores']} cores, Python {m['python']}, SQLite {m['sqlite']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m delegation.bench", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="one line, one JSON object")
+    parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
+    parser.add_argument("--only", nargs="*", choices=list(SCENARIOS), help="some scenarios")
+    args = parser.parse_args(argv)
+    resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
+    report = asyncio.run(run_all(QUICK if args.quick else FULL, args.only))
+    print(msgspec.json.encode(report).decode() if args.json else table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
