@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from delegation import Engine, EngineConfig, Event, Params, Preset, Request
+from delegation import Engine, EngineConfig, Event, Params, Preset, Request, Result
 from delegation.runs import ChildContext, Recovery, Run
 from delegation.wire import Identity
 
@@ -169,7 +169,11 @@ def raw_batches(path: Path, n: int, batch: int = 100) -> float:
 
 
 def ratio(engine: float, baseline: float) -> dict[str, float]:
-    return {"engine": round(engine, 1), "raw": round(baseline, 1), "ratio": round(engine / baseline, 3)}
+    return {
+        "engine": round(engine, 1),
+        "raw": round(baseline, 1),
+        "ratio": round(engine / baseline, 3),
+    }
 
 
 # --- scenarios ----------------------------------------------------------------------------
@@ -177,6 +181,7 @@ def ratio(engine: float, baseline: float) -> dict[str, float]:
 
 async def start_seq(bench: Bench, sizes: Sizes) -> dict[str, float]:
     runner = Runner()
+    runner.hold = True
     engine = await bench.engine(bench.path(), runner)
     conn, params = await _tool(engine)
     started = time.perf_counter()
@@ -189,6 +194,7 @@ async def start_seq(bench: Bench, sizes: Sizes) -> dict[str, float]:
 
 async def start_concurrent(bench: Bench, sizes: Sizes) -> dict[str, float]:
     runner = Runner()
+    runner.hold = True
     engine = await bench.engine(bench.path(), runner)
     conn, params = await _tool(engine)
     each = max(1, sizes.starts // sizes.callers)
@@ -221,7 +227,7 @@ async def _events(bench: Bench, children: int, each: int) -> float:
 
         return run
 
-    runner.prepare = capture  # type: ignore[method-assign]
+    runner.prepare = capture  # type: ignore[method-assign,assignment]
     for i in range(children):
         await engine.call(conn, "child.start", params(f"q{i}"))
 
@@ -256,6 +262,7 @@ async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
     engine = await bench.engine(path, runner)
     conn, params = await _tool(engine)
     started = await engine.call(conn, "child.start", params("q-read"))
+    assert isinstance(started, Result)
     child = await engine.get_child(started.conversation_id)
     assert child is not None
     filler = sqlite3.connect(path)
@@ -274,6 +281,7 @@ async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
         t = time.perf_counter()
         result = await engine.call(conn, "child.read", read)
         timings.append(time.perf_counter() - t)
+        assert isinstance(result, Result)
         assert len(result.events) == 128
     await engine.close()
     baseline = sqlite3.connect(path)
@@ -282,7 +290,8 @@ async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
     for _ in range(200):
         t = time.perf_counter()
         rows = baseline.execute(
-            "SELECT body FROM events WHERE child_id = ? AND sequence > ? ORDER BY sequence LIMIT 128",
+            "SELECT body FROM events WHERE child_id = ? AND sequence > ?"
+            " ORDER BY sequence LIMIT 128",
             (child.id, cursor),
         ).fetchall()
         raw_timings.append(time.perf_counter() - t)
@@ -358,9 +367,12 @@ async def rss_growth(bench: Bench, sizes: Sizes) -> float:
     async def finish(start: int, stop: int) -> None:
         for base in range(start, stop, 500):
             await asyncio.gather(
-                *(engine.call(conn, "child.start", params(f"q{i}")) for i in range(base, min(stop, base + 500)))
+                *(
+                    engine.call(conn, "child.start", params(f"q{i}"))
+                    for i in range(base, min(stop, base + 500))
+                )
             )
-        await engine._db.barrier()  # noqa: SLF001 - let the finishes commit
+        await engine._db.barrier()
 
     await finish(0, sizes.rss_small)
     gc.collect()
@@ -417,9 +429,13 @@ def table(report: dict[str, Any]) -> str:
         if name == "machine":
             continue
         if isinstance(value, dict) and "engine" in value:
-            lines.append(f"{name:<18} {value['engine']:>10}/s {value['raw']:>10}/s {value['ratio']:>8}")
+            lines.append(
+                f"{name:<18} {value['engine']:>10}/s {value['raw']:>10}/s {value['ratio']:>8}"
+            )
         elif isinstance(value, dict):
-            lines.append(f"{name:<18} {value['engine_ms']:>9} ms {value['raw_ms']:>9} ms {value['ratio']:>8}")
+            lines.append(
+                f"{name:<18} {value['engine_ms']:>9} ms {value['raw_ms']:>9} ms {value['ratio']:>8}"
+            )
         else:
             lines.append(f"{name:<18} {value:>12}")
     m = report["machine"]

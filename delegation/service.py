@@ -147,9 +147,7 @@ def reserve_start(
         raise errors.SubmissionLimit()
     if grant.depth > cfg.max_depth:
         raise errors.NestingLimit()
-    runner = runners.get_runner(conn, rconn.runner_id)
-    assert runner is not None
-    child_id = children.insert_child(
+    child = children.insert_child(
         conn,
         conversation_id=request.resume or f"c-{uuid.uuid4().hex}",
         run_id=f"r-{uuid.uuid4().hex}",
@@ -157,7 +155,7 @@ def reserve_start(
         lease_id=grant.lease_id,
         request_id=request.request_id,
         runner_id=rconn.runner_id,
-        runner_host_instance_id=runner.host_instance_id,
+        runner_host_instance_id=rconn.host_instance_id,  # current: checked above
         parent_conversation_id=grant.conversation_id,
         parent_run_id=grant.run_id,
         extension_id=grant.extension_id,
@@ -171,8 +169,6 @@ def reserve_start(
         origin_grant_id=tool.id if tool is not None and tool_owned else None,
         created_at=now,
     )
-    child = children.get(conn, child_id)
-    assert child is not None
     return StartPlan(child, False, request, preset, identity_of(child), new_lease)
 
 

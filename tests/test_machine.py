@@ -175,7 +175,7 @@ def _insert(conn: Connection, n: int, state: State) -> int:
         created_at=T0,
         state=state.value,
         **STATE_FIELDS[state],
-    )
+    ).id
 
 
 def _row(conn: Connection, child_id: int) -> dict[str, Any]:

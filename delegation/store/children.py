@@ -3,52 +3,57 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import cache
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, insert, select, update
+from sqlalchemy import Connection, Row, select, update
 
 from delegation import errors, machine
 from delegation.machine import State, Trigger
 from delegation.records import ChildRecord
+from delegation.store import run
 from delegation.store.tables import children, grants, purged
 
 ACTIVE_STATES = [s.value for s in machine.ACTIVE]
 
 
+# Hot paths use plain SQL through the same connection: building and caching a Core
+# statement costs more than the query itself on an indexed lookup.
+COLUMNS = tuple(column.name for column in children.columns)
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM children"
+
+
 def _record(row: Row[Any]) -> ChildRecord:
-    values = dict(row._mapping)
-    values["followup"] = bool(values["followup"])
-    return ChildRecord(**values)
+    return _record_of(dict(row._mapping))
+
+
+def _one(conn: Connection, where: str, params: tuple[Any, ...]) -> ChildRecord | None:
+    row = run(conn, f"{_SELECT} WHERE {where}", params).fetchone()
+    return None if row is None else _record_of(dict(zip(COLUMNS, row, strict=True)))
+
+
+def _many(conn: Connection, where: str, params: tuple[Any, ...]) -> list[ChildRecord]:
+    rows = run(conn, f"{_SELECT} WHERE {where}", params).fetchall()
+    return [_record_of(dict(zip(COLUMNS, row, strict=True))) for row in rows]
 
 
 def get(conn: Connection, child_id: int) -> ChildRecord | None:
-    row = conn.execute(select(children).where(children.c.id == child_id)).first()
-    return None if row is None else _record(row)
+    return _one(conn, "id = ?", (child_id,))
 
 
 def find(conn: Connection, conversation_id: str, run_id: str | None = None) -> ChildRecord | None:
     """One execution: by run id, or the newest of the conversation."""
-    query = select(children).where(children.c.conversation_id == conversation_id)
     if run_id:
-        query = query.where(children.c.run_id == run_id)
-    row = conn.execute(query.order_by(children.c.id.desc()).limit(1)).first()
-    return None if row is None else _record(row)
+        return _one(conn, "conversation_id = ? AND run_id = ?", (conversation_id, run_id))
+    return _one(conn, "conversation_id = ? ORDER BY id DESC LIMIT 1", (conversation_id,))
 
 
 def by_request(conn: Connection, grant_id: str, request_id: str) -> ChildRecord | None:
-    row = conn.execute(
-        select(children).where(children.c.grant_id == grant_id, children.c.request_id == request_id)
-    ).first()
-    return None if row is None else _record(row)
+    return _one(conn, "grant_id = ? AND request_id = ?", (grant_id, request_id))
 
 
 def of_grant(conn: Connection, grant_id: str, conversation_id: str) -> list[ChildRecord]:
-    rows = conn.execute(
-        select(children).where(
-            children.c.grant_id == grant_id, children.c.conversation_id == conversation_id
-        )
-    )
-    return [_record(row) for row in rows]
+    return _many(conn, "grant_id = ? AND conversation_id = ?", (grant_id, conversation_id))
 
 
 def by_state(conn: Connection, state: str) -> list[ChildRecord]:
@@ -67,8 +72,8 @@ def was_purged(conn: Connection, grant_id: str, conversation_id: str, run_id: st
 
 
 def count_of_grant(conn: Connection, grant_id: str) -> int:
-    query = select(func.count()).where(children.c.grant_id == grant_id)
-    return int(conn.execute(query).scalar_one())
+    sql = "SELECT COUNT(*) FROM children WHERE grant_id = ?"
+    return int(run(conn, sql, (grant_id,)).fetchone()[0])
 
 
 def executions(conn: Connection, conversation_id: str) -> list[ChildRecord]:
@@ -86,13 +91,39 @@ def depth_of_run(conn: Connection, run_id: str) -> int:
     return int(depth or 0)
 
 
-def insert_child(conn: Connection, **values: Any) -> int:
-    values.setdefault("state", State.PREPARED.value)
-    values.setdefault("updated_at", values["created_at"])
-    result = conn.execute(insert(children).values(**values))
-    key = result.inserted_primary_key
-    assert key is not None
-    return int(key[0])
+_FRESH: dict[str, Any] = {
+    "state": State.PREPARED.value,
+    "engine_instance_id": None,
+    "cancel_requested_at": None,
+    "cancel_reason": None,
+    "error": "",
+    "output": "",
+    "recovery_attempts": 0,
+    "admitted_at": None,
+    "finished_at": None,
+    "origin_grant_id": None,
+    "lease_id": None,
+    "followup": 0,
+}
+
+
+def insert_child(conn: Connection, **values: Any) -> ChildRecord:
+    """Reserve a new child as ``prepared``; returns its record without reading it back."""
+    row = {**_FRESH, "updated_at": values["created_at"], **values}
+    cursor = run(conn, _insert_sql(tuple(row)), tuple(row.values()))
+    assert cursor.lastrowid is not None
+    return _record_of({**row, "id": int(cursor.lastrowid)})
+
+
+@cache
+def _insert_sql(names: tuple[str, ...]) -> str:
+    marks = ", ".join("?" for _ in names)
+    return f"INSERT INTO children ({', '.join(names)}) VALUES ({marks})"
+
+
+def _record_of(values: dict[str, Any]) -> ChildRecord:
+    values["followup"] = bool(values["followup"])
+    return ChildRecord(**values)
 
 
 def transition(
@@ -109,20 +140,21 @@ def transition(
     values: dict[str, Any] = {**fields, "state": to.value, "updated_at": now}
     if to in machine.TERMINAL:
         values.setdefault("finished_at", now)
-    result = conn.execute(
-        update(children)
-        .where(
-            children.c.id == child_id,
-            children.c.state.in_([s.value for s in machine.sources(trigger)]),
-        )
-        .values(**values)
-    )
-    if result.rowcount != 1:
+    sql = _transition_sql(trigger, tuple(values))
+    if run(conn, sql, (*values.values(), child_id)).rowcount != 1:
         current = conn.execute(select(children.c.state).where(children.c.id == child_id)).scalar()
         raise errors.IllegalTransition(
             f"child state transition {trigger.value} is not allowed from {current or 'nowhere'}"
         )
     return to
+
+
+@cache
+def _transition_sql(trigger: Trigger, names: tuple[str, ...]) -> str:
+    """The guarded UPDATE of one trigger: ``WHERE id = ? AND state IN (its sources)``."""
+    sources = ", ".join(f"'{state.value}'" for state in sorted(machine.sources(trigger)))
+    assignments = ", ".join(f"{name} = ?" for name in names)
+    return f"UPDATE children SET {assignments} WHERE id = ? AND state IN ({sources})"
 
 
 def request_cancel(

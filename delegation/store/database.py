@@ -19,7 +19,6 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -109,7 +108,7 @@ class Database:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._write_engine: Engine | None = None
         self._read_engine: Engine | None = None
-        self._readers: ThreadPoolExecutor | None = None
+        self._reader: Connection | None = None
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -122,14 +121,13 @@ class Database:
         )
         read_pragmas = {**self._pragmas, "query_only": "ON"}
         del read_pragmas["journal_mode"]
-        self._read_engine = _make_engine(self.url, begin="BEGIN", pragmas=read_pragmas, pool_size=4)
+        self._read_engine = _make_engine(self.url, begin="BEGIN", pragmas=read_pragmas, pool_size=1)
         try:
             with self._write_engine.connect() as conn:
                 migrate.upgrade(conn)
         except Exception as exc:
             self._dispose()
             raise translate(exc) from exc
-        self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="delegation-read")
         self._stopping = False
         self._thread = threading.Thread(target=self._writer_main, name="delegation-writer")
         self._thread.start()
@@ -142,9 +140,9 @@ class Database:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._readers is not None:
-            self._readers.shutdown(wait=True)
-            self._readers = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         self._dispose()
 
     def _dispose(self) -> None:
@@ -209,9 +207,10 @@ class Database:
             with conn.begin():
                 if batch.events:
                     insert_events(conn, batch.events)
+                alone = len(batch.jobs) == 1 and not batch.events
                 for pending in batch.jobs:
                     if pending.fn is not None:
-                        self._run_job(conn, pending)
+                        self._run_job(conn, pending, savepoint=not alone)
         except Exception as exc:
             failure = translate(exc)
             log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
@@ -223,18 +222,24 @@ class Database:
                     self._queue.events[:0] = batch.events
 
     @staticmethod
-    def _run_job(conn: Connection, pending: _Pending) -> None:
+    def _run_job(conn: Connection, pending: _Pending, *, savepoint: bool) -> None:
+        """Run one job; a failure undoes only its own writes (its savepoint, or the
+        whole transaction when it is alone in the batch)."""
         assert pending.fn is not None
-        savepoint = conn.begin_nested()
+        nested = conn.begin_nested() if savepoint else None
         try:
             pending.value = pending.fn(conn)
         except Exception as exc:
-            savepoint.rollback()
+            if nested is not None:
+                nested.rollback()
+            else:
+                conn.rollback()
             pending.ok, pending.value = False, translate(exc)
             if not isinstance(exc, errors.DelegationError):
                 log.error("write job failed", extra={"action": "write_job_failed"}, exc_info=exc)
         else:
-            savepoint.commit()
+            if nested is not None:
+                nested.commit()
 
     def _deliver(self, jobs: list[_Pending]) -> None:
         waiting = [p for p in jobs if p.future is not None]
@@ -247,16 +252,20 @@ class Database:
     # --- reading ----------------------------------------------------------------
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
-        """Run ``fn`` in one read transaction (a consistent WAL snapshot)."""
-        if self._loop is None or self._readers is None:
-            raise errors.StoreError("child store is closed")
-        return await self._loop.run_in_executor(self._readers, self.read_sync, fn)
+        """Run ``fn`` in one read transaction (a consistent WAL snapshot).
 
-    def read_sync(self, fn: Callable[[Connection], T]) -> T:
-        assert self._read_engine is not None
+        Reads run inline on the event loop's thread, on a connection of its own: a WAL
+        reader never waits for the writer, and a short query costs less than a hop to
+        another thread would.
+        """
+        if self._read_engine is None:
+            raise errors.StoreError("child store is closed")
+        await asyncio.sleep(0)  # a read is a turn of the loop: polling callers never starve it
+        if self._reader is None:
+            self._reader = self._read_engine.connect()
         try:
-            with self._read_engine.connect() as conn, conn.begin():
-                return fn(conn)
+            with self._reader.begin():
+                return fn(self._reader)
         except errors.DelegationError:
             raise
         except Exception as exc:

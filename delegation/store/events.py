@@ -6,6 +6,8 @@ from typing import NamedTuple
 
 from sqlalchemy import Connection
 
+from delegation.store import dbapi, run
+
 _INSERT = "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)"
 _OUTPUT = "UPDATE children SET output = ? WHERE id = ?"
 _PAGE = "SELECT body FROM events WHERE child_id = ? AND sequence > ? ORDER BY sequence LIMIT ?"
@@ -20,16 +22,15 @@ class EventRow(NamedTuple):
 
 def insert_events(conn: Connection, rows: list[EventRow]) -> None:
     """Insert a batch of events and keep each child's ``output`` current."""
-    conn.exec_driver_sql(_INSERT, [(r.child_id, r.sequence, r.body) for r in rows])
+    dbapi(conn).executemany(_INSERT, [(r.child_id, r.sequence, r.body) for r in rows])
     outputs = {r.child_id: r.output for r in rows if r.output is not None}
     if outputs:
-        conn.exec_driver_sql(_OUTPUT, [(text, child) for child, text in outputs.items()])
+        dbapi(conn).executemany(_OUTPUT, [(text, child) for child, text in outputs.items()])
 
 
 def page(conn: Connection, child_id: int, after: int, limit: int) -> list[bytes]:
     """Up to ``limit`` event bodies with ``sequence > after``, oldest first."""
-    result = conn.exec_driver_sql(_PAGE, (child_id, after, limit))
-    return [row[0] for row in result]
+    return [row[0] for row in run(conn, _PAGE, (child_id, after, limit))]
 
 
 def last_sequence(conn: Connection, child_id: int) -> int:

@@ -7,9 +7,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
-from sqlalchemy import Connection, Row, delete, func, insert, select, update
+from sqlalchemy import Connection, delete, func, insert, select, update
 
 from delegation.records import GrantRecord
+from delegation.store import run
 from delegation.store.tables import grants
 from delegation.wire import Preset
 
@@ -17,7 +18,28 @@ _presets = msgspec.json.Decoder(tuple[Preset, ...])
 _encoder = msgspec.json.Encoder()
 
 
-def _record(row: Row[Any]) -> GrantRecord:
+COLUMNS = tuple(column.name for column in grants.columns)
+
+
+class _Row:
+    """Attribute access over a column dict, like a SQLAlchemy Row."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM grants"
+
+
+def _one(conn: Connection, where: str, params: tuple[Any, ...]) -> GrantRecord | None:
+    """One grant by a plain-SQL lookup (hot paths: no statement to build per call)."""
+    row = run(conn, f"{_SELECT} WHERE {where}", params).fetchone()
+    return None if row is None else _record(dict(zip(COLUMNS, row, strict=True)))
+
+
+def _record(row: Any) -> GrantRecord:
+    if isinstance(row, dict):
+        row = _Row(row)
     presets = _presets.decode(row.presets) if row.presets else ()
     generations = frozenset(int(g) for g in (row.generations or "").split(",") if g)
     return GrantRecord(
@@ -49,8 +71,7 @@ def _generations(values: Iterable[int]) -> str:
 
 
 def get(conn: Connection, grant_id: str) -> GrantRecord | None:
-    row = conn.execute(select(grants).where(grants.c.id == grant_id)).first()
-    return None if row is None else _record(row)
+    return _one(conn, "id = ?", (grant_id,))
 
 
 def insert_tool(
@@ -98,27 +119,17 @@ def live_tool(
     """The open tool grant of one tool call of a runner, if any."""
     if not tool_call_id:
         return None
-    row = conn.execute(
-        select(grants).where(
-            grants.c.run_id == run_id,
-            grants.c.tool_call_id == tool_call_id,
-            grants.c.kind == "tool",
-            grants.c.runner_id == runner_id,
-            grants.c.closed_at.is_(None),
-        )
-    ).first()
-    return None if row is None else _record(row)
+    return _one(
+        conn,
+        "run_id = ? AND tool_call_id = ? AND kind = 'tool' AND runner_id = ? AND closed_at IS NULL",
+        (run_id, tool_call_id, runner_id),
+    )
 
 
 def get_lease(conn: Connection, runner_id: str, lease_id: str) -> GrantRecord | None:
     if not lease_id:
         return None
-    row = conn.execute(
-        select(grants).where(
-            grants.c.kind == "lease", grants.c.runner_id == runner_id, grants.c.lease_id == lease_id
-        )
-    ).first()
-    return None if row is None else _record(row)
+    return _one(conn, "kind = 'lease' AND runner_id = ? AND lease_id = ?", (runner_id, lease_id))
 
 
 def count_leases(conn: Connection, runner_id: str) -> int:

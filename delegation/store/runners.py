@@ -7,6 +7,7 @@ import uuid
 from sqlalchemy import Connection, insert, select, update
 
 from delegation.records import RunnerConnection, RunnerRecord
+from delegation.store import run
 from delegation.store.tables import connections, host_instances, runners
 
 
@@ -21,10 +22,13 @@ def close_instance(conn: Connection, instance_id: str, now: float) -> None:
 
 
 def get_runner(conn: Connection, runner_id: str) -> RunnerRecord | None:
-    row = conn.execute(select(runners).where(runners.c.runner_id == runner_id)).first()
-    if row is None:
-        return None
-    return RunnerRecord(row.runner_id, row.host_instance_id, row.generation, row.connection_id)
+    row = run(
+        conn,
+        "SELECT runner_id, host_instance_id, generation, connection_id FROM runners"
+        " WHERE runner_id = ?",
+        (runner_id,),
+    ).fetchone()
+    return None if row is None else RunnerRecord(*row)
 
 
 def register(
