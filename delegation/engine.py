@@ -383,10 +383,11 @@ class Engine:
                 local.decided.set()  # admitted before the restart: nothing to wait for
             local.ctx = ctx
             ctx.bind()
-            for steer_id, message in await self._db.read(
-                lambda c: queries.undelivered_steers(c, child.id)
-            ):
-                ctx.deliver(steer_id, message)
+            if recovery is not None:  # a fresh child cannot have steers queued yet
+                for steer_id, message in await self._db.read(
+                    lambda c: queries.undelivered_steers(c, child.id)
+                ):
+                    ctx.deliver(steer_id, message)
             await run(ctx)
         except NotResumable:
             error = maintenance.INTERRUPTED

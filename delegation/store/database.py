@@ -27,7 +27,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from delegation import errors
-from delegation.store import migrate
+from delegation.store import dbapi, migrate
 from delegation.store.events import EventRow, insert_events
 
 log = logging.getLogger("delegation.store")
@@ -72,7 +72,7 @@ def _make_engine(url: str, *, begin: str, pragmas: dict[str, str], pool_size: in
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql(begin)
+        dbapi(conn).execute(begin)
 
     return engine
 
@@ -226,20 +226,23 @@ class Database:
         """Run one job; a failure undoes only its own writes (its savepoint, or the
         whole transaction when it is alone in the batch)."""
         assert pending.fn is not None
-        nested = conn.begin_nested() if savepoint else None
+        raw = dbapi(conn)
+        if savepoint:
+            raw.execute("SAVEPOINT job")
         try:
             pending.value = pending.fn(conn)
         except Exception as exc:
-            if nested is not None:
-                nested.rollback()
+            if savepoint:
+                raw.execute("ROLLBACK TO job")
+                raw.execute("RELEASE job")
             else:
                 conn.rollback()
             pending.ok, pending.value = False, translate(exc)
             if not isinstance(exc, errors.DelegationError):
                 log.error("write job failed", extra={"action": "write_job_failed"}, exc_info=exc)
         else:
-            if nested is not None:
-                nested.commit()
+            if savepoint:
+                raw.execute("RELEASE job")
 
     def _deliver(self, jobs: list[_Pending]) -> None:
         waiting = [p for p in jobs if p.future is not None]
