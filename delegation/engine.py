@@ -54,6 +54,7 @@ class _Local:
     task: asyncio.Task[None] | None = None
     ctx: ChildContext | None = None
     finishing: bool = False
+    lease_pending: bool = False  # a first admission under its lease re-checks the tool
     suspend: bool = False  # graceful close: stop without writing a terminal state
 
 
@@ -349,7 +350,7 @@ class Engine:
     def _spawn(
         self, child: ChildRecord, plan: service.StartPlan, recovery: Recovery | None
     ) -> None:
-        local = _Local(child.id)
+        local = _Local(child.id, lease_pending=plan.lease_pending)
         self._local[child.id] = local
         local.task = asyncio.create_task(
             self._execute(local, child, plan, recovery), name=f"delegation-child-{child.run_id}"
@@ -415,7 +416,7 @@ class Engine:
         child_id = local.child_id
 
         async def admit() -> None:
-            await self._write(service.admit, child_id, self.instance_id)
+            await self._write(service.admit, child_id, self.instance_id, local.lease_pending)
             local.decided.set()
 
         def append(sequence: int, body: bytes, output: str | None) -> None:

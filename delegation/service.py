@@ -60,6 +60,7 @@ class StartPlan:
     preset: Preset
     identity: Identity
     new_lease_deadline: float | None = None
+    lease_pending: bool = False  # under a lease that has admitted no one yet
 
 
 def identity_of(child: ChildRecord) -> Identity:
@@ -169,7 +170,8 @@ def reserve_start(
         origin_grant_id=tool.id if tool is not None and tool_owned else None,
         created_at=now,
     )
-    return StartPlan(child, False, request, preset, identity_of(child), new_lease)
+    pending = grant.is_lease and grant.activated_at is None
+    return StartPlan(child, False, request, preset, identity_of(child), new_lease, pending)
 
 
 def plan_of(child: ChildRecord) -> StartPlan:
@@ -205,13 +207,23 @@ def _owned_executions(
 # --- the run's own transitions ----------------------------------------------------------
 
 
-def admit(conn: Connection, child_id: int, instance_id: str, now: float) -> None:
+def admit(
+    conn: Connection, child_id: int, instance_id: str, lease_pending: bool, now: float
+) -> None:
     """prepared → admitted → running, after re-checking cancellation and the origin tool.
+
+    ``lease_pending`` says the child's lease had admitted no one when it was reserved,
+    so this may be the lease's first admission and its authorizing tool must be live.
 
     Raises:
         errors.AdmissionFailed: cancellation was requested first (the run must stop).
         errors.LeaseNotActivated: a first admission under a lease whose tool has ended.
     """
+    if not lease_pending and children.transition_unless_cancelled(
+        conn, child_id, Trigger.ADMIT, now, admitted_at=now
+    ):
+        children.transition(conn, child_id, Trigger.RUN, now, engine_instance_id=instance_id)
+        return
     child = children.get(conn, child_id)
     if child is None:
         raise errors.ChildPurged()

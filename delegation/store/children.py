@@ -149,12 +149,25 @@ def transition(
     return to
 
 
+def transition_unless_cancelled(
+    conn: Connection, child_id: int, trigger: Trigger, now: float, **fields: Any
+) -> bool:
+    """Fire ``trigger`` only if no cancellation was requested; False if nothing matched
+    (the caller then looks at the row to learn why)."""
+    values: dict[str, Any] = {**fields, "state": machine.target(trigger).value, "updated_at": now}
+    sql = _transition_sql(trigger, tuple(values), unless_cancelled=True)
+    return bool(run(conn, sql, (*values.values(), child_id)).rowcount == 1)
+
+
 @cache
-def _transition_sql(trigger: Trigger, names: tuple[str, ...]) -> str:
+def _transition_sql(
+    trigger: Trigger, names: tuple[str, ...], *, unless_cancelled: bool = False
+) -> str:
     """The guarded UPDATE of one trigger: ``WHERE id = ? AND state IN (its sources)``."""
     sources = ", ".join(f"'{state.value}'" for state in sorted(machine.sources(trigger)))
     assignments = ", ".join(f"{name} = ?" for name in names)
-    return f"UPDATE children SET {assignments} WHERE id = ? AND state IN ({sources})"
+    guard = " AND cancel_requested_at IS NULL" if unless_cancelled else ""
+    return f"UPDATE children SET {assignments} WHERE id = ? AND state IN ({sources}){guard}"
 
 
 def request_cancel(
