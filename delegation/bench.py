@@ -31,7 +31,8 @@ from delegation.runs import ChildContext, Recovery, Run
 from delegation.wire import Identity
 
 PRESET = Preset(name="bench", extension_id="ext", generation=1)
-CONFIG = EngineConfig(max_children_per_grant=10**9, max_leases_per_runner=10**9)
+# Production settings, but for the lease cap: thousands of leases share one runner here.
+CONFIG = EngineConfig(max_leases_per_runner=10**9)
 
 
 @dataclass(frozen=True)
@@ -100,30 +101,52 @@ def _config(**changes: Any) -> EngineConfig:
     return replace(CONFIG, **changes)
 
 
-async def _tool(engine: Engine, name: str = "call-1") -> tuple[Any, Callable[..., Params]]:
-    conn = await engine.connect("bench-runner", "bench-host")
-    await engine.open_tool(
-        conn,
-        run_id="run-1",
-        conversation_id="conv-1",
-        tool_call_id=name,
-        extension_id="ext",
-        presets=[PRESET],
-        workspace=tempfile.gettempdir(),
-    )
+class Starter:
+    """Starts children as a runner would: a new tool call every 60 children (the default
+    cap is 64 per grant), each start one ``child.start`` call."""
 
-    def params(request_id: str, lease: str = "") -> Params:
+    def __init__(self, engine: Engine, conn: Any) -> None:
+        self.engine = engine
+        self.conn = conn
+        self.count = 0
+        self.tools: dict[int, asyncio.Future[Any]] = {}
+
+    async def params(self, request_id: str, lease: str = "") -> Params:
+        index = self.count // 60
+        self.count += 1
+        if index not in self.tools:
+            self.tools[index] = asyncio.ensure_future(
+                self.engine.open_tool(
+                    self.conn,
+                    run_id="run-1",
+                    conversation_id="conv-1",
+                    tool_call_id=f"call-{index}",
+                    extension_id="ext",
+                    presets=[PRESET],
+                    workspace=tempfile.gettempdir(),
+                )
+            )
+        await self.tools[index]
         request = Request(request_id=request_id, profile="bench", message="go", lease_id=lease)
         return Params(
             run_id="run-1",
-            tool_call_id=name,
+            tool_call_id=f"call-{index}",
             extension_id="ext",
             generation=1,
             lease_id=lease,
             request=request,
         )
 
-    return conn, params
+    async def start(self, request_id: str, lease: str = "") -> Result:
+        result = await self.engine.call(
+            self.conn, "child.start", await self.params(request_id, lease)
+        )
+        assert isinstance(result, Result)
+        return result
+
+
+async def _starter(engine: Engine) -> Starter:
+    return Starter(engine, await engine.connect("bench-runner", "bench-host"))
 
 
 # --- raw sqlite3 baselines ------------------------------------------------------------
@@ -183,10 +206,10 @@ async def start_seq(bench: Bench, sizes: Sizes) -> dict[str, float]:
     runner = Runner()
     runner.hold = True
     engine = await bench.engine(bench.path(), runner)
-    conn, params = await _tool(engine)
+    starter = await _starter(engine)
     started = time.perf_counter()
     for i in range(sizes.starts):
-        await engine.call(conn, "child.start", params(f"q{i}"))
+        await starter.start(f"q{i}")
     rate = sizes.starts / (time.perf_counter() - started)
     await engine.close()
     return ratio(rate, raw_commits(bench.path(), sizes.starts))
@@ -196,12 +219,12 @@ async def start_concurrent(bench: Bench, sizes: Sizes) -> dict[str, float]:
     runner = Runner()
     runner.hold = True
     engine = await bench.engine(bench.path(), runner)
-    conn, params = await _tool(engine)
+    starter = await _starter(engine)
     each = max(1, sizes.starts // sizes.callers)
 
     async def caller(c: int) -> None:
         for i in range(each):
-            await engine.call(conn, "child.start", params(f"q{c}-{i}"))
+            await starter.start(f"q{c}-{i}")
 
     started = time.perf_counter()
     await asyncio.gather(*(caller(c) for c in range(sizes.callers)))
@@ -214,7 +237,6 @@ async def _events(bench: Bench, children: int, each: int) -> float:
     runner = Runner()
     runner.hold = True
     engine = await bench.engine(bench.path(), runner)
-    conn, params = await _tool(engine)
     contexts: list[ChildContext] = []
     original = runner.prepare
 
@@ -228,8 +250,9 @@ async def _events(bench: Bench, children: int, each: int) -> float:
         return run
 
     runner.prepare = capture  # type: ignore[method-assign,assignment]
+    starter = await _starter(engine)
     for i in range(children):
-        await engine.call(conn, "child.start", params(f"q{i}"))
+        await starter.start(f"q{i}")
 
     async def emitter(ctx: ChildContext) -> None:
         for n in range(each):
@@ -260,9 +283,8 @@ async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
     runner.hold = True
     path = bench.path()
     engine = await bench.engine(path, runner)
-    conn, params = await _tool(engine)
-    started = await engine.call(conn, "child.start", params("q-read"))
-    assert isinstance(started, Result)
+    starter = await _starter(engine)
+    started = await starter.start("q-read")
     child = await engine.get_child(started.conversation_id)
     assert child is not None
     filler = sqlite3.connect(path)
@@ -274,12 +296,12 @@ async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
     filler.commit()
     filler.close()
     cursor = sizes.page_events // 2
-    read = Params(run_id="run-1", tool_call_id="call-1", extension_id="ext", generation=1,
+    read = Params(run_id="run-1", tool_call_id="call-0", extension_id="ext", generation=1,
                   child_id=started.conversation_id, after=cursor)  # fmt: skip
     timings = []
     for _ in range(200):
         t = time.perf_counter()
-        result = await engine.call(conn, "child.read", read)
+        result = await engine.call(starter.conn, "child.read", read)
         timings.append(time.perf_counter() - t)
         assert isinstance(result, Result)
         assert len(result.events) == 128
@@ -307,10 +329,11 @@ async def _leased(bench: Bench, path: Path, n: int, **config: Any) -> Engine:
     runner = Runner()
     runner.hold = True
     engine = await bench.engine(path, runner, **config)
-    conn, params = await _tool(engine)
-    await asyncio.gather(
-        *(engine.call(conn, "child.start", params(f"q{i}", lease=f"L{i}")) for i in range(n))
-    )
+    starter = await _starter(engine)
+    for base in range(0, n, 500):
+        await asyncio.gather(
+            *(starter.start(f"q{i}", lease=f"L{i}") for i in range(base, min(n, base + 500)))
+        )
     return engine
 
 
@@ -362,15 +385,12 @@ def rss_mb() -> float:
 async def rss_growth(bench: Bench, sizes: Sizes) -> float:
     runner = Runner()
     engine = await bench.engine(bench.path(), runner)
-    conn, params = await _tool(engine)
+    starter = await _starter(engine)
 
     async def finish(start: int, stop: int) -> None:
         for base in range(start, stop, 500):
             await asyncio.gather(
-                *(
-                    engine.call(conn, "child.start", params(f"q{i}"))
-                    for i in range(base, min(stop, base + 500))
-                )
+                *(starter.start(f"q{i}") for i in range(base, min(stop, base + 500)))
             )
         await engine._db.barrier()
 

@@ -122,7 +122,7 @@ class Engine:
         self.timers.arm(await self._db.read(maintenance.next_deadline))
         for item in resumable:
             recovery = Recovery(attempt=item.attempt, last_sequence=item.last_sequence)
-            self._spawn(item.child, service.plan_of(item.child), recovery)
+            self._spawn(item.child, service.plan_of(item.child), recovery, item.steers)
             log.info(
                 "child resumed",
                 extra={"action": "child_recovered", "run_id": item.child.run_id},
@@ -271,8 +271,17 @@ class Engine:
 
     async def _read(self, conn: RunnerConnection, params: Params) -> Result:
         now = self.clock.now()
-        child = await self._db.read(lambda c: service.locate_child(c, conn, params, now))
-        return await self._outcome(child.id, params.after)
+        limit = self.config.events_per_read
+
+        def locate_and_page(c: Connection) -> tuple[int, Result | None]:
+            child = service.locate_child(c, conn, params, now)
+            local = self._local.get(child.id)
+            if local is not None and not local.decided.is_set():
+                return child.id, None  # admission still pending: wait, then read again
+            return child.id, queries.page_of(c, child, params.after, limit)
+
+        child_id, result = await self._db.read(locate_and_page)
+        return result if result is not None else await self._outcome(child_id, params.after)
 
     async def _cancel(self, conn: RunnerConnection, params: Params) -> Result:
         child = await self._write(service.cancel, conn, params)
@@ -348,12 +357,17 @@ class Engine:
     # --- runs in this process ---------------------------------------------------------
 
     def _spawn(
-        self, child: ChildRecord, plan: service.StartPlan, recovery: Recovery | None
+        self,
+        child: ChildRecord,
+        plan: service.StartPlan,
+        recovery: Recovery | None,
+        steers: Sequence[tuple[int, str]] = (),
     ) -> None:
         local = _Local(child.id, lease_pending=plan.lease_pending)
         self._local[child.id] = local
         local.task = asyncio.create_task(
-            self._execute(local, child, plan, recovery), name=f"delegation-child-{child.run_id}"
+            self._execute(local, child, plan, recovery, steers),
+            name=f"delegation-child-{child.run_id}",
         )
 
     async def _execute(
@@ -362,13 +376,12 @@ class Engine:
         child: ChildRecord,
         plan: service.StartPlan,
         recovery: Recovery | None,
+        steers: Sequence[tuple[int, str]],
     ) -> None:
         error = ""
         ctx: ChildContext | None = None
         try:
             run = await self._runner.prepare(plan.request, plan.preset, plan.identity, recovery)
-            if recovery is not None:
-                await self._write(service.resume_running, child.id, self.instance_id)
             ctx = ChildContext(
                 identity=plan.identity,
                 request=plan.request,
@@ -384,11 +397,8 @@ class Engine:
                 local.decided.set()  # admitted before the restart: nothing to wait for
             local.ctx = ctx
             ctx.bind()
-            if recovery is not None:  # a fresh child cannot have steers queued yet
-                for steer_id, message in await self._db.read(
-                    lambda c: queries.undelivered_steers(c, child.id)
-                ):
-                    ctx.deliver(steer_id, message)
+            for steer_id, message in steers:  # queued before a restart
+                ctx.deliver(steer_id, message)
             await run(ctx)
         except NotResumable:
             error = maintenance.INTERRUPTED

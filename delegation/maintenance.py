@@ -30,11 +30,13 @@ _LIVE_LEASE_CHILDREN = (
 
 @dataclass(frozen=True, slots=True)
 class Resumable:
-    """An admitted child of a live lease, with its recovery event already committed."""
+    """A child of a live lease to run again: its recovery event is committed and it is
+    ``running`` under the new host instance; ``steers`` were queued and not delivered."""
 
     child: ChildRecord
     attempt: int
     last_sequence: int
+    steers: tuple[tuple[int, str], ...] = ()
 
 
 def expire_due(conn: Connection, now: float) -> tuple[list[int], float | None]:
@@ -124,10 +126,11 @@ def reconcile(
     }
     for statement in statements:
         conn.execute(text(statement), {k: v for k, v in values.items() if f":{k}" in statement})
-    return stopping, _resumables(conn)
+    return stopping, _resumables(conn, instance_id, now)
 
 
-def _resumables(conn: Connection) -> list[Resumable]:
+def _resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable]:
+    """Every admitted child left, set running under this instance in one statement."""
     rows = conn.execute(
         text(
             "SELECT c.id, c.recovery_attempts, (SELECT MAX(sequence) FROM events e"
@@ -136,7 +139,28 @@ def _resumables(conn: Connection) -> list[Resumable]:
         )
     ).all()
     found = {child.id: child for child in children.by_state(conn, "admitted")}
-    return [Resumable(found[row.id], row.recovery_attempts, int(row.last)) for row in rows]
+    queued: dict[int, list[tuple[int, str]]] = {}
+    for child_id, steer_id, message in conn.execute(
+        text(
+            "SELECT s.child_id, s.id, s.message FROM steers s JOIN children c"
+            " ON c.id = s.child_id WHERE c.state = 'admitted' AND s.outcome = 'injected'"
+            " AND s.delivered_at IS NULL ORDER BY s.id"
+        )
+    ):
+        queued.setdefault(child_id, []).append((steer_id, message))
+    conn.execute(
+        text(
+            "UPDATE children SET state = 'running', engine_instance_id = :me, updated_at = :now"
+            " WHERE state = 'admitted'"
+        ),
+        {"me": instance_id, "now": now},
+    )
+    return [
+        Resumable(
+            found[row.id], row.recovery_attempts, int(row.last), tuple(queued.get(row.id, ()))
+        )
+        for row in rows
+    ]
 
 
 def purge(conn: Connection, retention_s: float, now: float, batch: int = 1000) -> int:

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, func, select
 
 from delegation import errors
 from delegation.records import ChildRecord, LeaseRecord
-from delegation.store import children, events, steers
+from delegation.store import children, events
 from delegation.store.tables import children as children_table
 from delegation.store.tables import grants as grants_table
 from delegation.wire import Event, Result
@@ -52,7 +52,12 @@ def page(conn: Connection, child_id: int, after: int, limit: int) -> Result:
     child = children.get(conn, child_id)
     if child is None:
         raise errors.ChildPurged()
-    return result_of(child, events.page(conn, child_id, after, limit))
+    return page_of(conn, child, after, limit)
+
+
+def page_of(conn: Connection, child: ChildRecord, after: int, limit: int) -> Result:
+    """The Result of a child already read in this transaction."""
+    return result_of(child, events.page(conn, child.id, after, limit))
 
 
 def find_child(conn: Connection, conversation_id: str, run_id: str | None) -> ChildRecord | None:
@@ -70,10 +75,6 @@ def child_events(
     if child is None:
         return []
     return decode_events(events.page(conn, child.id, after, limit))
-
-
-def undelivered_steers(conn: Connection, child_id: int) -> list[tuple[int, str]]:
-    return steers.undelivered(conn, child_id)
 
 
 def last_sequence(conn: Connection, child_id: int) -> int:

@@ -181,11 +181,6 @@ def plan_of(child: ChildRecord) -> StartPlan:
     return StartPlan(child, True, request, preset, identity_of(child))
 
 
-def resume_running(conn: Connection, child_id: int, instance_id: str, now: float) -> None:
-    """A resumed child runs again under this host instance: admitted → running."""
-    children.transition(conn, child_id, Trigger.RUN, now, engine_instance_id=instance_id)
-
-
 def _owned_executions(
     conn: Connection, grant: GrantRecord, rconn: RunnerConnection, request: Request
 ) -> list[ChildRecord]:

@@ -47,20 +47,6 @@ def insert_receipt(
     return int(key[0])
 
 
-def undelivered(conn: Connection, child_id: int) -> list[tuple[int, str]]:
-    """Queued steers not yet handed to a run, oldest first."""
-    rows = conn.execute(
-        select(steers.c.id, steers.c.message)
-        .where(
-            steers.c.child_id == child_id,
-            steers.c.outcome == "injected",
-            steers.c.delivered_at.is_(None),
-        )
-        .order_by(steers.c.id)
-    )
-    return [(row.id, row.message) for row in rows]
-
-
 def mark_delivered(conn: Connection, steer_ids: Iterable[int], now: float) -> None:
     ids = list(steer_ids)
     if ids:
