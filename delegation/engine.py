@@ -55,6 +55,7 @@ class _Local:
     ctx: ChildContext | None = None
     finishing: bool = False
     lease_pending: bool = False  # a first admission under its lease re-checks the tool
+    admitted_page: Result | None = None  # the first page, read as admission committed
     suspend: bool = False  # graceful close: stop without writing a terminal state
 
 
@@ -267,7 +268,7 @@ class Engine:
         reservation = asyncio.ensure_future(reserve())
         reservation.add_done_callback(_retrieve)
         plan = await asyncio.shield(reservation)
-        return await self._outcome(plan.child.id, params.after)
+        return await self._outcome(plan.child.id, params.after, first=not plan.replay)
 
     async def _read(self, conn: RunnerConnection, params: Params) -> Result:
         now = self.clock.now()
@@ -280,7 +281,7 @@ class Engine:
                 return child.id, None  # admission still pending: wait, then read again
             return child.id, queries.page_of(c, child, params.after, limit)
 
-        child_id, result = await self._db.read(locate_and_page)
+        child_id, result = await self._db.read_now(locate_and_page)
         return result if result is not None else await self._outcome(child_id, params.after)
 
     async def _cancel(self, conn: RunnerConnection, params: Params) -> Result:
@@ -425,8 +426,14 @@ class Engine:
     def _hooks(self, local: _Local) -> Hooks:
         child_id = local.child_id
 
+        limit = self.config.events_per_read
+
+        def admit_and_page(conn: Connection, now: float) -> Result:
+            service.admit(conn, child_id, self.instance_id, local.lease_pending, now)
+            return queries.page(conn, child_id, 0, limit)
+
         async def admit() -> None:
-            await self._write(service.admit, child_id, self.instance_id, local.lease_pending)
+            local.admitted_page = await self._write(admit_and_page)
             local.decided.set()
 
         def append(sequence: int, body: bytes, output: str | None) -> None:
@@ -467,14 +474,20 @@ class Engine:
         for waiter in late:
             waiter.cancel()
 
-    async def _outcome(self, child_id: int, after: int) -> Result:
+    async def _outcome(self, child_id: int, after: int, *, first: bool = False) -> Result:
         """Wait until admission is decided (without cancelling anything if the caller
-        goes away), then answer the child's Result."""
+        goes away), then answer the child's Result.
+
+        ``first``: the caller started this child, and the page read in the admission
+        transaction (committed when it is handed over) answers it.
+        """
         local = self._local.get(child_id)
         if local is not None:
             await local.decided.wait()
             if local.suspend:
                 raise errors.HostClosing()
+            if first and after == 0 and local.admitted_page is not None:
+                return local.admitted_page
         return await self._page(child_id, after)
 
     async def _page(self, child_id: int, after: int) -> Result:

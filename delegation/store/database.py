@@ -254,6 +254,13 @@ class Database:
 
     # --- reading ----------------------------------------------------------------
 
+    async def read_now(self, fn: Callable[[Connection], T]) -> T:
+        """Like :meth:`read`, for functions that use only the store's plain statements:
+        no transaction is opened, so each statement sees the newest commit. A caller
+        that reads a child's row before its events still gets a consistent page: every
+        event is committed before the state that follows it."""
+        return _call(fn, await self._turn())
+
     async def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn`` in one read transaction (a consistent WAL snapshot).
 
@@ -261,18 +268,28 @@ class Database:
         reader never waits for the writer, and a short query costs less than a hop to
         another thread would.
         """
+        conn = await self._turn()
+        with conn.begin():
+            return _call(fn, conn)
+
+    async def _turn(self) -> Connection:
+        """The loop's read connection, after one turn of the loop (so that a caller
+        polling in a tight loop never starves the other tasks)."""
         if self._read_engine is None:
             raise errors.StoreError("child store is closed")
-        await asyncio.sleep(0)  # a read is a turn of the loop: polling callers never starve it
+        await asyncio.sleep(0)
         if self._reader is None:
             self._reader = self._read_engine.connect()
-        try:
-            with self._reader.begin():
-                return fn(self._reader)
-        except errors.DelegationError:
-            raise
-        except Exception as exc:
-            raise translate(exc) from exc
+        return self._reader
+
+
+def _call(fn: Callable[[Connection], T], conn: Connection) -> T:
+    try:
+        return fn(conn)
+    except errors.DelegationError:
+        raise
+    except Exception as exc:
+        raise translate(exc) from exc
 
 
 def _resolve(batch: list[_Pending]) -> None:
