@@ -62,14 +62,20 @@ def _check(value: WireStruct, path: str, providers: tuple[str, ...]) -> None:
     if isinstance(value, ExecutionOptions):
         value.validate(providers)
         return
-    for field in msgspec.structs.fields(value):
-        item = getattr(value, field.name)
-        where = f"{path}.{field.encode_name}"
-        if field.name in UINT64_FIELDS and isinstance(item, int) and item > U64_MAX:
+    for name, encode_name in _fields(type(value)):
+        item = getattr(value, name)
+        if name in UINT64_FIELDS and isinstance(item, int) and item > U64_MAX:
+            where = f"{path}.{encode_name}"
             raise errors.MalformedInput(f"malformed child input: {where} exceeds uint64")
         if isinstance(item, WireStruct):
-            _check(item, where, providers)
+            _check(item, f"{path}.{encode_name}", providers)
         elif isinstance(item, list):
             for index, element in enumerate(item):
                 if isinstance(element, WireStruct):
-                    _check(element, f"{where}[{index}]", providers)
+                    _check(element, f"{path}.{encode_name}[{index}]", providers)
+
+
+@cache
+def _fields(kind: type[WireStruct]) -> tuple[tuple[str, str], ...]:
+    """(attribute, JSON name) of a wire type; msgspec re-reads annotations on every call."""
+    return tuple((f.name, f.encode_name) for f in msgspec.structs.fields(kind))
