@@ -14,12 +14,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 from msgspec import UNSET
 from sqlalchemy import Connection
 
 from delegation import authority, errors
 from delegation._struct import blank
-from delegation.codec import decode, encode
+from delegation.codec import encode
 from delegation.config import EngineConfig
 from delegation.machine import State, Trigger
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection
@@ -175,10 +176,18 @@ def reserve_start(
 
 
 def plan_of(child: ChildRecord) -> StartPlan:
-    """The plan to run a stored child again (after a restart)."""
-    request = decode(child.request, Request)
-    preset = decode(child.preset, Preset)
+    """The plan to run a stored child again (after a restart).
+
+    The stored request and preset were validated when the child was reserved; they are
+    read back without validating again.
+    """
+    request = _stored_request.decode(child.request)
+    preset = _stored_preset.decode(child.preset)
     return StartPlan(child, True, request, preset, identity_of(child))
+
+
+_stored_request = msgspec.json.Decoder(Request)
+_stored_preset = msgspec.json.Decoder(Preset)
 
 
 def _owned_executions(
