@@ -44,6 +44,10 @@ class _Pending:
     value: Any = None
 
 
+class _Redo(Exception):
+    """A job failed after writing: undo the batch and run it with savepoints."""
+
+
 @dataclass(slots=True)
 class _Queue:
     jobs: list[_Pending] = field(default_factory=list)
@@ -203,14 +207,16 @@ class Database:
                 self._deliver(batch.jobs)
 
     def _commit_batch(self, conn: Connection, batch: _Queue) -> None:
+        """Commit one batch. Jobs run without savepoints: a job that refuses does so
+        before writing, which ``total_changes`` confirms. Only when a job fails after
+        writing is the batch undone and run again, each job in its own savepoint."""
         try:
-            with conn.begin():
-                if batch.events:
-                    insert_events(conn, batch.events)
-                alone = len(batch.jobs) == 1 and not batch.events
-                for pending in batch.jobs:
-                    if pending.fn is not None:
-                        self._run_job(conn, pending, savepoint=not alone)
+            try:
+                with conn.begin():
+                    self._run_batch(conn, batch, savepoints=False)
+            except _Redo:
+                with conn.begin():
+                    self._run_batch(conn, batch, savepoints=True)
         except Exception as exc:
             failure = translate(exc)
             log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
@@ -222,26 +228,29 @@ class Database:
                     self._queue.events[:0] = batch.events
 
     @staticmethod
-    def _run_job(conn: Connection, pending: _Pending, *, savepoint: bool) -> None:
-        """Run one job; a failure undoes only its own writes (its savepoint, or the
-        whole transaction when it is alone in the batch)."""
-        assert pending.fn is not None
+    def _run_batch(conn: Connection, batch: _Queue, *, savepoints: bool) -> None:
         raw = dbapi(conn)
-        if savepoint:
-            raw.execute("SAVEPOINT job")
-        try:
-            pending.value = pending.fn(conn)
-        except Exception as exc:
-            if savepoint:
-                raw.execute("ROLLBACK TO job")
-                raw.execute("RELEASE job")
-            else:
-                conn.rollback()
-            pending.ok, pending.value = False, translate(exc)
-            if not isinstance(exc, errors.DelegationError):
-                log.error("write job failed", extra={"action": "write_job_failed"}, exc_info=exc)
-        else:
-            if savepoint:
+        if batch.events:
+            insert_events(conn, batch.events)
+        for pending in batch.jobs:
+            if pending.fn is None:
+                continue
+            if savepoints:
+                raw.execute("SAVEPOINT job")
+            before = raw.total_changes
+            try:
+                pending.ok, pending.value = True, pending.fn(conn)
+            except Exception as exc:
+                pending.ok, pending.value = False, translate(exc)
+                if not isinstance(exc, errors.DelegationError):
+                    log.error(
+                        "write job failed", extra={"action": "write_job_failed"}, exc_info=exc
+                    )
+                if savepoints:
+                    raw.execute("ROLLBACK TO job")
+                elif raw.total_changes != before:
+                    raise _Redo() from exc
+            if savepoints:
                 raw.execute("RELEASE job")
 
     def _deliver(self, jobs: list[_Pending]) -> None:

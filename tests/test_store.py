@@ -1,0 +1,89 @@
+"""The one way to SQLite: group commit, isolation of a failing job, commit-before-answer."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Connection
+
+from delegation import errors
+from delegation.store.database import Database
+from delegation.store.events import EventRow
+
+
+def instances(path: Path) -> set[str]:
+    with sqlite3.connect(path) as conn:
+        return {row[0] for row in conn.execute("SELECT id FROM host_instances")}
+
+
+def insert(name: str, *, then: BaseException | None = None):  # type: ignore[no-untyped-def]
+    def job(conn: Connection) -> str:
+        conn.exec_driver_sql("INSERT INTO host_instances (id, started_at) VALUES (?, 1)", (name,))
+        if then is not None:
+            raise then
+        return name
+
+    return job
+
+
+def refuse(conn: Connection) -> None:
+    raise errors.NotOwned()
+
+
+@pytest.fixture
+async def database(db_path: Path) -> Database:
+    db = Database(f"sqlite:///{db_path}")
+    db.open(asyncio.get_running_loop())
+    yield db  # type: ignore[misc]
+    db.close()
+
+
+async def test_a_job_that_fails_after_writing_leaves_nothing_and_spares_its_batch(
+    database: Database, db_path: Path
+) -> None:
+    outcomes = await asyncio.gather(
+        database.write(insert("a")),
+        database.write(insert("b", then=ValueError("boom"))),
+        database.write(refuse),
+        database.write(insert("c")),
+        return_exceptions=True,
+    )
+    assert outcomes[0] == "a"
+    assert isinstance(outcomes[1], errors.InternalError)
+    assert isinstance(outcomes[2], errors.NotOwned)
+    assert outcomes[3] == "c"
+    assert instances(db_path) == {"a", "c"}
+
+
+async def test_a_lone_failing_job_rolls_back_its_writes(database: Database, db_path: Path) -> None:
+    with pytest.raises(errors.InternalError):
+        await database.write(insert("x", then=RuntimeError("late failure")))
+    assert await database.write(insert("y")) == "y"
+    assert instances(db_path) == {"y"}
+
+
+async def test_concurrent_jobs_share_commits(database: Database, db_path: Path) -> None:
+    names = [f"h{n}" for n in range(200)]
+    assert await asyncio.gather(*(database.write(insert(n)) for n in names)) == names
+    assert instances(db_path) == set(names)
+
+
+async def test_an_answer_comes_only_after_commit(database: Database, db_path: Path) -> None:
+    await database.write(insert("owner"))
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "INSERT INTO children (conversation_id, run_id, request_id, runner_id,"
+            " runner_host_instance_id, parent_conversation_id, parent_run_id, extension_id,"
+            " profile, generation, request, preset, cwd, depth, state, created_at, updated_at)"
+            " VALUES ('c', 'r', 'q', 'rn', 'h', 'pc', 'pr', 'e', 'p', 1, x'', x'', '/', 1,"
+            " 'prepared', 1, 1)"
+        )
+    child = 1
+    for sequence in range(1, 51):
+        database.append_event(EventRow(child, sequence, b'{"kind":"text"}', None))
+    await database.barrier()
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (50,)
