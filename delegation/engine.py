@@ -252,23 +252,23 @@ class Engine:
 
     async def _start(self, conn: RunnerConnection, params: Params) -> Result:
         now = self.clock.now()
-
-        async def reserve() -> service.StartPlan:
-            plan = await self._db.write(
-                lambda c: service.reserve_start(c, self.config, conn, params, now)
-            )
-            if plan.new_lease_deadline is not None:
-                self.timers.arm_earlier(plan.new_lease_deadline)
-            if not plan.replay:
-                self._spawn(plan.child, plan, None)
-            return plan
-
-        # A caller that goes away must not strand a committed reservation unrun:
-        # reserving and spawning finish even if this call is cancelled.
-        reservation = asyncio.ensure_future(reserve())
-        reservation.add_done_callback(_retrieve)
+        reservation = self._db.submit(
+            lambda c: service.reserve_start(c, self.config, conn, params, now)
+        )
+        # A caller that goes away must not strand a committed reservation unrun: the
+        # run is spawned by the commit itself, and the caller only waits for it.
+        reservation.add_done_callback(self._reserved)
         plan = await asyncio.shield(reservation)
         return await self._outcome(plan.child.id, params.after, first=not plan.replay)
+
+    def _reserved(self, reservation: asyncio.Future[service.StartPlan]) -> None:
+        if reservation.cancelled() or reservation.exception() is not None:
+            return
+        plan = reservation.result()
+        if plan.new_lease_deadline is not None:
+            self.timers.arm_earlier(plan.new_lease_deadline)
+        if not plan.replay:
+            self._spawn(plan.child, plan, None)
 
     async def _read(self, conn: RunnerConnection, params: Params) -> Result:
         now = self.clock.now()
@@ -502,9 +502,3 @@ class Engine:
             return fn(conn, *args, now)
 
         return await self._db.write(job)
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Mark a detached future's outcome as seen (its caller may have gone away)."""
-    if not future.cancelled():
-        future.exception()

@@ -163,11 +163,15 @@ class Database:
         Raises what ``fn`` raised (its savepoint rolled back), or a
         :class:`errors.StoreError` when the batch could not commit.
         """
+        return await self.submit(fn)
+
+    def submit(self, fn: Callable[[Connection], T]) -> asyncio.Future[T]:
+        """Queue ``fn`` for the next write batch; the future resolves after its COMMIT."""
         if self._loop is None:
             raise errors.StoreError("child store is closed")
         future: asyncio.Future[T] = self._loop.create_future()
         self._enqueue(_Pending(fn, future))
-        return await future
+        return future
 
     def write_nowait(self, fn: Job) -> None:
         """Queue ``fn`` without waiting; a failure is logged, never raised."""
