@@ -30,7 +30,7 @@ def insert_events(conn: Connection, rows: list[EventRow]) -> None:
 
 def page(conn: Connection, child_id: int, after: int, limit: int) -> list[bytes]:
     """Up to ``limit`` event bodies with ``sequence > after``, oldest first."""
-    return [row[0] for row in run(conn, _PAGE, (child_id, after, limit))]
+    return [body for (body,) in run(conn, _PAGE, (child_id, after, limit)).fetchall()]
 
 
 def last_sequence(conn: Connection, child_id: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from typing import Any
 
 import msgspec
@@ -21,13 +22,6 @@ _encoder = msgspec.json.Encoder()
 COLUMNS = tuple(column.name for column in grants.columns)
 
 
-class _Row:
-    """Attribute access over a column dict, like a SQLAlchemy Row."""
-
-    def __init__(self, values: dict[str, Any]) -> None:
-        self.__dict__.update(values)
-
-
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM grants"
 
 
@@ -37,33 +31,22 @@ def _one(conn: Connection, where: str, params: tuple[Any, ...]) -> GrantRecord |
     return None if row is None else _record(dict(zip(COLUMNS, row, strict=True)))
 
 
-def _record(row: Any) -> GrantRecord:
-    if isinstance(row, dict):
-        row = _Row(row)
-    presets = _presets.decode(row.presets) if row.presets else ()
-    generations = frozenset(int(g) for g in (row.generations or "").split(",") if g)
-    return GrantRecord(
-        id=row.id,
-        kind=row.kind,
-        runner_id=row.runner_id,
-        connection_id=row.connection_id,
-        run_id=row.run_id,
-        conversation_id=row.conversation_id,
-        tool_call_id=row.tool_call_id,
-        extension_id=row.extension_id,
-        lease_id=row.lease_id,
-        origin_grant_id=row.origin_grant_id,
-        workspace=row.workspace,
-        presets=presets,
-        generations=generations,
-        depth=row.depth,
-        created_at=row.created_at,
-        expires_at=row.expires_at,
-        closed_at=row.closed_at,
-        activated_at=row.activated_at,
-        revoked_at=row.revoked_at,
-        revoke_reason=row.revoke_reason,
-    )
+def _record(values: dict[str, Any]) -> GrantRecord:
+    del values["engine_instance_id"]  # where a tool grant was opened: not authority
+    values["presets"] = _decode_presets(values["presets"])
+    values["generations"] = _parse_generations(values["generations"])
+    return GrantRecord(**values)
+
+
+@lru_cache(maxsize=4096)
+def _decode_presets(raw: bytes | None) -> tuple[Preset, ...]:
+    """A grant's preset snapshot never changes once written: decode each one once."""
+    return _presets.decode(raw) if raw else ()
+
+
+@lru_cache(maxsize=4096)
+def _parse_generations(text: str | None) -> frozenset[int]:
+    return frozenset(int(g) for g in (text or "").split(",") if g)
 
 
 def _generations(values: Iterable[int]) -> str:
