@@ -57,8 +57,7 @@ def of_grant(conn: Connection, grant_id: str, conversation_id: str) -> list[Chil
 
 
 def by_state(conn: Connection, state: str) -> list[ChildRecord]:
-    rows = conn.execute(select(children).where(children.c.state == state).order_by(children.c.id))
-    return [_record(row) for row in rows]
+    return _many(conn, "state = ? ORDER BY id", (state,))
 
 
 def was_purged(conn: Connection, grant_id: str, conversation_id: str, run_id: str) -> bool:
