@@ -436,6 +436,7 @@ async def run_all(sizes: Sizes, only: list[str] | None) -> dict[str, Any]:
         for name, scenario in SCENARIOS.items():
             if only and name not in only:
                 continue
+            gc.collect()  # each scenario starts clean of the last one's garbage
             report[name] = await scenario(bench, sizes)
             print(f"  {name}: {report[name]}", file=sys.stderr, flush=True)
     report["machine"] = machine()
