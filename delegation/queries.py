@@ -32,14 +32,7 @@ def result_of(child: ChildRecord, bodies: list[bytes]) -> Result:
     if child.terminal and child.admitted_at is None:
         raise errors.AdmissionFailed(child.error)
     return Result(
-        runner_id=child.runner_id,
-        host_instance_id=child.runner_host_instance_id,
-        conversation_id=child.conversation_id,
-        run_id=child.run_id,
-        parent_conversation_id=child.parent_conversation_id,
-        parent_run_id=child.parent_run_id,
-        extension_id=child.extension_id,
-        profile=child.profile,
+        **child.identity_fields(),
         done=child.terminal,
         cancelled=child.state == "cancelled",
         error=child.error,

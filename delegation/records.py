@@ -111,6 +111,19 @@ class ChildRecord:
     def terminal(self) -> bool:
         return self.state in ("done", "cancelled")
 
+    def identity_fields(self) -> dict[str, str]:
+        """The fields of the child's wire ``Identity`` (also flattened into ``Result``)."""
+        return {
+            "runner_id": self.runner_id,
+            "host_instance_id": self.runner_host_instance_id,
+            "conversation_id": self.conversation_id,
+            "run_id": self.run_id,
+            "parent_conversation_id": self.parent_conversation_id,
+            "parent_run_id": self.parent_run_id,
+            "extension_id": self.extension_id,
+            "profile": self.profile,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class LeaseRecord:

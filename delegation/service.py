@@ -65,16 +65,7 @@ class StartPlan:
 
 
 def identity_of(child: ChildRecord) -> Identity:
-    return Identity(
-        runner_id=child.runner_id,
-        host_instance_id=child.runner_host_instance_id,
-        conversation_id=child.conversation_id,
-        run_id=child.run_id,
-        parent_conversation_id=child.parent_conversation_id,
-        parent_run_id=child.parent_run_id,
-        extension_id=child.extension_id,
-        profile=child.profile,
-    )
+    return Identity(**child.identity_fields())
 
 
 # --- authority over stored records ----------------------------------------------------
