@@ -70,10 +70,6 @@ def child_events(
     return decode_events(events.page(conn, child.id, after, limit))
 
 
-def last_sequence(conn: Connection, child_id: int) -> int:
-    return events.last_sequence(conn, child_id)
-
-
 def active_under_lease(conn: Connection, runner_id: str, lease_id: str) -> list[int]:
     return children.active_ids(
         conn, children_table.c.runner_id == runner_id, children_table.c.lease_id == lease_id

@@ -23,7 +23,6 @@ from delegation.codec import encode
 from delegation.wire import Event, Identity, Preset, Request
 
 RESULT_KIND = "result"
-RECOVERY_KIND = "recovery"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,10 +179,6 @@ class ChildContext:
         self._seen.add(steer_id)
         self._steers.append((steer_id, message))
         self._steer_ready.set()
-
-    @property
-    def last_sequence(self) -> int:
-        return self._sequence
 
     def close(self) -> None:
         self._closed = True

@@ -342,7 +342,7 @@ class ReadOnly:
                 return fn(conn)
         except errors.DelegationError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # opening the file too, not only the query
             raise translate(exc) from exc
 
     def close(self) -> None:

@@ -31,10 +31,3 @@ def insert_events(conn: Connection, rows: list[EventRow]) -> None:
 def page(conn: Connection, child_id: int, after: int, limit: int) -> list[bytes]:
     """Up to ``limit`` event bodies with ``sequence > after``, oldest first."""
     return [body for (body,) in run(conn, _PAGE, (child_id, after, limit)).fetchall()]
-
-
-def last_sequence(conn: Connection, child_id: int) -> int:
-    row = conn.exec_driver_sql(
-        "SELECT MAX(sequence) FROM events WHERE child_id = ?", (child_id,)
-    ).first()
-    return int(row[0]) if row and row[0] is not None else 0

@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 import msgspec
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, func, insert, select, update
 
 from delegation.records import GrantRecord
 from delegation.store import run
@@ -201,12 +201,6 @@ def activate(conn: Connection, grant_id: str, now: float) -> None:
         .where(grants.c.id == grant_id, grants.c.activated_at.is_(None))
         .values(activated_at=now)
     )
-
-
-def delete_grants(conn: Connection, grant_ids: Iterable[str]) -> None:
-    ids = list(grant_ids)
-    if ids:
-        conn.execute(delete(grants).where(grants.c.id.in_(ids)))
 
 
 def ids_where(conn: Connection, *conditions: Any) -> list[str]:
