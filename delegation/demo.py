@@ -206,7 +206,7 @@ async def tour(db: Path, log: Path, fast: bool) -> None:
     await host.call("run.finish", {"runId": run, "succeeded": True})
     await host.stop()
 
-    events = await_all_events(db, bg.conversation_id)
+    events = all_events(db, bg.conversation_id)
     sequences = [e.sequence for e in events]
     if sequences != list(range(1, len(sequences) + 1)):
         raise DemoFailed(f"the event log has a gap: {sequences}")
@@ -219,14 +219,11 @@ async def tour(db: Path, log: Path, fast: bool) -> None:
         f"[bold]delegation events {bg.conversation_id} --db {db}[/bold]")  # fmt: skip
 
 
-def await_all_events(db: Path, conversation_id: str) -> list[Event]:
+def all_events(db: Path, conversation_id: str) -> list[Event]:
     from delegation.inspect import Inspector
 
     with Inspector(f"sqlite:///{db.resolve()}") as inspector:
-        events: list[Event] = []
-        while page := inspector.events(conversation_id, after=events[-1].sequence if events else 0):
-            events += page
-        return events
+        return list(inspector.all_events(conversation_id))
 
 
 def run_demo(db: Path, *, fast: bool = False) -> int:

@@ -7,6 +7,7 @@ use while a host is running on the same file.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import TracebackType
 
 from delegation import queries
@@ -70,3 +71,11 @@ class Inspector:
 
     def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
         return self._db.read(lambda c: queries.leases(c, runner_id))
+
+    def all_events(
+        self, conversation_id: str, run_id: str | None = None, after: int = 0
+    ) -> Iterator[Event]:
+        """Every committed event after ``after``, oldest first, read page by page."""
+        while page := self.events(conversation_id, run_id, after):
+            yield from page
+            after = page[-1].sequence

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -114,7 +114,7 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
     if record is None:
         return _missing(args)
     count, recent = 0, deque[Event](maxlen=RECENT_EVENTS)
-    for event in all_events(inspector, record.conversation_id, record.run_id, 0):
+    for event in inspector.all_events(record.conversation_id, record.run_id):
         count += 1
         recent.append(event)
     if args.json:
@@ -151,24 +151,12 @@ def _events(inspector: Inspector, args: argparse.Namespace) -> int:
         # Read the state first: a terminal state commits after the run's last event,
         # so a drain that starts after seeing it cannot miss one.
         current = inspector.get_child(record.conversation_id, record.run_id)
-        for event in all_events(inspector, record.conversation_id, record.run_id, after):
+        for event in inspector.all_events(record.conversation_id, record.run_id, after):
             emit(event)
             after = event.sequence
         if not args.follow or current is None or current.terminal:
             return 0
         time.sleep(POLL_S)
-
-
-def all_events(
-    inspector: Inspector, conversation_id: str, run_id: str, after: int
-) -> Iterator[Event]:
-    """Every committed event after ``after``, oldest first, page by page."""
-    while True:
-        page = inspector.events(conversation_id, run_id, after)
-        yield from page
-        if not page:
-            return
-        after = page[-1].sequence
 
 
 def event_line(event: Event) -> Text:
