@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from functools import cache
 from typing import Any
@@ -18,9 +19,11 @@ ACTIVE_STATES = [s.value for s in machine.ACTIVE]
 
 
 # Hot paths use plain SQL through the same connection: building and caching a Core
-# statement costs more than the query itself on an indexed lookup.
-COLUMNS = tuple(column.name for column in children.columns)
-_SELECT = f"SELECT {', '.join(COLUMNS)} FROM children"
+# statement costs more than the query itself on an indexed lookup. They select the
+# record's fields in its own order, so a row becomes a record without a dict.
+FIELDS = tuple(f.name for f in dataclasses.fields(ChildRecord))
+_SELECT = f"SELECT {', '.join(FIELDS)} FROM children"
+_FOLLOWUP = FIELDS.index("followup")
 
 
 def _record(row: Row[Any]) -> ChildRecord:
@@ -29,12 +32,18 @@ def _record(row: Row[Any]) -> ChildRecord:
 
 def _one(conn: Connection, where: str, params: tuple[Any, ...]) -> ChildRecord | None:
     row = run(conn, f"{_SELECT} WHERE {where}", params).fetchone()
-    return None if row is None else _record_of(dict(zip(COLUMNS, row, strict=True)))
+    return None if row is None else _from_row(row)
 
 
 def _many(conn: Connection, where: str, params: tuple[Any, ...]) -> list[ChildRecord]:
     rows = run(conn, f"{_SELECT} WHERE {where}", params).fetchall()
-    return [_record_of(dict(zip(COLUMNS, row, strict=True))) for row in rows]
+    return [_from_row(row) for row in rows]
+
+
+def _from_row(row: tuple[Any, ...]) -> ChildRecord:
+    values = list(row)
+    values[_FOLLOWUP] = bool(values[_FOLLOWUP])
+    return ChildRecord(*values)
 
 
 def get(conn: Connection, child_id: int) -> ChildRecord | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
@@ -19,23 +20,24 @@ _presets = msgspec.json.Decoder(tuple[Preset, ...])
 _encoder = msgspec.json.Encoder()
 
 
-COLUMNS = tuple(column.name for column in grants.columns)
-
-
-_SELECT = f"SELECT {', '.join(COLUMNS)} FROM grants"
+# The record's fields in its own order (``engine_instance_id``, where a tool grant was
+# opened, is not authority and stays out), so a row becomes a record without a dict.
+FIELDS = tuple(f.name for f in dataclasses.fields(GrantRecord))
+_SELECT = f"SELECT {', '.join(FIELDS)} FROM grants"
+_PRESETS, _GENERATIONS = FIELDS.index("presets"), FIELDS.index("generations")
 
 
 def _one(conn: Connection, where: str, params: tuple[Any, ...]) -> GrantRecord | None:
     """One grant by a plain-SQL lookup (hot paths: no statement to build per call)."""
     row = run(conn, f"{_SELECT} WHERE {where}", params).fetchone()
-    return None if row is None else _record(dict(zip(COLUMNS, row, strict=True)))
+    return None if row is None else _record(row)
 
 
-def _record(values: dict[str, Any]) -> GrantRecord:
-    del values["engine_instance_id"]  # where a tool grant was opened: not authority
-    values["presets"] = _decode_presets(values["presets"])
-    values["generations"] = _parse_generations(values["generations"])
-    return GrantRecord(**values)
+def _record(row: Sequence[Any]) -> GrantRecord:
+    values = list(row)
+    values[_PRESETS] = _decode_presets(values[_PRESETS])
+    values[_GENERATIONS] = _parse_generations(values[_GENERATIONS])
+    return GrantRecord(*values)
 
 
 @lru_cache(maxsize=4096)
