@@ -252,8 +252,10 @@ class Engine:
 
     async def _start(self, conn: RunnerConnection, params: Params) -> Result:
         now = self.clock.now()
+        # The reservation is nobody's answer yet: the admission commit that answers the
+        # caller syncs it to disk too (SPEC §4: committed before ``prepare``).
         reservation = self._db.submit(
-            lambda c: service.reserve_start(c, self.config, conn, params, now)
+            lambda c: service.reserve_start(c, self.config, conn, params, now), durable=False
         )
         # A caller that goes away must not strand a committed reservation unrun: the
         # run is spawned by the commit itself, and the caller only waits for it.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,60 @@ async def test_an_answer_comes_only_after_commit(database: Database, db_path: Pa
     await database.barrier()
     with sqlite3.connect(db_path) as conn:
         assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (50,)
+
+
+def where_and_how(conn: Connection) -> tuple[int, int]:
+    """The thread a job ran on and the ``synchronous`` level its batch commits at."""
+    level = conn.exec_driver_sql("PRAGMA synchronous").scalar_one()
+    return threading.get_ident(), int(level)
+
+
+FULL, NORMAL = 2, 1
+
+
+async def test_a_lone_job_commits_on_the_loop_and_a_crowd_on_the_writer(
+    database: Database, db_path: Path
+) -> None:
+    loop_thread = threading.get_ident()
+    thread, _ = await database.write(where_and_how)
+    assert thread == loop_thread
+    crowd = await asyncio.gather(*(database.write(where_and_how) for _ in range(20)))
+    assert {thread for thread, _ in crowd} == {next(iter(crowd))[0]} != {loop_thread}
+    assert await database.write(insert("after")) == "after"
+    assert instances(db_path) == {"after"}
+
+
+async def test_only_a_batch_nobody_was_answered_for_skips_the_disk_sync(
+    database: Database,
+) -> None:
+    assert (await database.write(where_and_how))[1] == FULL
+    assert (await database.submit(where_and_how, durable=False))[1] == NORMAL
+    # Queued in the same turn, the two share a batch, and one durable job syncs it.
+    mixed = await asyncio.gather(
+        database.submit(where_and_how, durable=False), database.submit(where_and_how)
+    )
+    assert [level for _, level in mixed] == [FULL, FULL]
+    assert (await database.write(where_and_how))[1] == FULL
+
+
+async def test_the_loop_never_waits_for_another_process_holding_the_write_lock(
+    db_path: Path,
+) -> None:
+    db = Database(f"sqlite:///{db_path}", busy_timeout_ms=20_000)
+    db.open(asyncio.get_running_loop())
+    holder = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        loop_thread = threading.get_ident()
+        begun = time.monotonic()
+        pending = asyncio.ensure_future(db.write(where_and_how))
+        for _ in range(20):  # the loop keeps turning while the job waits for the lock
+            await asyncio.sleep(0.01)
+        assert not pending.done()
+        assert time.monotonic() - begun < 10  # far below the 20 s busy timeout
+        holder.execute("COMMIT")
+        thread, level = await asyncio.wait_for(pending, 10)
+        assert thread != loop_thread and level == FULL
+    finally:
+        holder.close()
+        db.close()

@@ -1,12 +1,26 @@
 """The one way asyncio code reaches SQLite.
 
 SQLite has a single writer, so the engine does not fight for the lock: every write
-goes to one **writer thread** that owns one connection and commits in batches
-(group commit). A batch is one ``BEGIN IMMEDIATE`` transaction holding, in order,
-every event appended so far and every queued job, each job in its own SAVEPOINT so
-one refusal never undoes its neighbours. Futures are resolved only after the
-batch's COMMIT returned, so an answer never reports a write that could still be
-lost. Reads run on a small thread pool of WAL readers and see only committed data.
+goes through one write connection that commits in batches (group commit). A batch is
+one ``BEGIN IMMEDIATE`` transaction holding, in order, every event appended so far
+and every queued job; a job that refuses never undoes its neighbours. Futures are
+resolved only after the batch's COMMIT returned, so an answer never reports a write
+that could still be lost.
+
+Who commits: what the loop queues in one turn is handed over at the end of the turn.
+A lone job finding the connection idle is committed right there on the loop's thread
+(a round trip to another thread costs more than a small job); anything more goes to
+the **writer thread**, which commits while the loop goes on. The loop never waits for
+another process's lock: only the writer does, up to ``busy_timeout``.
+
+Durability: batches commit at the configured ``synchronous`` level (``FULL``), except
+a batch of only ``durable=False`` jobs -- writes nobody has been answered for, which a
+synced commit always follows before anyone is -- which commits at ``NORMAL``: it
+survives a crash of the process, and only a power loss before the next synced commit
+could undo it.
+
+Reads run inline on the loop's thread, on a connection of their own (WAL readers see
+only committed data and never wait for the writer).
 
 Ordering guarantee: a job queued after ``append_event`` commits in the same batch as
 that event or a later one. So "flush" is simply an empty job (a barrier), and a
@@ -17,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,11 +50,16 @@ log = logging.getLogger("delegation.store")
 T = TypeVar("T")
 Job = Callable[[Connection], Any]
 
+# WAL at NORMAL survives a crash of the process; only a power loss can undo its last
+# commits, and the next synced commit makes them durable too (the WAL is one file).
+_RELAXED = {"FULL": "NORMAL", "EXTRA": "NORMAL"}
+
 
 @dataclass(slots=True)
 class _Pending:
     fn: Job | None
     future: asyncio.Future[Any] | None
+    durable: bool = True
     ok: bool = True
     value: Any = None
 
@@ -62,8 +82,16 @@ def sqlite_path(url: str) -> Path:
     return Path(url[len(prefix) :].split("?", 1)[0])
 
 
-def _make_engine(url: str, *, begin: str, pragmas: dict[str, str], pool_size: int) -> Engine:
-    engine = create_engine(url, pool_size=pool_size, max_overflow=0, pool_pre_ping=False)
+def _make_engine(
+    url: str, *, begin: str, pragmas: dict[str, str], pool_size: int, shared: bool = False
+) -> Engine:
+    engine = create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=0,
+        pool_pre_ping=False,
+        connect_args={"check_same_thread": False} if shared else {},
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -76,7 +104,9 @@ def _make_engine(url: str, *, begin: str, pragmas: dict[str, str], pool_size: in
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        dbapi(conn).execute(begin)
+        raw = dbapi(conn)
+        if not raw.in_transaction:  # the writer may have begun it already
+            raw.execute(begin)
 
     return engine
 
@@ -94,20 +124,27 @@ def translate(exc: BaseException) -> errors.DelegationError:
 
 
 class Database:
-    """SQLite for the engine: one batching writer thread, pooled WAL readers."""
+    """SQLite for the engine: batched writes on one connection, WAL reads on the loop."""
 
     def __init__(self, url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> None:
         self.url = url
         self.path = sqlite_path(url)
+        synchronous = synchronous.upper()
+        # Batches that hold nothing anyone was told about commit without the sync.
+        self._levels = {True: synchronous, False: _RELAXED.get(synchronous, synchronous)}
         self._pragmas = {
             "journal_mode": "WAL",
-            "synchronous": synchronous.upper(),
+            "synchronous": synchronous,
             "busy_timeout": str(busy_timeout_ms),
             "foreign_keys": "ON",
         }
         self._queue = _Queue()
         self._cond = threading.Condition()
         self._stopping = False
+        self._dispatching = False  # a _dispatch is scheduled on the loop
+        self._busy = False  # a batch is being committed (by the writer or inline)
+        self._conn: Connection | None = None  # the write connection, while the writer runs
+        self._level = self._levels[True]
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._write_engine: Engine | None = None
@@ -121,7 +158,11 @@ class Database:
         self._loop = loop
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._write_engine = _make_engine(
-            self.url, begin="BEGIN IMMEDIATE", pragmas=self._pragmas, pool_size=1
+            self.url,
+            begin="BEGIN IMMEDIATE",
+            pragmas=self._pragmas,
+            pool_size=1,
+            shared=True,  # the writer thread's, lent to the loop while the writer idles
         )
         read_pragmas = {**self._pragmas, "query_only": "ON"}
         del read_pragmas["journal_mode"]
@@ -165,12 +206,18 @@ class Database:
         """
         return await self.submit(fn)
 
-    def submit(self, fn: Callable[[Connection], T]) -> asyncio.Future[T]:
-        """Queue ``fn`` for the next write batch; the future resolves after its COMMIT."""
+    def submit(self, fn: Callable[[Connection], T], *, durable: bool = True) -> asyncio.Future[T]:
+        """Queue ``fn`` for the next write batch; the future resolves after its COMMIT.
+
+        ``durable=False`` is for writes nobody has been told about yet and that a later
+        durable commit always follows before anyone is (a start's reservation before
+        its admission): a batch of only such jobs commits without waiting for the
+        disk, which still survives a crash of the process.
+        """
         if self._loop is None:
             raise errors.StoreError("child store is closed")
         future: asyncio.Future[T] = self._loop.create_future()
-        self._enqueue(_Pending(fn, future))
+        self._enqueue(_Pending(fn, future, durable))
         return future
 
     def write_nowait(self, fn: Job) -> None:
@@ -195,32 +242,100 @@ class Database:
             if self._stopping:
                 raise errors.StoreError("child store is closed")
             self._queue.jobs.append(pending)
-            self._cond.notify()
+            if self._dispatching:
+                return
+            self._dispatching = True
+        assert self._loop is not None
+        self._loop.call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        """Hand what the loop queued this turn to the writer, or commit it right here.
+
+        A lone job with an idle writer is committed inline: waking the writer thread
+        and being woken back costs more than the job itself, and nobody else was
+        ready to run meanwhile. Everything else goes to the writer, so that batches
+        of many jobs commit while the loop goes on.
+        """
+        with self._cond:
+            self._dispatching = False
+            queue = self._queue
+            inline = (
+                self._conn is not None
+                and not self._busy
+                and not self._stopping
+                and len(queue.jobs) == 1
+                and not queue.events
+            )
+            if not inline:
+                self._cond.notify()
+                return
+            self._busy, self._queue = True, _Queue()
+        committed = False
+        try:
+            committed = self._commit_inline(queue)
+        finally:
+            with self._cond:
+                self._busy = False
+                if not committed:
+                    self._queue.jobs[:0] = queue.jobs
+                if self._queue.jobs or self._queue.events or self._stopping:
+                    self._cond.notify()
+        if committed:
+            self._deliver(queue.jobs, inline=True)
+
+    def _commit_inline(self, batch: _Queue) -> bool:
+        """Commit ``batch`` on the loop's thread unless another process holds the write
+        lock: the loop never waits for the lock, the writer does (False)."""
+        assert self._conn is not None
+        raw = dbapi(self._conn)
+        self._synchronous(self._conn, batch)
+        raw.execute("PRAGMA busy_timeout=0")
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            raw.execute(f"PRAGMA busy_timeout={self._pragmas['busy_timeout']}")
+        self._commit_batch(self._conn, batch, begun=True)
+        return True
 
     def _writer_main(self) -> None:
         assert self._write_engine is not None
         with self._write_engine.connect() as conn:
+            with self._cond:
+                self._conn = conn
             while True:
                 with self._cond:
-                    while not (self._queue.jobs or self._queue.events or self._stopping):
+                    while self._busy or not (
+                        self._queue.jobs or self._queue.events or self._stopping
+                    ):
                         self._cond.wait()
                     batch, self._queue = self._queue, _Queue()
-                if not batch.jobs and not batch.events:
-                    return  # stopping, and nothing left to commit
-                self._commit_batch(conn, batch)
-                self._deliver(batch.jobs)
+                    if not batch.jobs and not batch.events:
+                        self._conn = None
+                        return  # stopping, and nothing left to commit
+                    self._busy = True
+                try:
+                    self._commit_batch(conn, batch)
+                finally:
+                    with self._cond:
+                        self._busy = False
+                self._deliver(batch.jobs, inline=False)
 
-    def _commit_batch(self, conn: Connection, batch: _Queue) -> None:
+    def _commit_batch(self, conn: Connection, batch: _Queue, *, begun: bool = False) -> None:
         """Commit one batch. Jobs run without savepoints: a job that refuses does so
         before writing, which ``total_changes`` confirms. Only when a job fails after
-        writing is the batch undone and run again, each job in its own savepoint."""
+        writing is the batch undone and run again, each job in its own savepoint.
+
+        ``begun``: the caller already holds the write lock (``BEGIN IMMEDIATE``).
+        """
         try:
+            if not begun:
+                self._synchronous(conn, batch)
             try:
-                with conn.begin():
-                    self._run_batch(conn, batch, savepoints=False)
+                self._transaction(conn, batch, savepoints=False, begun=begun)
             except _Redo:
-                with conn.begin():
-                    self._run_batch(conn, batch, savepoints=True)
+                self._transaction(conn, batch, savepoints=True, begun=False)
         except Exception as exc:
             failure = translate(exc)
             log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
@@ -230,6 +345,37 @@ class Database:
                 # Events are not lost to a busy database: they go first in the next batch.
                 with self._cond:
                     self._queue.events[:0] = batch.events
+
+    def _synchronous(self, conn: Connection, batch: _Queue) -> None:
+        """Set the sync level ``batch`` needs (SQLite takes it only between transactions):
+        a batch that holds no event and only jobs no one was answered for yet
+        (``durable=False``) commits without waiting for the disk."""
+        level = self._levels[bool(batch.events) or any(p.durable for p in batch.jobs)]
+        if level != self._level:
+            dbapi(conn).execute(f"PRAGMA synchronous={level}")
+            self._level = level
+
+    def _transaction(
+        self, conn: Connection, batch: _Queue, *, savepoints: bool, begun: bool
+    ) -> None:
+        """One ``BEGIN IMMEDIATE`` … ``COMMIT``, issued on the sqlite3 connection itself
+        (SQLAlchemy's transaction bookkeeping cost a third of a small batch). A job that
+        runs a Core statement joins this transaction (see ``_on_begin``)."""
+        raw = dbapi(conn)
+        if not begun:
+            raw.execute("BEGIN IMMEDIATE")
+        try:
+            self._run_batch(conn, batch, savepoints=savepoints)
+        except BaseException:
+            if conn.in_transaction():
+                conn.rollback()
+            if raw.in_transaction:
+                raw.execute("ROLLBACK")
+            raise
+        if conn.in_transaction():
+            conn.commit()
+        else:
+            raw.execute("COMMIT")
 
     @staticmethod
     def _run_batch(conn: Connection, batch: _Queue, *, savepoints: bool) -> None:
@@ -257,12 +403,16 @@ class Database:
             if savepoints:
                 raw.execute("RELEASE job")
 
-    def _deliver(self, jobs: list[_Pending]) -> None:
+    def _deliver(self, jobs: list[_Pending], *, inline: bool) -> None:
         waiting = [p for p in jobs if p.future is not None]
         for pending in jobs:
             if pending.future is None and not pending.ok:
                 log.warning("background write refused: %s", pending.value)
-        if waiting and self._loop is not None and not self._loop.is_closed():
+        if not waiting:
+            return
+        if inline:
+            _resolve(waiting)
+        elif self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(_resolve, waiting)
 
     # --- reading ----------------------------------------------------------------
