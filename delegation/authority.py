@@ -100,6 +100,27 @@ def resolve_cwd(workspace: str, cwd: str, default: str | None = None) -> str:
     return real
 
 
+def confirm_cwd(cwd: str) -> None:
+    """Check, right before a run may act, that a reserved cwd is still the directory
+    :func:`resolve_cwd` confined: the real path it stored must still resolve to itself.
+
+    Hazard: the workspace is writable, so between the start and the run a directory
+    on the path can be swapped for a symlink leading out of it.
+
+    Raises:
+        errors.InvalidCwd: it no longer exists or is not a directory.
+        errors.CwdOutsideWorkspace: it now resolves elsewhere.
+    """
+    try:
+        real = os.path.realpath(cwd, strict=True)
+    except (OSError, ValueError):
+        raise errors.InvalidCwd() from None
+    if real != cwd:
+        raise errors.CwdOutsideWorkspace()
+    if not os.path.isdir(real):
+        raise errors.InvalidCwd()
+
+
 def locate(children: Iterable[ChildRecord], child_id: str, child_run_id: str) -> ChildRecord:
     """The one child of a grant that a handle names (SPEC §3.7)."""
     matches = [

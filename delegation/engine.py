@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from delegation import errors, maintenance, queries, service
+from delegation import authority, errors, maintenance, queries, service
 from delegation.clock import Clock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
@@ -385,6 +385,8 @@ class Engine:
         ctx: ChildContext | None = None
         try:
             run = await self._runner.prepare(plan.request, plan.preset, plan.identity, recovery)
+            if recovery is not None:
+                authority.confirm_cwd(child.cwd)  # admitted before: no admit() re-checks it
             ctx = ChildContext(
                 identity=plan.identity,
                 request=plan.request,
@@ -393,7 +395,7 @@ class Engine:
                 recovery=recovery,
                 last_sequence=recovery.last_sequence if recovery else 0,
                 max_field_bytes=self.config.max_event_field_bytes,
-                hooks=self._hooks(local),
+                hooks=self._hooks(local, child.cwd),
             )
             ctx.admitted = recovery is not None
             if ctx.admitted:
@@ -425,7 +427,7 @@ class Engine:
                 local.decided.set()
                 local.ended.set()
 
-    def _hooks(self, local: _Local) -> Hooks:
+    def _hooks(self, local: _Local, cwd: str) -> Hooks:
         child_id = local.child_id
 
         limit = self.config.events_per_read
@@ -435,6 +437,8 @@ class Engine:
             return queries.page(conn, child_id, 0, limit)
 
         async def admit() -> None:
+            # Confined at the start, but the path may have been swapped since (SPEC §3.4).
+            authority.confirm_cwd(cwd)
             local.admitted_page = await self._write(admit_and_page)
             local.decided.set()
 

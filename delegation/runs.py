@@ -112,7 +112,9 @@ class ChildContext:
     async def admit(self) -> None:
         """Commit admission: the last moment before any effect. A no-op once admitted.
 
-        Raises ``asyncio.CancelledError`` when cancellation was requested first.
+        Raises ``asyncio.CancelledError`` when cancellation was requested first, and
+        ``errors.CwdOutsideWorkspace`` (or ``errors.InvalidCwd``) when ``cwd`` no longer
+        resolves to the directory confined at the start.
         """
         if self.admitted:
             return
