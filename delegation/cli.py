@@ -135,7 +135,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.lease_lifetime is not None:
         config = EngineConfig(lease_lifetime_s=args.lease_lifetime)
     engine = Engine(db_url(args.db), runner=runner, config=config)
-    asyncio.run(serve(engine, socket_path=args.socket, allowed_uid=args.allow_uid))
+    try:
+        asyncio.run(serve(engine, socket_path=args.socket, allowed_uid=args.allow_uid))
+    except FileExistsError as exc:
+        print(f"delegation: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import struct
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -226,6 +227,18 @@ async def _write_to(writer: asyncio.StreamWriter, lock: asyncio.Lock, frame: byt
             await writer.drain()
 
 
+def _remove_stale_socket(path: str) -> None:
+    """Remove a socket a previous host left at ``path``; never remove anything else
+    (a mistyped ``--socket`` naming the database must not delete it)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise FileExistsError(f"{path} exists and is not a socket; not replacing it")
+    os.unlink(path)
+
+
 async def serve_socket(engine: Engine, path: str, stop: asyncio.Event, allowed_uid: int) -> None:
     """Accept runner connections on a Unix socket (mode 0600) until ``stop`` is set."""
 
@@ -243,8 +256,7 @@ async def serve_socket(engine: Engine, path: str, stop: asyncio.Event, allowed_u
         finally:
             writer.close()
 
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+    _remove_stale_socket(path)
     previous = os.umask(0o177)  # the socket is born 0600: no window for other users
     try:
         server = await asyncio.start_unix_server(accept, path=path, limit=rpc.MAX_FRAME_BYTES)
@@ -287,6 +299,8 @@ async def serve(engine: Engine, *, socket_path: str | None, allowed_uid: int | N
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if socket_path is not None:
+        _remove_stale_socket(socket_path)  # before the engine opens: a refusal changes nothing
     async with engine:
         log.info("serving", extra={"action": "serve_started"})
         if socket_path is not None:

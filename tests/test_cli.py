@@ -417,3 +417,11 @@ def test_serve_refuses_a_runner_it_cannot_load(
     assert says in err
     assert "Traceback" not in err
     assert not (tmp_path / "x.db").exists(), "nothing was opened"
+
+
+def test_serve_never_replaces_a_file_that_is_not_a_socket(cli: Cli, db_path: Path) -> None:
+    before = fingerprint(db_path)
+    code, _, err = cli("serve", "--socket", str(db_path))
+    assert code == 2
+    assert "exists and is not a socket" in err
+    assert db_path.exists() and fingerprint(db_path) == before
