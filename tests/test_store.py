@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import Connection
 
 from delegation import errors
+from delegation.store import children, grants, steers
 from delegation.store.database import Database
 from delegation.store.events import EventRow
 
@@ -146,3 +147,35 @@ async def test_the_loop_never_waits_for_another_process_holding_the_write_lock(
     finally:
         holder.close()
         db.close()
+
+
+async def test_set_operations_take_more_ids_than_sqlite_binds_in_one_statement(
+    database: Database, db_path: Path
+) -> None:
+    """A runner back under another hostInstanceId revokes up to 1024 leases of 64
+    children each: more ids than SQLite's 32,766 variables per statement."""
+    count = 40_000
+    with sqlite3.connect(db_path) as conn:
+        conn.executemany(
+            "INSERT INTO children (conversation_id, run_id, request_id, runner_id,"
+            " runner_host_instance_id, parent_conversation_id, parent_run_id, extension_id,"
+            " profile, generation, request, preset, cwd, depth, state, created_at, updated_at,"
+            " grant_id) VALUES (?, ?, 'q', 'rn', 'h', 'pc', 'pr', 'e', 'p', 1, x'', x'', '/', 1,"
+            " 'prepared', 1, 1, ?)",
+            ((f"c{n}", f"r{n}", f"g{n}") for n in range(count)),
+        )
+    ids = list(range(1, count + 1))
+    grant_ids = [f"g{n}" for n in range(count)]
+
+    assert len(await database.write(lambda c: children.active_of_grants(c, grant_ids))) == count
+    cancelled = await database.write(lambda c: children.request_cancel(c, ids, 5.0, "why"))
+    assert sorted(cancelled) == ids
+    assert await database.write(lambda c: grants.close_tools(c, grant_ids, 5.0)) == []
+    await database.write(lambda c: grants.revoke_leases(c, grant_ids, 5.0, "why"))
+    assert await database.write(lambda c: grants.tools_of_connections(c, grant_ids)) == []
+    await database.write(lambda c: steers.mark_delivered(c, ids, 5.0))
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute(
+            "SELECT COUNT(*) FROM children"
+            " WHERE cancel_requested_at = 5.0 AND cancel_reason = 'why'"
+        ).fetchone() == (count,)

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, cast
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection
+
+T = TypeVar("T")
+
+# Ids bound into one ``IN (...)`` list at most: SQLite refuses a statement with more
+# than 32,766 variables, and one revocation can reach tens of thousands of children.
+IN_LIST_MAX = 500
 
 
 def dbapi(conn: Connection) -> sqlite3.Connection:
@@ -19,3 +26,15 @@ def dbapi(conn: Connection) -> sqlite3.Connection:
 
 def run(conn: Connection, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
     return dbapi(conn).execute(sql, params)
+
+
+def chunks(values: Iterable[T], size: int = IN_LIST_MAX) -> Iterator[list[T]]:
+    """``values`` in lists of at most ``size``, for statements that bind each one."""
+    batch: list[T] = []
+    for value in values:
+        batch.append(value)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

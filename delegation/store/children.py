@@ -12,7 +12,7 @@ from sqlalchemy import Connection, Row, select, update
 from delegation import errors, machine
 from delegation.machine import State, Trigger
 from delegation.records import ChildRecord
-from delegation.store import run
+from delegation.store import chunks, run
 from delegation.store.tables import children, grants, purged
 
 ACTIVE_STATES = [s.value for s in machine.ACTIVE]
@@ -186,19 +186,19 @@ def request_cancel(
     An earlier request keeps its reason. Returns every unfinished child of the set,
     whether its request is new or not.
     """
-    ids = list(child_ids)
-    if not ids:
-        return []
-    conn.execute(
-        update(children)
-        .where(
-            children.c.id.in_(ids),
-            children.c.state.in_(ACTIVE_STATES),
-            children.c.cancel_requested_at.is_(None),
+    found: list[int] = []
+    for ids in chunks(child_ids):
+        conn.execute(
+            update(children)
+            .where(
+                children.c.id.in_(ids),
+                children.c.state.in_(ACTIVE_STATES),
+                children.c.cancel_requested_at.is_(None),
+            )
+            .values(cancel_requested_at=now, cancel_reason=reason, updated_at=now)
         )
-        .values(cancel_requested_at=now, cancel_reason=reason, updated_at=now)
-    )
-    return active_ids(conn, children.c.id.in_(ids))
+        found += active_ids(conn, children.c.id.in_(ids))
+    return found
 
 
 def active_ids(conn: Connection, *conditions: Any) -> list[int]:
@@ -207,22 +207,29 @@ def active_ids(conn: Connection, *conditions: Any) -> list[int]:
 
 
 def active_of_grants(conn: Connection, grant_ids: Iterable[str]) -> list[int]:
-    return active_ids(conn, children.c.grant_id.in_(list(grant_ids)))
+    return [
+        child_id
+        for ids in chunks(grant_ids)
+        for child_id in active_ids(conn, children.c.grant_id.in_(ids))
+    ]
 
 
 def pending_first_admissions(conn: Connection, tool_ids: Iterable[str]) -> list[int]:
     """Unadmitted children that these tools authorized under a not-yet-activated lease."""
-    query = (
-        select(children.c.id)
-        .join(grants, grants.c.id == children.c.grant_id)
-        .where(
-            children.c.origin_grant_id.in_(list(tool_ids)),
-            children.c.state == State.PREPARED.value,
-            grants.c.kind == "lease",
-            grants.c.activated_at.is_(None),
+    found: list[int] = []
+    for ids in chunks(tool_ids):
+        query = (
+            select(children.c.id)
+            .join(grants, grants.c.id == children.c.grant_id)
+            .where(
+                children.c.origin_grant_id.in_(ids),
+                children.c.state == State.PREPARED.value,
+                grants.c.kind == "lease",
+                grants.c.activated_at.is_(None),
+            )
         )
-    )
-    return list(conn.execute(query).scalars())
+        found += conn.execute(query).scalars()
+    return found
 
 
 def listing(

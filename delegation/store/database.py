@@ -97,6 +97,9 @@ def _make_engine(
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # We issue BEGIN ourselves (below), so pysqlite must not start its own.
         dbapi_connection.isolation_level = None
+        # The portable default, whatever this build allows: code that works here must
+        # work on every SQLite (the store splits long id lists, see ``chunks``).
+        dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 32_766)
         cursor = dbapi_connection.cursor()
         for name, value in pragmas.items():
             cursor.execute(f"PRAGMA {name}={value}")

@@ -12,7 +12,7 @@ import msgspec
 from sqlalchemy import Connection, func, insert, select, update
 
 from delegation.records import GrantRecord
-from delegation.store import run
+from delegation.store import chunks, run
 from delegation.store.tables import grants
 from delegation.wire import Preset
 
@@ -174,22 +174,21 @@ def insert_tombstone(
 
 def close_tools(conn: Connection, grant_ids: Iterable[str], now: float) -> list[str]:
     """Close the still-open tool grants among ``grant_ids``; return those closed now."""
-    ids = list(grant_ids)
-    if not ids:
-        return []
-    open_ids = list(
-        conn.execute(
-            select(grants.c.id).where(grants.c.id.in_(ids), grants.c.closed_at.is_(None))
-        ).scalars()
-    )
-    if open_ids:
-        conn.execute(update(grants).where(grants.c.id.in_(open_ids)).values(closed_at=now))
-    return open_ids
+    closed: list[str] = []
+    for ids in chunks(grant_ids):
+        open_ids = list(
+            conn.execute(
+                select(grants.c.id).where(grants.c.id.in_(ids), grants.c.closed_at.is_(None))
+            ).scalars()
+        )
+        if open_ids:
+            conn.execute(update(grants).where(grants.c.id.in_(open_ids)).values(closed_at=now))
+        closed += open_ids
+    return closed
 
 
 def revoke_leases(conn: Connection, grant_ids: Iterable[str], now: float, reason: str) -> None:
-    ids = list(grant_ids)
-    if ids:
+    for ids in chunks(grant_ids):
         conn.execute(
             update(grants)
             .where(grants.c.id.in_(ids), grants.c.revoked_at.is_(None))
@@ -210,12 +209,16 @@ def ids_where(conn: Connection, *conditions: Any) -> list[str]:
 
 
 def tools_of_connections(conn: Connection, connection_ids: Iterable[str]) -> list[str]:
-    return ids_where(
-        conn,
-        grants.c.kind == "tool",
-        grants.c.connection_id.in_(list(connection_ids)),
-        grants.c.closed_at.is_(None),
-    )
+    return [
+        grant_id
+        for ids in chunks(connection_ids)
+        for grant_id in ids_where(
+            conn,
+            grants.c.kind == "tool",
+            grants.c.connection_id.in_(ids),
+            grants.c.closed_at.is_(None),
+        )
+    ]
 
 
 def tools_of_run(conn: Connection, run_id: str) -> list[str]:

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, func, insert, select, update
 
+from delegation.store import chunks
 from delegation.store.tables import steers
 
 
@@ -48,8 +49,7 @@ def insert_receipt(
 
 
 def mark_delivered(conn: Connection, steer_ids: Iterable[int], now: float) -> None:
-    ids = list(steer_ids)
-    if ids:
+    for ids in chunks(steer_ids):
         conn.execute(
             update(steers)
             .where(steers.c.id.in_(ids), steers.c.delivered_at.is_(None))
