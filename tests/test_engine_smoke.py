@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
-from delegation import ChildContext, Event
-from tests.support import Harness
+from delegation import ChildContext, Engine, Event
+from tests.support import Harness, ScriptRunner
 
 
 async def test_start_read_steer_and_replay(harness: Harness) -> None:
@@ -34,3 +35,16 @@ async def test_start_read_steer_and_replay(harness: Harness) -> None:
     assert again.run_id == started.run_id
     assert len(harness.runner.prepared) == 1
     await asyncio.sleep(0)
+
+
+async def test_opening_leaves_the_garbage_collector_as_it_found_it(db_url: str) -> None:
+    """A boot pauses the cyclic collector while it resumes children, and only then."""
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        engine = Engine(db_url, runner=ScriptRunner())
+        try:
+            await engine.open()
+            assert gc.isenabled() is enabled
+        finally:
+            await engine.close()
+            gc.enable()
