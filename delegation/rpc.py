@@ -48,8 +48,16 @@ class Response(msgspec.Struct, frozen=True):
     jsonrpc: str = "2.0"
 
 
+class _Head(msgspec.Struct):
+    """A message's id, kept raw; everything else is only skipped (and so checked)."""
+
+    id: msgspec.Raw = msgspec.Raw(b"null")
+
+
 _envelope = msgspec.json.Decoder(Envelope)
-_any = msgspec.json.Decoder()
+# Any JSON text, with nothing materialized but an object's id.
+_head = msgspec.json.Decoder(_Head | list[msgspec.Raw] | str | float | bool | None)
+_id = msgspec.json.Decoder(int | str)
 _encoder = msgspec.json.Encoder()
 
 
@@ -72,24 +80,37 @@ def parse(line: bytes) -> tuple[Envelope | None, bytes | None]:
     Returns ``(envelope, None)`` for a well-formed request or notification, and
     ``(None, frame)`` for a malformed one (``frame`` is None when nothing may be
     answered: never, since a malformed message always gets an error with id null).
+    Only the id is read before the envelope: a value inside ``params`` that no
+    decoder holds (``1e400``, an integer of 5000 digits) is the method's -32602,
+    answered with the request's own id.
     """
     try:
-        value = _any.decode(line)
+        line.decode()  # JSON text is UTF-8, also where the decoders only skip
+        head = _head.decode(line)
+    except msgspec.ValidationError:  # well-formed: a lone number too large to hold
+        head = None
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError) as exc:
         return None, error_frame(errors.ParseError(f"parse error: {exc}"), None)
-    request_id = value.get("id") if isinstance(value, dict) else None
-    if not isinstance(request_id, int | str) or isinstance(request_id, bool):
-        request_id = None
-    if not isinstance(value, dict):
+    if not isinstance(head, _Head):
         return None, error_frame(errors.InvalidRpcRequest("invalid request: not an object"), None)
+    request_id = _request_id(head.id)
     try:
         envelope = _envelope.decode(line)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (msgspec.MsgspecError, RecursionError, ValueError) as exc:
         return None, error_frame(errors.InvalidRpcRequest(f"invalid request: {exc}"), request_id)
     if envelope.jsonrpc != "2.0":
         failure = errors.InvalidRpcRequest('invalid request: jsonrpc must be "2.0"')
         return None, error_frame(failure, request_id)
     return envelope, None
+
+
+def _request_id(raw: msgspec.Raw) -> Id:
+    """The id to answer with: the request's, or null when it is not a valid id."""
+    try:
+        request_id: int | str = _id.decode(raw)
+    except (msgspec.MsgspecError, ValueError):
+        return None
+    return request_id
 
 
 async def dispatch(envelope: Envelope, methods: dict[str, Handler]) -> bytes | None:

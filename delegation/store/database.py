@@ -425,7 +425,12 @@ class Database:
         no transaction is opened, so each statement sees the newest commit. A caller
         that reads a child's row before its events still gets a consistent page: every
         event is committed before the state that follows it."""
-        return _call(fn, await self._turn())
+        conn = await self._turn()
+        try:
+            return _call(fn, conn)
+        finally:
+            if conn.in_transaction():  # a Core statement autobegan one: left open, it
+                conn.rollback()  # would pin this snapshot and refuse the next read()
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn`` in one read transaction (a consistent WAL snapshot).

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 from sqlalchemy import Connection
 
+from delegation._struct import I64_MAX
 from delegation.store import dbapi, run
 
 _INSERT = "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)"
@@ -30,4 +31,6 @@ def insert_events(conn: Connection, rows: list[EventRow]) -> None:
 
 def page(conn: Connection, child_id: int, after: int, limit: int) -> list[bytes]:
     """Up to ``limit`` event bodies with ``sequence > after``, oldest first."""
+    # ``after`` is a wire uint64; SQLite binds int64 only, and no sequence is larger.
+    after = min(after, I64_MAX)
     return [body for (body,) in run(conn, _PAGE, (child_id, after, limit)).fetchall()]
