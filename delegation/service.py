@@ -19,7 +19,7 @@ from msgspec import UNSET
 from sqlalchemy import Connection
 
 from delegation import authority, errors
-from delegation._struct import blank
+from delegation._struct import I64_MAX, blank
 from delegation.codec import encode
 from delegation.config import EngineConfig
 from delegation.machine import State, Trigger
@@ -392,6 +392,8 @@ def open_tool(
             raise errors.PresetStale(
                 "execution preset must belong to the tool's extension with a non-zero generation"
             )
+        if preset.generation > I64_MAX:  # a wire uint64, but SQLite stores int64
+            raise errors.PresetStale("execution preset generation is above 2^63-1")
     if not os.path.isabs(workspace) or not os.path.isdir(workspace):
         raise errors.InvalidCwd("tool workspace must be an existing absolute directory")
     if grants.live_tool(conn, rconn.runner_id, run_id, tool_call_id) is not None:

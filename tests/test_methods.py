@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 import delegation
@@ -1129,3 +1130,17 @@ async def test_module_admit_raises_outside_a_run(harness: Harness) -> None:
 async def test_module_admit_raises_without_any_engine() -> None:
     with pytest.raises((RuntimeError, DelegationError)):
         await _deep(3, delegation.admit)
+
+
+async def test_a_preset_generation_sqlite_cannot_store_is_refused_at_tool_open(
+    harness: Harness,
+) -> None:
+    """Generations are wire uint64; one above int64 is refused up front, never an
+    internal error at a later start."""
+    top = msgspec.structs.replace(PRESET, generation=2**63 - 1)
+    ok = await open_tool(harness, "call-top", presets=(top,))
+    started = await ok.start("q-top", generation=2**63 - 1)
+    assert started.run_id
+    beyond = msgspec.structs.replace(PRESET, generation=2**63)
+    with pytest.raises(errors.PresetStale, match="above 2\\^63-1"):
+        await open_tool(harness, "call-beyond", presets=(beyond,))
