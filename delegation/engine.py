@@ -117,13 +117,19 @@ class Engine:
         await loop.run_in_executor(None, self._db.open, loop)
         self.instance_id = f"h-{uuid.uuid4().hex}"
         with _collector_paused():
-            stopping, resumable = await self._write(
-                maintenance.reconcile, self.config, self.instance_id
-            )
+            try:
+                stopping, resumable = await self._write(
+                    maintenance.reconcile, self.config, self.instance_id
+                )
+                await self._stop(stopping)
+                deadline = await self._db.read(maintenance.next_deadline)
+            except BaseException:
+                # Give the file back (the writer thread, the connections): a host may retry.
+                await loop.run_in_executor(None, self._db.close)
+                raise
             self._open = True
-            await self._stop(stopping)
             self.timers.start(loop)
-            self.timers.arm(await self._db.read(maintenance.next_deadline))
+            self.timers.arm(deadline)
             for item in resumable:
                 recovery = Recovery(attempt=item.attempt, last_sequence=item.last_sequence)
                 self._spawn(item.child, service.plan_of(item.child), recovery, item.steers)
@@ -168,16 +174,26 @@ class Engine:
             return
         self._open = False
         self.timers.stop()
-        affected = await self._write(service.shutdown, self.instance_id)
-        await self._drain(await self._stop(affected), self.config.release_drain_s)
+        # Even when the database refuses these writes (then close raises), nothing of the
+        # engine outlives close: the next boot settles the rest, as after a crash.
+        try:
+            try:
+                affected = await self._write(service.shutdown, self.instance_id)
+                await self._drain(await self._stop(affected), self.config.release_drain_s)
+            finally:
+                await self._suspend_runs()
+            await self._write(service.close_instance, self.instance_id)
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, self._db.close)
+
+    async def _suspend_runs(self) -> None:
+        """Stop every local run without a state change; leased ones resume at next boot."""
         running = list(self._local.values())
         for local in running:
             local.suspend = True
             if local.task is not None and not local.finishing:
                 local.task.cancel()
         await asyncio.gather(*(lo.task for lo in running if lo.task), return_exceptions=True)
-        await self._write(service.close_instance, self.instance_id)
-        await asyncio.get_running_loop().run_in_executor(None, self._db.close)
 
     # --- runners, tools, runs ---------------------------------------------------------
 
@@ -411,8 +427,12 @@ class Engine:
             await run(ctx)
         except NotResumable:
             error = maintenance.INTERRUPTED
-        except asyncio.CancelledError:
-            pass  # cancelled: the state follows the durable cancellation request
+        except asyncio.CancelledError as exc:
+            # Cancelled by the engine: the state follows the durable cancellation request.
+            # A CancelledError that nobody asked for is the run's own failure.
+            task = asyncio.current_task()
+            if task is not None and not task.cancelling():
+                error = str(exc) or type(exc).__name__
         except Exception as exc:
             error = str(exc) or type(exc).__name__
         finally:
@@ -420,8 +440,7 @@ class Engine:
             if ctx is not None:
                 ctx.close()
             try:
-                if not local.suspend:
-                    await self._write(service.finish, child.id, error)
+                await self._finish(local, error)
             except errors.DelegationError as exc:
                 log.error(
                     "child finish not recorded: %s", exc, extra={"action": "child_finish_failed"}
@@ -430,6 +449,16 @@ class Engine:
                 self._local.pop(child.id, None)
                 local.decided.set()
                 local.ended.set()
+
+    async def _finish(self, local: _Local, error: str) -> None:
+        """Record the end of a run (unless the engine is closing). A busy database
+        delays it, never loses it: the run is over, and no caller will retry for it."""
+        while not local.suspend:
+            try:
+                await self._write(service.finish, local.child_id, error)
+                return
+            except errors.DatabaseBusy:
+                continue
 
     def _hooks(self, local: _Local, cwd: str) -> Hooks:
         child_id = local.child_id

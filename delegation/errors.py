@@ -68,6 +68,7 @@ by clients: keep them exactly as written.
     ├── StoreError                           (-32603) the database refused or failed
     │   ├── DatabaseBusy                     another writer held the lock too long; retry
     │   ├── HostClosing                      the host closed before the answer; retry
+    │   ├── SchemaMismatch                   not a delegation database, or a newer one
     │   └── ChildPurged                      (-32602) the record is past retention
     └── InternalError                        (-32603) a fault of ours, no detail on the wire
 """
@@ -471,6 +472,12 @@ class HostClosing(StoreError):
     """the host closed before the child was admitted; replay the requestId"""
 
     reason = "host_closing"
+
+
+class SchemaMismatch(StoreError):
+    """the file is not a delegation database this version can open"""
+
+    reason = "schema_mismatch"
 
 
 class ChildPurged(StoreError):

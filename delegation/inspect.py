@@ -37,6 +37,11 @@ class Inspector:
     def close(self) -> None:
         self._db.close()
 
+    def check(self) -> None:
+        """Raise ``errors.SchemaMismatch`` unless this is a delegation database whose
+        revision this code knows (maybe an older one)."""
+        self._db.read(migrate.check)
+
     def revision(self) -> str | None:
         """The schema revision the file is at (None before the first migration)."""
         return self._db.read(migrate.current)

@@ -68,6 +68,7 @@ def truncate(text: str, limit: int) -> str:
 
 
 _CUT_FIELDS = ("text", "input", "tool_output", "error")
+_event_decoder = msgspec.json.Decoder(Event)  # types only: the engine sets the sequence
 
 
 @dataclass(slots=True)
@@ -129,22 +130,34 @@ class ChildContext:
 
         Oversized ``text``, ``input``, ``toolOutput`` and ``error`` are cut at a UTF-8
         character boundary; the child's ``output`` keeps a ``result`` text whole.
+        Raises ``TypeError`` for anything but a well-formed Event (nothing is appended and
+        no sequence is used) and ``RuntimeError`` once the run has ended.
         """
         if self._closed:
             raise RuntimeError("the child run has ended; its context no longer accepts events")
         if not isinstance(event, Event):
             raise TypeError(f"emit() takes an Event, not {type(event).__name__}")
-        self._sequence += 1
-        changes: dict[str, object] = {"sequence": self._sequence}
+        sequence = self._sequence + 1
+        event = msgspec.structs.replace(event, sequence=sequence)
+        try:
+            # msgspec checks no types at construction, and a stored event that does not
+            # decode would fail every later read of the child: refuse it here, unnumbered.
+            body = encode(event)
+            _event_decoder.decode(body)
+        except (msgspec.MsgspecError, TypeError, ValueError) as exc:
+            raise TypeError(f"emit() takes a well-formed Event: {exc}") from None
+        changes: dict[str, object] = {}
         for name in _CUT_FIELDS:
             value = getattr(event, name)
             cut = truncate(value, self._limit)
             if cut is not value:
                 changes[name] = cut
-        body = encode(msgspec.structs.replace(event, **changes))
+        if changes:
+            body = encode(msgspec.structs.replace(event, **changes))
         output = event.text if event.kind == RESULT_KIND else None
-        self._hooks.append(self._sequence, body, output)
-        return self._sequence
+        self._sequence = sequence
+        self._hooks.append(sequence, body, output)
+        return sequence
 
     async def flush(self) -> None:
         """Return once every event emitted so far is committed."""

@@ -48,6 +48,7 @@ def command(args: argparse.Namespace, url: str) -> int:
         "leases": _leases,
     }
     with Inspector(url) as inspector:
+        inspector.check()
         revision, head = inspector.revision(), migrate.head()
         if revision != head:
             found = f"schema {revision}" if revision else "no schema"

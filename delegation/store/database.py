@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from delegation import errors
 from delegation.store import dbapi, migrate
@@ -49,6 +49,7 @@ log = logging.getLogger("delegation.store")
 
 T = TypeVar("T")
 Job = Callable[[Connection], Any]
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes: another connection has the lock
 
 # WAL at NORMAL survives a crash of the process; only a power loss can undo its last
 # commits, and the next synced commit makes them durable too (the WAL is one file).
@@ -118,12 +119,14 @@ def translate(exc: BaseException) -> errors.DelegationError:
     """SQLAlchemy and sqlite3 failures as domain errors (the store's one boundary)."""
     if isinstance(exc, errors.DelegationError):
         return exc
-    text = str(getattr(exc, "orig", exc))
-    if isinstance(exc, OperationalError) and ("locked" in text or "busy" in text):
-        return errors.DatabaseBusy(f"child store is busy; retry ({text})")
-    if isinstance(exc, DBAPIError):
-        return errors.StoreError(f"child store failed: {text}")
-    return errors.InternalError()
+    # SQLAlchemy wraps the driver's errors, but not those raised in its event hooks:
+    # a busy BEGIN IMMEDIATE (see ``_on_begin``) arrives as sqlite3's own error.
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    if not isinstance(cause, sqlite3.Error):
+        return errors.InternalError()
+    if (getattr(cause, "sqlite_errorcode", 0) & 0xFF) in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return errors.DatabaseBusy(f"child store is busy; retry ({cause})")
+    return errors.StoreError(f"child store failed: {cause}")
 
 
 class Database:
@@ -157,9 +160,15 @@ class Database:
     # --- lifecycle --------------------------------------------------------------
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Create the file if needed, migrate it to head, and start the writer."""
+        """Create the file if needed, migrate it to head, and start the writer.
+
+        Raises:
+            errors.SchemaMismatch: the file is not ours to migrate (nothing is written).
+            errors.StoreError: SQLite cannot open or write the file.
+        """
         self._loop = loop
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        check_file(self.url)
         self._write_engine = _make_engine(
             self.url,
             begin="BEGIN IMMEDIATE",
@@ -346,8 +355,11 @@ class Database:
                 pending.ok, pending.value = False, failure
             if isinstance(failure, errors.DatabaseBusy):
                 # Events are not lost to a busy database: they go first in the next batch.
+                # Closing, they are given up after one try (as a crash would), so that
+                # close does not wait for as long as another process holds the lock.
                 with self._cond:
-                    self._queue.events[:0] = batch.events
+                    if not self._stopping:
+                        self._queue.events[:0] = batch.events
 
     def _synchronous(self, conn: Connection, batch: _Queue) -> None:
         """Set the sync level ``batch`` needs (SQLite takes it only between transactions):
@@ -507,8 +519,22 @@ class ReadOnly:
         self._engine.dispose()
 
 
+def check_file(url: str) -> None:
+    """Refuse a file this code must not migrate (``migrate.check``) before writing to it:
+    even the writer's first pragma (WAL) would change another application's file."""
+    path = sqlite_path(url)
+    if not path.is_file() or path.stat().st_size == 0:
+        return  # a new database
+    reader = ReadOnly(url)
+    try:
+        reader.read(migrate.check)
+    finally:
+        reader.close()
+
+
 def upgrade_file(url: str, *, apply: bool) -> tuple[str | None, str | None]:
     """The schema revision of a file before and after an optional upgrade to head."""
+    check_file(url)
     if not apply:
         reader = ReadOnly(url)
         try:

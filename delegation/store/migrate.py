@@ -8,7 +8,9 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection
+from sqlalchemy import Connection, inspect
+
+from delegation import errors
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 
@@ -36,6 +38,29 @@ def head() -> str:
 
 def current(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
+
+
+def check(connection: Connection) -> None:
+    """Refuse a file this code must not migrate; only reads.
+
+    Raises:
+        errors.SchemaMismatch: another application's tables without a delegation
+            revision, or a revision this code does not know (a newer delegation's).
+    """
+    revision = current(connection)
+    if revision is None:
+        others = [t for t in inspect(connection).get_table_names() if t != "alembic_version"]
+        if others:
+            raise errors.SchemaMismatch(
+                f"not a delegation database: it holds other tables ({', '.join(others[:5])})"
+            )
+        return
+    known = [script.revision for script in ScriptDirectory.from_config(config()).walk_revisions()]
+    if revision not in known:
+        raise errors.SchemaMismatch(
+            f"database schema {revision} is not one this delegation knows (its newest is"
+            f" {known[0]}): it was written by a newer delegation, or is not a delegation database"
+        )
 
 
 def upgrade(connection: Connection, revision: str = "head") -> None:
