@@ -187,13 +187,26 @@ class Engine:
             await asyncio.get_running_loop().run_in_executor(None, self._db.close)
 
     async def _suspend_runs(self) -> None:
-        """Stop every local run without a state change; leased ones resume at next boot."""
+        """Stop every local run without a state change; leased ones resume at next boot.
+
+        A run that ignores its cancellation is waited for ``release_drain_s`` at most:
+        close goes on without it (its later writes are refused), as a crash would.
+        """
         running = list(self._local.values())
         for local in running:
             local.suspend = True
             if local.task is not None and not local.finishing:
                 local.task.cancel()
-        await asyncio.gather(*(lo.task for lo in running if lo.task), return_exceptions=True)
+        tasks = [lo.task for lo in running if lo.task is not None]
+        if not tasks:
+            return
+        _, stuck = await asyncio.wait(tasks, timeout=self.config.release_drain_s)
+        if stuck:
+            log.warning(
+                "%d child runs ignored cancellation at close",
+                len(stuck),
+                extra={"action": "child_runs_stuck_at_close"},
+            )
 
     # --- runners, tools, runs ---------------------------------------------------------
 

@@ -923,3 +923,27 @@ async def test_a_failed_open_leaves_nothing_behind_and_a_good_open_still_works(
         conn = await engine.connect("runner-1", "host-a")
         assert conn.generation == 1
     assert leftovers(good) == []
+
+
+async def test_close_does_not_wait_forever_for_a_run_that_ignores_cancellation(
+    harness: Harness,
+) -> None:
+    released = asyncio.Event()
+
+    async def deaf(ctx: ChildContext) -> None:
+        await ctx.admit()
+        while not released.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await released.wait()
+
+    harness.runner.script = deaf
+    await harness.start("q-deaf", lease_id=LEASE)
+    drain = harness.engine.config.release_drain_s
+    begun = time.monotonic()
+    await asyncio.wait_for(harness.engine.close(), drain + 10)
+    assert time.monotonic() - begun < drain + 5
+    assert not harness.engine.is_open
+    stuck = [t for t in asyncio.all_tasks() if t.get_name().startswith("delegation-child-")]
+    assert len(stuck) == 1 and not stuck[0].done()
+    released.set()
+    await asyncio.wait_for(stuck[0], 5)  # it ends on its own; its end is not recorded
