@@ -354,10 +354,25 @@ def file_size_limit(limit):
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
 
+FULL, ROOM = asyncio.Event(), asyncio.Event()
+
+
 class Runner:
     async def prepare(self, request, preset, identity, recovery):
         async def run(ctx):
             await ctx.admit()
+            if request.message == "stream":  # emits while the disk is full
+                await FULL.wait()
+                for _ in range(20):
+                    ctx.emit(Event(kind="text", text="y" * 20_000))
+                try:
+                    await ctx.flush()
+                except errors.DelegationError as exc:
+                    say(step="stream", flushed=False, error=type(exc).__name__)
+                else:
+                    say(step="stream", flushed=True, error=None)
+                await ROOM.wait()
+                await ctx.flush()
             ctx.emit(Event(kind="result", text=f"{len(request.message)} bytes read"))
 
         return run
@@ -388,9 +403,12 @@ async def main(path, workspace):
     small = await start("q-small", "fits")
     await finished(small)
     say(step="small", child=small.conversation_id)
+    stream = await start("q-stream", "stream")
     # From now on no file may grow more than a page past its size: the disk is full.
     files = [path + suffix for suffix in ("", "-wal") if os.path.exists(path + suffix)]
     file_size_limit(max(os.path.getsize(name) for name in files) + 4096)
+    FULL.set()
+    await asyncio.sleep(0.5)  # the stream's events fail to commit, again and again
     try:
         await start("q-big", "x" * 400_000)
     except errors.DelegationError as exc:
@@ -402,6 +420,11 @@ async def main(path, workspace):
     big = await start("q-big", "x" * 400_000)
     record = await finished(big)
     say(step="room", child=big.conversation_id, state=record.state, output=record.output)
+    ROOM.set()
+    record = await finished(stream)
+    events = await engine.events(stream.conversation_id, after=0)
+    say(step="streamed", child=stream.conversation_id, state=record.state,
+        sequences=[e.sequence for e in events])
     await engine.close()
 
 
@@ -425,11 +448,16 @@ async def test_a_full_disk_is_a_clear_error_at_the_call_and_no_damage(
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    small, full, room = (json.loads(line) for line in proc.stdout.splitlines())
+    small, stream, full, room, streamed = (json.loads(line) for line in proc.stdout.splitlines())
+    # Events emitted while the disk was full are kept for the next try, never dropped:
+    # once there is room they commit, and the child's sequence has no gap.
+    assert (stream["flushed"], stream["error"]) == (False, "StoreError"), stream
+    assert streamed["state"] == "done"
+    assert streamed["sequences"] == list(range(1, 22))
     assert full["error"] is not None, "the write past the file size limit did not fail"
     assert (full["error"], full["reason"]) == ("StoreError", "store_error"), full
     assert full["message"].startswith("child store failed: "), full
-    assert full["children"] == 1, "nothing of the failed start was written"
+    assert full["children"] == 2, "nothing of the failed start was written"
     assert (room["state"], room["output"]) == ("done", "400000 bytes read")
 
     assert rows(db_path, "PRAGMA integrity_check") == [("ok",)]
@@ -439,6 +467,7 @@ async def test_a_full_disk_is_a_clear_error_at_the_call_and_no_damage(
         [
             (small["child"], "q-small", "done", "4 bytes read"),
             (room["child"], "q-big", "done", "400000 bytes read"),
+            (streamed["child"], "q-stream", "done", "6 bytes read"),
         ]
     )
 

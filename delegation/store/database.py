@@ -33,6 +33,7 @@ import asyncio
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ log = logging.getLogger("delegation.store")
 T = TypeVar("T")
 Job = Callable[[Connection], Any]
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes: another connection has the lock
+_RETRY_PAUSE_S = 0.05  # before events that failed to commit are tried again
 
 # WAL at NORMAL survives a crash of the process; only a power loss can undo its last
 # commits, and the next synced commit makes them durable too (the WAL is one file).
@@ -353,13 +355,16 @@ class Database:
             log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
             for pending in batch.jobs:
                 pending.ok, pending.value = False, failure
-            if isinstance(failure, errors.DatabaseBusy):
-                # Events are not lost to a busy database: they go first in the next batch.
-                # Closing, they are given up after one try (as a crash would), so that
-                # close does not wait for as long as another process holds the lock.
+            if batch.events:
+                # Events are not lost to a busy or full database (a lost one would leave
+                # a gap in its child's sequence): they go first in the next batch, after
+                # a pause so a lasting failure is not retried in a tight loop. Closing,
+                # they are given up after one try, as a crash would.
                 with self._cond:
                     if not self._stopping:
                         self._queue.events[:0] = batch.events
+                if not isinstance(failure, errors.DatabaseBusy):  # busy already waited
+                    time.sleep(_RETRY_PAUSE_S)
 
     def _synchronous(self, conn: Connection, batch: _Queue) -> None:
         """Set the sync level ``batch`` needs (SQLite takes it only between transactions):
