@@ -125,7 +125,7 @@ class Engine:
                 deadline = await self._db.read(maintenance.next_deadline)
             except BaseException:
                 # Give the file back (the writer thread, the connections): a host may retry.
-                await loop.run_in_executor(None, self._db.close)
+                await self._db.aclose()
                 raise
             self._open = True
             self.timers.start(loop)
@@ -184,7 +184,7 @@ class Engine:
                 await self._suspend_runs()
             await self._write(service.close_instance, self.instance_id)
         finally:
-            await asyncio.get_running_loop().run_in_executor(None, self._db.close)
+            await self._db.aclose()
 
     async def _suspend_runs(self) -> None:
         """Stop every local run without a state change; leased ones resume at next boot.
@@ -208,6 +208,12 @@ class Engine:
                 extra={"action": "child_runs_stuck_at_close"},
             )
 
+    def _require_open(self) -> None:
+        # Closing counts as closed: a connection or tool call opened after close() ended
+        # this instance's would outlive the instance, open in the database.
+        if not self._open:
+            raise errors.StoreError("the engine is not open")
+
     # --- runners, tools, runs ---------------------------------------------------------
 
     async def connect(self, runner_id: str, host_instance_id: str) -> RunnerConnection:
@@ -215,6 +221,7 @@ class Engine:
 
         A different ``host_instance_id`` than last time revokes the runner's leases.
         """
+        self._require_open()
         handle, affected = await self._write(
             service.connect, self.instance_id, runner_id, host_instance_id
         )
@@ -237,6 +244,7 @@ class Engine:
         workspace: str,
     ) -> ToolHandle:
         """Open the tool grant of one live extension tool call."""
+        self._require_open()
         now = self.clock.now()
         grant = await self._db.write(
             lambda c: service.open_tool(
@@ -271,8 +279,7 @@ class Engine:
         self, conn: RunnerConnection, method: str, params: Params | bytes | str
     ) -> Result | SteerResult:
         """Serve one child method; raises a :class:`DelegationError` for every refusal."""
-        if not self._open:
-            raise errors.StoreError("the engine is not open")
+        self._require_open()
         handler = self._methods.get(method)
         if handler is None:
             raise errors.MethodNotFound(f"method not found: {method}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -744,3 +745,59 @@ async def test_graceful_close_cancels_foreground_but_not_leased_children(
             assert lease.lease_id == LEASE and lease.revoked_at is None
     finally:
         later.set()
+
+
+async def read_until_refused(engine: Engine, outcomes: list[BaseException]) -> None:
+    while True:
+        try:
+            await engine.get_child("c-anything")
+        except Exception as exc:
+            outcomes.append(exc)
+            return
+
+
+async def test_reads_racing_a_graceful_close_are_refused_never_crash(
+    db_url: str, runner: ScriptRunner, config: EngineConfig, clock: ManualClock
+) -> None:
+    """Found by the soak: the store closed the loop's read connection from a worker
+    thread while reads still ran on it (a segfault, or SQLAlchemy errors escaping)."""
+    for _ in range(10):
+        engine = Engine(db_url, runner=runner, config=config, clock=clock)
+        await engine.open()
+        outcomes: list[BaseException] = []
+        readers = [asyncio.create_task(read_until_refused(engine, outcomes)) for _ in range(20)]
+        await asyncio.sleep(0.01)
+        await engine.close()
+        await asyncio.wait_for(asyncio.gather(*readers), 5)
+        assert [type(exc) for exc in outcomes] == [errors.StoreError] * 20
+
+
+async def test_registering_or_opening_a_tool_while_the_engine_closes_is_refused(
+    harness: Harness, db_path: Path
+) -> None:
+    """Found by the soak: a runner registering while the engine closed was committed
+    after the close had ended this instance's connections, so that connection (and tool
+    calls opened on it) stayed open in the database under a closed host instance."""
+    closing = asyncio.create_task(harness.engine.close())
+    await asyncio.sleep(0)  # the close has begun
+    try:
+        with pytest.raises(errors.StoreError):
+            await harness.engine.connect("runner-2", "host-b")
+        with pytest.raises(errors.StoreError):
+            await harness.engine.open_tool(
+                harness.conn,
+                run_id="parent-run",
+                conversation_id="parent-conv",
+                tool_call_id="call-2",
+                extension_id=PRESET.extension_id,
+                presets=[PRESET],
+                workspace=harness.workspace,
+            )
+    finally:
+        await closing
+    with sqlite3.connect(db_path) as conn:
+        left = conn.execute(
+            "SELECT (SELECT COUNT(*) FROM connections WHERE closed_at IS NULL),"
+            " (SELECT COUNT(*) FROM grants WHERE kind = 'tool' AND closed_at IS NULL)"
+        ).fetchone()
+    assert left == (0, 0)

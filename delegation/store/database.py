@@ -191,18 +191,41 @@ class Database:
         self._thread = threading.Thread(target=self._writer_main, name="delegation-writer")
         self._thread.start()
 
+    async def aclose(self) -> None:
+        """Commit everything queued and stop the writer (off the loop), then close the
+        readers on the loop's thread.
+
+        Reads keep working while the writer drains (a call in flight may still read
+        what it wrote); once closed, they are refused with a :class:`errors.StoreError`.
+        """
+        await asyncio.get_running_loop().run_in_executor(None, self._stop_writer)
+        self._close_readers()
+
     def close(self) -> None:
-        """Commit everything queued, then stop the writer and the readers."""
+        """Like :meth:`aclose`, blocking; call it on the loop's thread."""
+        self._stop_writer()
+        self._close_readers()
+
+    def _stop_writer(self) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-        self._dispose()
+        if self._write_engine is not None:
+            self._write_engine.dispose()
+            self._write_engine = None
+
+    def _close_readers(self) -> None:
+        # The read connection belongs to the loop's thread: closing it from another
+        # thread while the loop reads on it corrupts SQLAlchemy's state or crashes.
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+        if self._read_engine is not None:
+            self._read_engine.dispose()
+            self._read_engine = None
 
     def _dispose(self) -> None:
         for engine in (self._write_engine, self._read_engine):
@@ -463,9 +486,9 @@ class Database:
     async def _turn(self) -> Connection:
         """The loop's read connection, after one turn of the loop (so that a caller
         polling in a tight loop never starves the other tasks)."""
-        if self._read_engine is None:
-            raise errors.StoreError("child store is closed")
         await asyncio.sleep(0)
+        if self._read_engine is None:  # closed, perhaps while this read yielded
+            raise errors.StoreError("child store is closed")
         if self._reader is None:
             self._reader = self._read_engine.connect()
         return self._reader

@@ -1,0 +1,7 @@
+"""``python -m delegation.soak``."""
+
+import sys
+
+from delegation.soak import main
+
+sys.exit(main())

@@ -1,0 +1,122 @@
+"""The soak's runner: runs that follow the plan their request names, emit events whose
+text names their sequence, and journal every range they flushed and every steer they
+took (:mod:`delegation.soak.journal`)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+from delegation.runs import ChildContext, NotResumable, Recovery, Run
+from delegation.soak.journal import Journal
+from delegation.wire import Event, Identity, Preset, Request
+
+PLANNED_FAILURE = "planned failure"
+PREPARE_FAILURE = "planned prepare failure"
+PLANS = ("quick", "quick", "fail", "hold", "hold", "steer", "slow", "noadmit", "prefail")
+
+
+class Emitter:
+    """Emits events whose text names their sequence, and journals each flushed range."""
+
+    def __init__(self, ctx: ChildContext, journal: Journal, run_id: str, last: int) -> None:
+        self.ctx, self.journal, self.run_id = ctx, journal, run_id
+        self.next = last + 1
+        self.acked = last
+
+    def emit(self, kind: str = "text") -> None:
+        sequence = self.ctx.emit(Event(kind=kind, text=f"{kind[0]}{self.next}"))
+        if sequence != self.next:
+            self.journal.bad(f"emit: child {self.run_id} got sequence {sequence}, not {self.next}")
+        self.next = sequence + 1
+
+    async def flush(self) -> None:
+        await self.ctx.flush()
+        if self.next - 1 > self.acked:
+            self.journal.write("ev", run=self.run_id, a=self.acked + 1, b=self.next - 1)
+            self.acked = self.next - 1
+
+
+class SoakRunner:
+    """Runs follow the plan named in the request message: ``<plan> <n>``."""
+
+    def __init__(self, journal: Journal, rng: random.Random) -> None:
+        self.journal = journal
+        self.rng = rng
+        self.live: Counter[str] = Counter()  # run id -> runs executing it in this process
+
+    async def prepare(
+        self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
+    ) -> Run:
+        plan, _, count = request.message.partition(" ")
+        if plan == "prefail":
+            raise RuntimeError(PREPARE_FAILURE)
+        if recovery is not None and self.rng.random() < 0.15:
+            raise NotResumable()
+        attempt = recovery.attempt if recovery is not None else 0
+        last = recovery.last_sequence if recovery is not None else 0
+
+        async def run(ctx: ChildContext) -> None:
+            await self._run(ctx, plan, int(count.split()[0]), identity.run_id, attempt, last)
+
+        return run
+
+    async def _run(
+        self, ctx: ChildContext, plan: str, n: int, run_id: str, attempt: int, last: int
+    ) -> None:
+        if self.live[run_id]:
+            self.journal.bad(f"twice: child {run_id} started while its run still executes")
+        self.live[run_id] += 1
+        self.journal.write("run", run=run_id, attempt=attempt)
+        how = "returned"
+        try:
+            await self._plan(ctx, plan, n, Emitter(ctx, self.journal, run_id, last))
+        except asyncio.CancelledError:
+            how = "cancelled"
+            raise
+        except Exception:
+            how = "raised"
+            raise
+        finally:
+            self.live[run_id] -= 1
+            if not self.live[run_id]:
+                del self.live[run_id]
+            self.journal.write("end", run=run_id, attempt=attempt, how=how)
+
+    async def _plan(self, ctx: ChildContext, plan: str, n: int, out: Emitter) -> None:
+        rng = self.rng
+        if plan == "noadmit":
+            return
+        if plan == "slow":
+            await asyncio.sleep(rng.uniform(0.0, 0.3))
+        await ctx.admit()
+        if plan in ("hold", "steer"):
+            await self._hold(ctx, out, steers_wanted=n if plan == "steer" else None)
+        else:
+            for _ in range(n):
+                out.emit()
+                if rng.random() < 0.3:
+                    await out.flush()
+                    await asyncio.sleep(rng.uniform(0.0, 0.05))
+            await out.flush()
+            if plan == "fail":
+                raise RuntimeError(PLANNED_FAILURE)
+        out.emit("result")
+        await out.flush()
+
+    async def _hold(self, ctx: ChildContext, out: Emitter, steers_wanted: int | None) -> None:
+        """Emit now and then, take steers; until cancelled, or ``steers_wanted`` arrived."""
+        taken = 0
+        while steers_wanted is None or taken < steers_wanted:
+            if steers_wanted is None:
+                await asyncio.sleep(self.rng.uniform(0.05, 0.3))
+                messages = ctx.take_steers()
+            else:
+                message = await ctx.wait_steer(0.5)
+                messages = [] if message is None else [message]
+            for message in messages:
+                self.journal.write("took", run=ctx.identity.run_id, req=message.split()[-1])
+                taken += 1
+            out.emit()
+            await out.flush()

@@ -1,0 +1,179 @@
+"""The soak of the issue: ``python -m delegation.soak --seconds 20 --json`` runs hosts
+that are closed gracefully and killed with SIGKILL on one database, and must report no
+violation. The checker it relies on is a plain function over a file: the last test
+breaks a database on purpose and expects each break to be reported."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from delegation import ChildContext, Event
+from delegation.soak.check import Checker, check_file
+from delegation.soak.journal import Acks
+from tests.support import Harness
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = {"ops", "violations", "restarts", "errors_by_reason", "p99_ms", "rss_mb"}
+
+
+def hosts_left(folder: Path) -> list[int]:
+    """Processes still running on the soak's files."""
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(folder).encode() in command:
+            left.append(int(entry.name))
+    return left
+
+
+@pytest.mark.timeout(300)
+def test_soak_for_twenty_seconds_reports_no_violation(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "delegation.soak",
+            "--seconds",
+            "20",
+            "--json",
+            "--keep",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout + proc.stderr
+    report = json.loads(lines[0])
+    assert report["violations"] == 0, report["violation_samples"]
+    assert proc.returncode == 0, proc.stderr
+    assert set(report) >= KEYS
+    assert report["restarts"] >= 2
+    assert report["kills"] >= 1 and report["graceful"] >= 1
+    assert report["restarts"] == report["kills"] + report["graceful"]
+    assert report["ops"] > 200
+    assert report["acked"]["starts"] > 0 and report["acked"]["events"] > 0
+    assert all(isinstance(n, int) and n > 0 for n in report["errors_by_reason"].values())
+    assert report["p99_ms"] > 0 and report["rss_mb"] > 0
+    assert report["checks"] > report["restarts"]
+    assert hosts_left(tmp_path) == []
+
+
+def test_soak_summary_for_people_and_exit_status(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "delegation.soak", "--seconds", "1", "--seed", "7"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "seed 7" in proc.stdout
+    assert "violations: 0" in proc.stdout
+
+
+def kinds(found: list[str]) -> set[str]:
+    return {what.split(":", 1)[0] for what in found}
+
+
+def broken(db_path: Path, name: str, *statements: str) -> Path:
+    """A copy of the database with ``statements`` applied behind the engine's back."""
+    path = db_path.with_name(f"{name}.db")
+    with sqlite3.connect(db_path) as source, sqlite3.connect(path) as copy:
+        source.backup(copy)
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA ignore_check_constraints = ON")
+        for statement in statements:
+            conn.execute(statement)
+    return path
+
+
+async def test_the_checker_reports_each_broken_invariant(harness: Harness, db_path: Path) -> None:
+    async def three_events(ctx: ChildContext) -> None:
+        await ctx.admit()
+        for n in range(1, 4):
+            ctx.emit(Event(kind="text", text=f"t{n}"))
+        ctx.emit(Event(kind="result", text="r4"))
+
+    harness.runner.script = three_events
+    leased = await harness.start("q1", lease_id="lease-1")
+    await harness.wait_done(leased.conversation_id)
+    await harness.engine.close()
+    assert check_file(db_path) == []
+    child = f"(SELECT id FROM children WHERE run_id = '{leased.run_id}')"
+
+    gap = broken(db_path, "gap", f"DELETE FROM events WHERE child_id = {child} AND sequence = 2")
+    assert kinds(check_file(gap)) == {"event_gap"}
+    zombie = broken(db_path, "zombie", "UPDATE children SET state = 'zombie'")
+    assert kinds(check_file(zombie)) == {"impossible_state"}
+    undone = broken(db_path, "undone", "UPDATE children SET finished_at = NULL")
+    assert "finished_at" in kinds(check_file(undone))
+    fenced = broken(
+        db_path,
+        "fenced",
+        "UPDATE grants SET revoked_at = 1, revoke_reason = 'released' WHERE kind = 'lease'",
+    )
+    assert kinds(check_file(fenced)) == {"fencing"}
+    twice = broken(
+        db_path,
+        "twice",
+        "DROP INDEX ix_children_one_active",
+        "INSERT INTO children (conversation_id, run_id, grant_id, lease_id, request_id,"
+        " runner_id, runner_host_instance_id, parent_conversation_id, parent_run_id,"
+        " extension_id, profile, generation, request, preset, cwd, depth, state,"
+        " engine_instance_id, admitted_at, created_at, updated_at) SELECT conversation_id,"
+        " 'r-copy', grant_id, lease_id, 'q-copy', runner_id, runner_host_instance_id,"
+        " parent_conversation_id, parent_run_id, extension_id, profile, generation, request,"
+        " preset, cwd, depth, 'running', engine_instance_id, admitted_at, created_at,"
+        " updated_at FROM children",
+        f"UPDATE children SET state = 'running', finished_at = NULL WHERE id = {child}",
+    )
+    assert "two_active" in kinds(check_file(twice))
+
+    acks = Acks()
+    acks.add({"t": "ev", "run": leased.run_id, "a": 1, "b": 3})
+    acks.add(
+        {
+            "t": "start",
+            "run": leased.run_id,
+            "runner": harness.conn.runner_id,
+            "lease": "lease-1",
+            "sent": 0.0,
+            "at": 2e9,
+        }
+    )
+    assert check_file(db_path, acks) == []
+    acks.add({"t": "ev", "run": leased.run_id, "a": 4, "b": 6})
+    acks.add(
+        {
+            "t": "release",
+            "runner": harness.conn.runner_id,
+            "lease": "lease-1",
+            "sent": 0.0,
+            "at": 2e9,
+        }
+    )
+    found = kinds(check_file(db_path, acks))
+    assert found == {"lost_event", "lost_tombstone"}
+
+    checker = Checker(retention_s=60.0)
+    assert checker.check(db_path) == []
+    vanished = broken(db_path, "vanished", "DELETE FROM events", "DELETE FROM children")
+    assert kinds(checker.check(vanished)) == {"lost_row"}
+
+    assert kinds(check_file(db_path, final=True)) == {"lease_left"}
+    overdue = Checker().check(db_path, live=True, now=4e9)
+    assert "lease_overdue" in kinds(overdue)
