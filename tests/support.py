@@ -134,3 +134,33 @@ class Harness:
             if loop.time() > deadline:
                 raise AssertionError(f"child {child_id} did not finish: {record}")
             await asyncio.sleep(0.01)
+
+
+# JSON numbers no wire integer or float holds, and their edges (decode fuzzing).
+HUGE_NUMBERS = [
+    b"18446744073709551615",
+    b"18446744073709551616",
+    b"-9223372036854775809",
+    b"9223372036854775808",
+    b"1" + b"0" * 5000,
+    b"-" + b"9" * 5000,
+    b"1e400",
+    b"-1e400",
+    b"1e-400",
+    b"1.0",
+    b"0.5",
+    b"-0",
+    b"-0.0",
+    b"1E2",
+    b"0." + b"0" * 5000 + b"1",
+    b"1" * 400 + b"." + b"1" * 400 + b"e99999999999999999999",
+    b"NaN",
+    b"Infinity",
+    b"-Infinity",
+    b"01",
+    b"+1",
+    b"0x10",
+    b"1_000",
+    b"-18446744073709551616",
+    b"1" + b"0" * 400,
+]

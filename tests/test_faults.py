@@ -42,7 +42,7 @@ from delegation import (
 )
 from delegation.cli import main
 from delegation.clock import ManualClock
-from tests.support import Harness, Prepared, Script, ScriptRunner
+from tests.support import Harness, Prepared, Script, ScriptRunner, hold
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "delegation"
@@ -143,16 +143,6 @@ def route(**scripts: Script) -> Script:
     return run
 
 
-def holding(gate: asyncio.Event) -> Script:
-    async def run(ctx: ChildContext) -> None:
-        await ctx.admit()
-        ctx.emit(Event(kind="text", text="working"))
-        await gate.wait()
-        ctx.emit(Event(kind="result", text="finished"))
-
-    return run
-
-
 async def until(predicate: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not await predicate():
@@ -237,7 +227,7 @@ async def test_a_held_write_lock_fails_calls_as_busy_and_writes_nothing(
         await ctx.admit()
         ctx.emit(Event(kind="result", text="quick"))
 
-    harness.runner.script = route(steered=steered, leased=holding(leased_gate), quick=quick)
+    harness.runner.script = route(steered=steered, leased=hold(leased_gate), quick=quick)
     a = await harness.start("q-a", message="steered")
     c = await harness.start("q-c", message="leased", lease_id=LEASE)
     await until(lambda: committed(harness, a.conversation_id, ["before"]))
@@ -290,7 +280,7 @@ async def test_a_run_that_ends_while_the_lock_is_held_is_recorded_once_it_is_fre
     """The engine's own write of a finished run is not a caller's call to retry: a busy
     database delays it, never loses it (else the child would stay running forever)."""
     finish = asyncio.Event()
-    harness.runner.script = holding(finish)
+    harness.runner.script = hold(finish)
     child = await harness.start()
     with write_lock_held(db_path):
         finish.set()
@@ -309,7 +299,7 @@ async def test_close_while_the_lock_is_held_is_bounded_and_leaves_nothing_behind
     """A graceful close that cannot write still stops every run and releases the file;
     it says so, and the next boot recovers as after a crash."""
     gate = asyncio.Event()
-    harness.runner.script = holding(gate)
+    harness.runner.script = hold(gate)
     child = await harness.start(lease_id=LEASE)
     await until(lambda: committed(harness, child.conversation_id, ["working"]))
     with write_lock_held(db_path):
@@ -775,7 +765,7 @@ async def sibling(harness: Harness) -> AsyncIterator[Sibling]:
         ctx.emit(Event(kind="result", text="quick"))
 
     gate = asyncio.Event()
-    scripts: dict[str, Script] = {"sibling": holding(gate), "quick": quick, **SCRIPTS}
+    scripts: dict[str, Script] = {"sibling": hold(gate), "quick": quick, **SCRIPTS}
 
     async def run(ctx: ChildContext) -> None:
         await scripts[ctx.request.message](ctx)
@@ -918,7 +908,7 @@ async def test_close_leaves_no_task_thread_timer_or_open_file(
         except asyncio.CancelledError:
             ctx.emit(Event(kind="text", text="interrupted"))
 
-    harness.runner.script = route(held=holding(gate), stubborn=stubborn)
+    harness.runner.script = route(held=hold(gate), stubborn=stubborn)
     await harness.start("q-fg", message="held")
     leased = await harness.start("q-leased", message="held", lease_id=LEASE)
     await harness.start("q-stubborn", message="stubborn", lease_id=LEASE)

@@ -70,7 +70,7 @@ from delegation._struct import I64_MAX, I64_MIN, U64_MAX, WireStruct
 from delegation.clock import ManualClock
 from delegation.serve import Register, RunFinish, Session, ToolBegin, ToolEnd
 from delegation.wire import METHODS
-from tests.support import PRESET, Harness, ScriptRunner, hold
+from tests.support import HUGE_NUMBERS, PRESET, Harness, ScriptRunner, hold
 
 FAST = settings(
     max_examples=40,
@@ -208,23 +208,6 @@ def dump(node: Any, ascii_only: bool = False) -> bytes:
     return json.dumps(node, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
 
 
-HUGE_NUMBERS = [
-    b"18446744073709551615",
-    b"18446744073709551616",
-    b"9223372036854775808",
-    b"-9223372036854775809",
-    b"-18446744073709551616",
-    b"1" + b"0" * 400,
-    b"1" + b"0" * 5000,
-    b"1e400",
-    b"-1e400",
-    b"1e-400",
-    b"1.0",
-    b"-0",
-    b"NaN",
-    b"Infinity",
-    b"-Infinity",
-]
 DEPTH = 10_000
 NASTY = [
     *HUGE_NUMBERS,

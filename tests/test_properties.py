@@ -41,6 +41,7 @@ from delegation import (
 from delegation._struct import I64_MAX, U64_MAX, WireStruct
 from delegation.options import PROVIDERS, REASONING_EFFORTS
 from delegation.wire import STEER_INJECTED, STEER_NO_RUNNING_TURN, STEER_PROMPT_REQUIRED
+from tests.support import HUGE_NUMBERS
 
 WIRE_TYPES: tuple[type[WireStruct], ...] = (
     ExecutionOptions,
@@ -569,33 +570,6 @@ def test_lone_surrogates_and_invalid_utf8(kind: type[WireStruct]) -> None:
     nested = b'{"request":{"options":{"allowedTools":[%s]}}}'
     for value in values:
         _decode_or_refuse(nested % value, kind)
-
-
-HUGE_NUMBERS = [
-    b"18446744073709551615",
-    b"18446744073709551616",
-    b"-9223372036854775809",
-    b"9223372036854775808",
-    b"1" + b"0" * 5000,
-    b"-" + b"9" * 5000,
-    b"1e400",
-    b"-1e400",
-    b"1e-400",
-    b"1.0",
-    b"0.5",
-    b"-0",
-    b"-0.0",
-    b"1E2",
-    b"0." + b"0" * 5000 + b"1",
-    b"1" * 400 + b"." + b"1" * 400 + b"e99999999999999999999",
-    b"NaN",
-    b"Infinity",
-    b"-Infinity",
-    b"01",
-    b"+1",
-    b"0x10",
-    b"1_000",
-]
 
 
 @pytest.mark.parametrize("kind", WIRE_TYPES, ids=TYPE_IDS)
