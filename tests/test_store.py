@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Connection
 
 from delegation import errors
-from delegation.store import children, grants, steers
+from delegation.store import children, dbapi, grants, steers
 from delegation.store.database import Database
 from delegation.store.events import EventRow
 
@@ -179,3 +179,66 @@ async def test_set_operations_take_more_ids_than_sqlite_binds_in_one_statement(
             "SELECT COUNT(*) FROM children"
             " WHERE cancel_requested_at = 5.0 AND cancel_reason = 'why'"
         ).fetchone() == (count,)
+
+
+async def test_a_commit_that_fails_gives_the_write_lock_back(
+    database: Database, db_path: Path
+) -> None:
+    def commit_fails(conn: Connection) -> None:  # a deferred check fails at COMMIT
+        raw = dbapi(conn)
+        raw.execute("PRAGMA defer_foreign_keys=ON")
+        raw.execute("INSERT INTO events (child_id, sequence, body) VALUES (999, 1, x'')")
+
+    with pytest.raises(errors.StoreError):
+        await database.write(commit_fails)
+    assert await database.write(insert("after")) == "after"
+    other = sqlite3.connect(db_path, timeout=0.5)
+    try:
+        other.execute("INSERT INTO host_instances (id, started_at) VALUES ('other', 1)")
+        other.commit()
+    finally:
+        other.close()
+    assert instances(db_path) == {"after", "other"}
+
+
+async def test_an_event_a_constraint_refuses_does_not_fail_every_later_batch(
+    database: Database, db_path: Path
+) -> None:
+    database.append_event(EventRow(12345, 1, b"{}", None))  # no such child
+    with pytest.raises(errors.StoreError):
+        await database.barrier()
+    assert await database.write(insert("later")) == "later"
+    assert instances(db_path) == {"later"}
+
+
+async def test_an_inline_job_that_fails_after_writing_is_redone_off_the_loop(
+    db_path: Path,
+) -> None:
+    """The redo takes the write lock again: on the writer thread, never on the loop's."""
+    db = Database(f"sqlite:///{db_path}", busy_timeout_ms=20_000)
+    db.open(asyncio.get_running_loop())
+    holder = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    assert db._conn is not None
+    raw = dbapi(db._conn)
+    loop_thread = threading.get_ident()
+    begins: list[str] = []
+
+    def trace(sql: str) -> None:
+        if sql.startswith("BEGIN IMMEDIATE") and threading.get_ident() == loop_thread:
+            begins.append(sql)
+            if len(begins) == 2:  # a redo on the loop: another process got in first
+                holder.execute("BEGIN IMMEDIATE")
+                threading.Timer(3, lambda: holder.execute("COMMIT")).start()
+
+    raw.set_trace_callback(trace)
+    try:
+        begun = time.monotonic()
+        with pytest.raises(errors.InternalError):
+            await db.write(insert("x", then=RuntimeError("after writing")))
+        assert time.monotonic() - begun < 2.5
+        assert len(begins) == 1
+    finally:
+        raw.set_trace_callback(None)
+        holder.close()
+        db.close()
+    assert instances(db_path) == set()

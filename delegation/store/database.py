@@ -30,6 +30,7 @@ terminal state written after a run's last emit is committed after its events.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -188,6 +189,7 @@ class Database:
             self._dispose()
             raise translate(exc) from exc
         self._stopping = False
+        self._dispatching, self._queue = False, _Queue()  # nothing of an earlier opening
         self._thread = threading.Thread(target=self._writer_main, name="delegation-writer")
         self._thread.start()
 
@@ -259,7 +261,10 @@ class Database:
 
     def write_nowait(self, fn: Job) -> None:
         """Queue ``fn`` without waiting; a failure is logged, never raised."""
-        self._enqueue(_Pending(fn, None))
+        try:
+            self._enqueue(_Pending(fn, None))
+        except errors.StoreError as exc:
+            log.warning("background write dropped: %s", exc)
 
     async def barrier(self) -> None:
         """Return once everything queued before this call is committed."""
@@ -269,8 +274,12 @@ class Database:
         await future
 
     def append_event(self, row: EventRow) -> None:
-        """Queue one event row; it commits with the next batch."""
+        """Queue one event row; it commits with the next batch (dropped once closing,
+        as a crash would: only a flush acknowledges events)."""
         with self._cond:
+            if self._stopping:
+                log.warning("event dropped: the child store is closing")
+                return
             self._queue.events.append(row)
             self._cond.notify()
 
@@ -333,7 +342,10 @@ class Database:
             return False
         finally:
             raw.execute(f"PRAGMA busy_timeout={self._pragmas['busy_timeout']}")
-        self._commit_batch(self._conn, batch, begun=True)
+        try:
+            self._commit_batch(self._conn, batch, begun=True)
+        except _Redo:
+            return False  # undone: the writer runs it again, with savepoints
         return True
 
     def _writer_main(self) -> None:
@@ -372,7 +384,11 @@ class Database:
             try:
                 self._transaction(conn, batch, savepoints=False, begun=begun)
             except _Redo:
+                if begun:  # inline: the loop must not wait for the lock a second time
+                    raise
                 self._transaction(conn, batch, savepoints=True, begun=False)
+        except _Redo:
+            raise
         except Exception as exc:
             failure = translate(exc)
             log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
@@ -383,8 +399,11 @@ class Database:
                 # a gap in its child's sequence): they go first in the next batch, after
                 # a pause so a lasting failure is not retried in a tight loop. Closing,
                 # they are given up after one try, as a crash would.
+                # An event a constraint refuses would fail every batch after it: it is
+                # dropped (a fault of ours, logged above), never retried.
+                refused = isinstance(getattr(exc, "orig", exc), sqlite3.IntegrityError)
                 with self._cond:
-                    if not self._stopping:
+                    if not self._stopping and not refused:
                         self._queue.events[:0] = batch.events
                 if not isinstance(failure, errors.DatabaseBusy):  # busy already waited
                     time.sleep(_RETRY_PAUSE_S)
@@ -409,16 +428,16 @@ class Database:
             raw.execute("BEGIN IMMEDIATE")
         try:
             self._run_batch(conn, batch, savepoints=savepoints)
-        except BaseException:
+            if conn.in_transaction():
+                conn.commit()
+            else:
+                raw.execute("COMMIT")
+        except BaseException:  # a failed COMMIT too: never leave the write lock held
             if conn.in_transaction():
                 conn.rollback()
             if raw.in_transaction:
                 raw.execute("ROLLBACK")
             raise
-        if conn.in_transaction():
-            conn.commit()
-        else:
-            raw.execute("COMMIT")
 
     @staticmethod
     def _run_batch(conn: Connection, batch: _Queue, *, savepoints: bool) -> None:
@@ -455,8 +474,9 @@ class Database:
             return
         if inline:
             _resolve(waiting)
-        elif self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(_resolve, waiting)
+        elif self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                self._loop.call_soon_threadsafe(_resolve, waiting)
 
     # --- reading ----------------------------------------------------------------
 
