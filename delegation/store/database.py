@@ -186,7 +186,7 @@ class Database:
             with self._write_engine.connect() as conn:
                 migrate.upgrade(conn)
         except Exception as exc:
-            self._dispose()
+            self.close()
             raise translate(exc) from exc
         self._stopping = False
         self._dispatching, self._queue = False, _Queue()  # nothing of an earlier opening
@@ -228,12 +228,6 @@ class Database:
         if self._read_engine is not None:
             self._read_engine.dispose()
             self._read_engine = None
-
-    def _dispose(self) -> None:
-        for engine in (self._write_engine, self._read_engine):
-            if engine is not None:
-                engine.dispose()
-        self._write_engine = self._read_engine = None
 
     # --- writing ----------------------------------------------------------------
 
@@ -580,16 +574,21 @@ def check_file(url: str) -> None:
         reader.close()
 
 
+def _checked_revision(conn: Connection) -> str | None:
+    migrate.check(conn)
+    return migrate.current(conn)
+
+
 def upgrade_file(url: str, *, apply: bool) -> tuple[str | None, str | None]:
     """The schema revision of a file before and after an optional upgrade to head."""
-    check_file(url)
     if not apply:
         reader = ReadOnly(url)
         try:
-            current = reader.read(migrate.current)
+            current = reader.read(_checked_revision)
         finally:
             reader.close()
         return current, current
+    check_file(url)
     path = sqlite_path(url)
     path.parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url)
