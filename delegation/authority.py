@@ -80,6 +80,8 @@ def find_preset(grant: GrantRecord, name: str, generation: int) -> Preset:
 def resolve_cwd(workspace: str, cwd: str, default: str | None = None) -> str:
     """Resolve a child's working directory inside the workspace, symlinks followed.
 
+    ``workspace`` is the real path the tool stored when it opened; it is not resolved
+    again: a workspace swapped for a symlink since then leads outside itself.
     An empty ``cwd`` means ``default`` (the saved cwd on resume) or the workspace
     root. A relative ``cwd`` is taken from the workspace root.
 
@@ -87,17 +89,22 @@ def resolve_cwd(workspace: str, cwd: str, default: str | None = None) -> str:
         errors.InvalidCwd: it does not exist or is not a directory.
         errors.CwdOutsideWorkspace: once resolved, it is outside the workspace.
     """
+    if not os.path.isabs(workspace):
+        raise errors.InvalidCwd()
     try:
-        root = os.path.realpath(workspace, strict=True)
-        target = cwd or default or root
-        real = os.path.realpath(os.path.join(root, target), strict=True)
+        real = os.path.realpath(os.path.join(workspace, cwd or default or workspace), strict=True)
     except (OSError, ValueError):
         raise errors.InvalidCwd() from None
     if not os.path.isdir(real):
         raise errors.InvalidCwd()
-    if os.path.commonpath([root, real]) != root:
+    if not within(real, workspace):
         raise errors.CwdOutsideWorkspace()
     return real
+
+
+def within(path: str, root: str) -> bool:
+    """``path`` is ``root`` or below it (both absolute and normalized)."""
+    return path == root or path.startswith(root if root.endswith(os.sep) else root + os.sep)
 
 
 def confirm_cwd(cwd: str) -> None:

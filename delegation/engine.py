@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-import uuid
+import secrets
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -115,7 +115,7 @@ class Engine:
         arm the lease timer and resume the children this host owns (SPEC §7)."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._db.open, loop)
-        self.instance_id = f"h-{uuid.uuid4().hex}"
+        self.instance_id = f"h-{secrets.token_hex(16)}"
         with _collector_paused():
             try:
                 stopping, resumable = await self._write(
@@ -486,8 +486,8 @@ class Engine:
         limit = self.config.events_per_read
 
         def admit_and_page(conn: Connection, now: float) -> Result:
-            service.admit(conn, child_id, self.instance_id, local.lease_pending, now)
-            return queries.page(conn, child_id, 0, limit)
+            child = service.admit(conn, child_id, self.instance_id, local.lease_pending, now)
+            return queries.page_of(conn, child, 0, limit)
 
         async def admit() -> None:
             # Confined at the start, but the path may have been swapped since (SPEC §3.4).

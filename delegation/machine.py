@@ -68,3 +68,18 @@ def target(trigger: Trigger) -> State:
     """The one state ``trigger`` leads to (each trigger has a single target)."""
     (state,) = {to for (_, t), to in TRANSITIONS.items() if t is trigger}
     return state
+
+
+def path(triggers: tuple[Trigger, ...]) -> tuple[frozenset[State], State]:
+    """The states a chain of triggers may start from and the state it ends in, for
+    firing them together in one UPDATE (e.g. admission: ADMIT then RUN).
+
+    Raises:
+        ValueError: a trigger of the chain cannot fire from where the one before leads.
+    """
+    start, end = sources(triggers[0]), target(triggers[0])
+    for trigger in triggers[1:]:
+        if end not in sources(trigger):
+            raise ValueError(f"{trigger.value} cannot follow {end.value}")
+        end = target(trigger)
+    return start, end

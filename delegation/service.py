@@ -10,7 +10,7 @@ on what these functions return.
 from __future__ import annotations
 
 import os
-import uuid
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -142,8 +142,8 @@ def reserve_start(
         raise errors.NestingLimit()
     child = children.insert_child(
         conn,
-        conversation_id=request.resume or f"c-{uuid.uuid4().hex}",
-        run_id=f"r-{uuid.uuid4().hex}",
+        conversation_id=request.resume or f"c-{secrets.token_hex(16)}",
+        run_id=f"r-{secrets.token_hex(16)}",
         grant_id=grant.id,
         lease_id=grant.lease_id,
         request_id=request.request_id,
@@ -202,10 +202,14 @@ def _owned_executions(
 # --- the run's own transitions ----------------------------------------------------------
 
 
+_ADMISSION = (Trigger.ADMIT, Trigger.RUN)
+
+
 def admit(
     conn: Connection, child_id: int, instance_id: str, lease_pending: bool, now: float
-) -> None:
-    """prepared → admitted → running, after re-checking cancellation and the origin tool.
+) -> ChildRecord:
+    """prepared → admitted → running in one guarded UPDATE, after re-checking
+    cancellation and the origin tool; returns the child's record.
 
     ``lease_pending`` says the child's lease had admitted no one when it was reserved,
     so this may be the lease's first admission and its authorizing tool must be live.
@@ -214,18 +218,18 @@ def admit(
         errors.AdmissionFailed: cancellation was requested first (the run must stop).
         errors.LeaseNotActivated: a first admission under a lease whose tool has ended.
     """
-    if not lease_pending and children.transition_unless_cancelled(
-        conn, child_id, Trigger.ADMIT, now, admitted_at=now
-    ):
-        children.transition(conn, child_id, Trigger.RUN, now, engine_instance_id=instance_id)
-        return
+    running = {"admitted_at": now, "engine_instance_id": instance_id}
+    if not lease_pending:
+        admitted = children.advance(conn, child_id, _ADMISSION, now, running, unless_cancelled=True)
+        if admitted is not None:
+            return admitted
     child = children.get(conn, child_id)
     if child is None:
         raise errors.ChildPurged()
     if child.state in (State.DONE.value, State.CANCELLED.value):
         raise errors.AdmissionFailed(child.error or child.cancel_reason)
     if child.state != State.PREPARED.value:
-        return  # admitted already: admit() is a no-op then
+        return child  # admitted already: admit() is a no-op then
     if child.cancel_requested_at is not None:
         raise errors.AdmissionFailed(child.cancel_reason)
     lease = grants.get(conn, child.grant_id) if child.lease_id and child.grant_id else None
@@ -235,8 +239,9 @@ def admit(
         if origin is None or origin.closed_at is not None or lease.revoked_at is not None:
             raise errors.LeaseNotActivated()
         grants.activate(conn, lease.id, now)
-    children.transition(conn, child_id, Trigger.ADMIT, now, admitted_at=now)
-    children.transition(conn, child_id, Trigger.RUN, now, engine_instance_id=instance_id)
+    admitted = children.advance(conn, child_id, _ADMISSION, now, running)
+    assert admitted is not None  # prepared, read in this very transaction
+    return admitted
 
 
 def finish(conn: Connection, child_id: int, error: str, now: float) -> ChildRecord:

@@ -104,6 +104,20 @@ def test_every_state_is_reachable_from_prepared() -> None:
     assert seen == set(State)
 
 
+def test_admission_path_leads_from_prepared_to_running() -> None:
+    assert machine.path((Trigger.ADMIT, Trigger.RUN)) == (frozenset({P}), R)
+    assert machine.path((Trigger.FINISH,)) == (machine.sources(Trigger.FINISH), D)
+
+
+@pytest.mark.parametrize(
+    "chain",
+    [(Trigger.RUN, Trigger.ADMIT), (Trigger.FINISH, Trigger.RUN), (Trigger.ADMIT, Trigger.ADMIT)],
+)
+def test_a_chain_that_cannot_follow_itself_is_refused(chain: tuple[Trigger, ...]) -> None:
+    with pytest.raises(ValueError, match="cannot follow"):
+        machine.path(chain)
+
+
 # --- 2. the same walk against the real store ------------------------------------------------
 
 T0 = 1_800_000_000.0
@@ -226,6 +240,42 @@ def test_store_transition_touches_only_its_child(conn: Connection) -> None:
     conn.commit()
     assert _row(conn, target)["state"] == C.value
     assert _row(conn, sibling) == untouched
+
+
+ADMISSION = (Trigger.ADMIT, Trigger.RUN)
+RUNNING = {"admitted_at": NOW, "engine_instance_id": OWNER}
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_store_advance_fires_the_admission_in_one_update(conn: Connection, state: State) -> None:
+    child_id = _insert(conn, 1, state)
+    conn.commit()
+    before = _row(conn, child_id)
+    record = children.advance(conn, child_id, ADMISSION, NOW, RUNNING)
+    conn.commit()
+    if state is not P:
+        assert record is None
+        assert _row(conn, child_id) == before
+        return
+    after = _row(conn, child_id)
+    assert after == {**before, **RUNNING, "state": R.value, "updated_at": NOW}
+    assert record is not None
+    assert (record.id, record.state, record.admitted_at) == (child_id, R.value, NOW)
+    assert record.engine_instance_id == OWNER
+
+
+def test_store_advance_unless_cancelled_leaves_a_cancelled_request_alone(
+    conn: Connection,
+) -> None:
+    asked, free = _insert(conn, 1, P), _insert(conn, 2, P)
+    children.request_cancel(conn, [asked], NOW, "cancelled: by test")
+    conn.commit()
+    before = _row(conn, asked)
+    assert children.advance(conn, asked, ADMISSION, NOW, RUNNING, unless_cancelled=True) is None
+    assert _row(conn, asked) == before
+    admitted = children.advance(conn, free, ADMISSION, NOW, RUNNING, unless_cancelled=True)
+    conn.commit()
+    assert admitted is not None and admitted.state == R.value
 
 
 # --- 3. random trigger sequences against the model ------------------------------------------

@@ -351,6 +351,24 @@ async def test_a_directory_swapped_for_a_symlink_after_the_check_is_refused_at_a
     assert list(workspace.rglob("marker")) == []
 
 
+@pytest.mark.parametrize("cwd", ["", "sub"])
+async def test_a_workspace_swapped_for_a_symlink_after_the_tool_opened_is_refused(
+    cwd: str, db_url: str, workspace: Path
+) -> None:
+    """The tool stored its workspace's real path; a start resolves against that path,
+    so a workspace that became a link leads outside it and is refused before prepare."""
+    outside = workspace.parent / "outside"
+    (outside / "sub").mkdir(parents=True)
+    assert (workspace / "sub").is_dir()  # the fixture's
+    runner = CommandRunner(profiles={"worker": script(MARK_AND_PRINT)})
+    async with hosted(db_url, workspace, runner) as h:
+        replace_with_link(workspace, outside)
+        with pytest.raises(errors.CwdOutsideWorkspace):
+            await h.start("q1", cwd=cwd)
+        assert await h.engine.list_children() == [], "nothing was reserved"
+    assert list(outside.rglob("marker")) == []
+
+
 async def test_a_swap_while_the_host_was_down_is_refused_on_resume(
     db_url: str, workspace: Path, clock: ManualClock
 ) -> None:

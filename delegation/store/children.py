@@ -154,25 +154,46 @@ def transition(
     return to
 
 
-def transition_unless_cancelled(
-    conn: Connection, child_id: int, trigger: Trigger, now: float, **fields: Any
-) -> bool:
-    """Fire ``trigger`` only if no cancellation was requested; False if nothing matched
-    (the caller then looks at the row to learn why)."""
-    values: dict[str, Any] = {**fields, "state": machine.target(trigger).value, "updated_at": now}
-    sql = _transition_sql(trigger, tuple(values), unless_cancelled=True)
-    return bool(run(conn, sql, (*values.values(), child_id)).rowcount == 1)
+def advance(
+    conn: Connection,
+    child_id: int,
+    triggers: tuple[Trigger, ...],
+    now: float,
+    fields: dict[str, Any],
+    *,
+    unless_cancelled: bool = False,
+) -> ChildRecord | None:
+    """Fire a chain of triggers (``machine.path``) in one guarded UPDATE, so that no
+    reader ever sees the states between; the updated record, or None if nothing
+    matched (the caller then looks at the row to learn why). ``fields`` are set too.
+
+    ``unless_cancelled``: match only while no cancellation was requested.
+    """
+    sources, to = machine.path(triggers)
+    values: dict[str, Any] = {**fields, "state": to.value, "updated_at": now}
+    sql = _advance_sql(sources, tuple(values), unless_cancelled)
+    rows = run(conn, sql, (*values.values(), child_id)).fetchall()
+    return _from_row(rows[0]) if rows else None
 
 
 @cache
-def _transition_sql(
-    trigger: Trigger, names: tuple[str, ...], *, unless_cancelled: bool = False
-) -> str:
+def _advance_sql(sources: frozenset[State], names: tuple[str, ...], unless_cancelled: bool) -> str:
+    return _transition_sql_of(sources, names, unless_cancelled) + f" RETURNING {', '.join(FIELDS)}"
+
+
+@cache
+def _transition_sql(trigger: Trigger, names: tuple[str, ...]) -> str:
     """The guarded UPDATE of one trigger: ``WHERE id = ? AND state IN (its sources)``."""
-    sources = ", ".join(f"'{state.value}'" for state in sorted(machine.sources(trigger)))
+    return _transition_sql_of(machine.sources(trigger), names, False)
+
+
+def _transition_sql_of(
+    sources: frozenset[State], names: tuple[str, ...], unless_cancelled: bool
+) -> str:
+    states = ", ".join(f"'{state.value}'" for state in sorted(sources))
     assignments = ", ".join(f"{name} = ?" for name in names)
     guard = " AND cancel_requested_at IS NULL" if unless_cancelled else ""
-    return f"UPDATE children SET {assignments} WHERE id = ? AND state IN ({sources}){guard}"
+    return f"UPDATE children SET {assignments} WHERE id = ? AND state IN ({states}){guard}"
 
 
 def request_cancel(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import uuid
+import secrets
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -74,7 +74,7 @@ def insert_tool(
     depth: int,
     now: float,
 ) -> GrantRecord:
-    grant_id = uuid.uuid4().hex
+    grant_id = secrets.token_hex(16)
     conn.execute(
         insert(grants).values(
             id=grant_id,
@@ -127,7 +127,7 @@ def insert_lease(
     conn: Connection, tool: GrantRecord, lease_id: str, now: float, lifetime: float
 ) -> GrantRecord:
     """A lease grant created from a live tool grant: same owner, presets and workspace."""
-    grant_id = uuid.uuid4().hex
+    grant_id = secrets.token_hex(16)
     conn.execute(
         insert(grants).values(
             id=grant_id,
@@ -159,7 +159,7 @@ def insert_tombstone(
     """A revoked lease that never existed: it fences later starts with that leaseId."""
     conn.execute(
         insert(grants).values(
-            id=uuid.uuid4().hex,
+            id=secrets.token_hex(16),
             kind="lease",
             runner_id=runner_id,
             extension_id=extension_id,

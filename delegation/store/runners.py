@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import secrets
 
 from sqlalchemy import Connection, insert, select, update
 
@@ -37,7 +37,7 @@ def register(
     """Open a new connection one generation above the last; the previous one is closed."""
     previous = get_runner(conn, runner_id)
     generation = 1 if previous is None else previous.generation + 1
-    connection_id = uuid.uuid4().hex
+    connection_id = secrets.token_hex(16)
     values = {
         "host_instance_id": host_instance_id,
         "generation": generation,
