@@ -564,6 +564,23 @@ async def test_a_file_the_engine_cannot_use_is_refused_at_open_untouched(
     assert runner.prepared == []
 
 
+async def test_an_sqlite_older_than_3_35_is_refused_at_open_untouched(
+    tmp_path: Path, template_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admission is one ``UPDATE ... RETURNING``, which SQLite has since 3.35."""
+    path = tmp_path / "delegation.db"
+    shutil.copy(template_db, path)
+    before = fingerprint(path)
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 34, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.34.1")
+    engine = Engine(f"sqlite:///{path}", runner=ScriptRunner())
+    with pytest.raises(errors.StoreError) as info:
+        await engine.open()
+    assert str(info.value) == "delegation needs SQLite 3.35 or newer; this Python has 3.34.1"
+    assert not engine.is_open
+    assert fingerprint(path) == before
+
+
 def test_a_newer_schema_is_explained_by_the_cli_and_left_alone(
     tmp_path: Path, template_db: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,7 +11,8 @@ Who commits: what the loop queues in one turn is handed over at the end of the t
 A lone job finding the connection idle is committed right there on the loop's thread
 (a round trip to another thread costs more than a small job); anything more goes to
 the **writer thread**, which commits while the loop goes on. The loop never waits for
-another process's lock: only the writer does, up to ``busy_timeout``.
+another process's lock: SQLite's busy handler is off on the write connection, and only
+the writer thread waits for the lock, up to ``busy_timeout``.
 
 Durability: batches commit at the configured ``synchronous`` level (``FULL``), except
 a batch of only ``durable=False`` jobs -- writes nobody has been answered for, which a
@@ -53,6 +54,8 @@ T = TypeVar("T")
 Job = Callable[[Connection], Any]
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes: another connection has the lock
 _RETRY_PAUSE_S = 0.05  # before events that failed to commit are tried again
+_SQLITE_MIN = (3, 35, 0)  # UPDATE ... RETURNING
+_BUSY_PAUSE_MAX_S = 0.05  # the longest pause between two tries of a busy BEGIN
 
 # WAL at NORMAL survives a crash of the process; only a power loss can undo its last
 # commits, and the next synced commit makes them durable too (the WAL is one file).
@@ -127,9 +130,13 @@ def translate(exc: BaseException) -> errors.DelegationError:
     cause = exc.orig if isinstance(exc, DBAPIError) else exc
     if not isinstance(cause, sqlite3.Error):
         return errors.InternalError()
-    if (getattr(cause, "sqlite_errorcode", 0) & 0xFF) in (_SQLITE_BUSY, _SQLITE_LOCKED):
+    if _is_busy(cause):
         return errors.DatabaseBusy(f"child store is busy; retry ({cause})")
     return errors.StoreError(f"child store failed: {cause}")
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (_SQLITE_BUSY, _SQLITE_LOCKED)
 
 
 class Database:
@@ -147,6 +154,7 @@ class Database:
             "busy_timeout": str(busy_timeout_ms),
             "foreign_keys": "ON",
         }
+        self._busy_timeout_s = busy_timeout_ms / 1000
         self._queue = _Queue()
         self._cond = threading.Condition()
         self._stopping = False
@@ -167,8 +175,13 @@ class Database:
 
         Raises:
             errors.SchemaMismatch: the file is not ours to migrate (nothing is written).
-            errors.StoreError: SQLite cannot open or write the file.
+            errors.StoreError: SQLite cannot open or write the file, or is older than
+                3.35.
         """
+        if sqlite3.sqlite_version_info < _SQLITE_MIN:
+            raise errors.StoreError(
+                f"delegation needs SQLite 3.35 or newer; this Python has {sqlite3.sqlite_version}"
+            )
         self._loop = loop
         self.path.parent.mkdir(parents=True, exist_ok=True)
         check_file(self.url)
@@ -183,8 +196,11 @@ class Database:
         del read_pragmas["journal_mode"]
         self._read_engine = _make_engine(self.url, begin="BEGIN", pragmas=read_pragmas, pool_size=1)
         try:
-            with self._write_engine.connect() as conn:
+            with self._write_engine.connect() as conn:  # the pool's one connection
                 migrate.upgrade(conn)
+                # From here on, SQLite's busy handler would make an inline commit wait
+                # on the loop's thread: it is off, and the writer waits itself (_begin).
+                dbapi(conn).execute("PRAGMA busy_timeout=0")
         except Exception as exc:
             self.close()
             raise translate(exc) from exc
@@ -329,13 +345,10 @@ class Database:
         assert self._conn is not None
         raw = dbapi(self._conn)
         self._synchronous(self._conn, batch)
-        raw.execute("PRAGMA busy_timeout=0")
         try:
-            raw.execute("BEGIN IMMEDIATE")
+            raw.execute("BEGIN IMMEDIATE")  # the write connection never waits (_begin)
         except sqlite3.OperationalError:
             return False
-        finally:
-            raw.execute(f"PRAGMA busy_timeout={self._pragmas['busy_timeout']}")
         try:
             self._commit_batch(self._conn, batch, begun=True)
         except _Redo:
@@ -419,7 +432,7 @@ class Database:
         runs a Core statement joins this transaction (see ``_on_begin``)."""
         raw = dbapi(conn)
         if not begun:
-            raw.execute("BEGIN IMMEDIATE")
+            self._begin(raw)
         try:
             self._run_batch(conn, batch, savepoints=savepoints)
             if conn.in_transaction():
@@ -432,6 +445,29 @@ class Database:
             if raw.in_transaction:
                 raw.execute("ROLLBACK")
             raise
+
+    def _begin(self, raw: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE``, waiting up to the busy timeout while another connection
+        holds the write lock, with pauses that grow from 1 to 50 ms (SQLite's own
+        handler waits alike).
+
+        Raises:
+            sqlite3.OperationalError: still busy at the deadline, or any other failure.
+        """
+        deadline: float | None = None
+        pause = 0.001
+        while True:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._busy_timeout_s
+                if not _is_busy(exc) or now >= deadline:
+                    raise
+                time.sleep(min(pause, deadline - now))
+                pause = min(pause * 2, _BUSY_PAUSE_MAX_S)
 
     @staticmethod
     def _run_batch(conn: Connection, batch: _Queue, *, savepoints: bool) -> None:
