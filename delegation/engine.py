@@ -293,20 +293,17 @@ class Engine:
     async def _start(self, conn: RunnerConnection, params: Params) -> Result:
         now = self.clock.now()
         # The reservation is nobody's answer yet: the admission commit that answers the
-        # caller syncs it to disk too (SPEC §4: committed before ``prepare``).
-        reservation = self._db.submit(
-            lambda c: service.reserve_start(c, self.config, conn, params, now), durable=False
+        # caller syncs it to disk too (SPEC §4: committed before ``prepare``). A caller
+        # that goes away must not strand a committed reservation unrun: the commit
+        # itself spawns the run, and the caller only waits for it.
+        plan = await self._db.submit(
+            lambda c: service.reserve_start(c, self.config, conn, params, now),
+            durable=False,
+            committed=self._reserved,
         )
-        # A caller that goes away must not strand a committed reservation unrun: the
-        # run is spawned by the commit itself, and the caller only waits for it.
-        reservation.add_done_callback(self._reserved)
-        plan = await asyncio.shield(reservation)
         return await self._outcome(plan.child.id, params.after, first=not plan.replay)
 
-    def _reserved(self, reservation: asyncio.Future[service.StartPlan]) -> None:
-        if reservation.cancelled() or reservation.exception() is not None:
-            return
-        plan = reservation.result()
+    def _reserved(self, plan: service.StartPlan) -> None:
         if plan.new_lease_deadline is not None:
             self.timers.arm_earlier(plan.new_lease_deadline)
         if not plan.replay:
@@ -489,11 +486,14 @@ class Engine:
             child = service.admit(conn, child_id, self.instance_id, local.lease_pending, now)
             return queries.page_of(conn, child, 0, limit)
 
+        def admitted(page: Result) -> None:  # the caller is answered at the commit
+            local.admitted_page = page
+            local.decided.set()
+
         async def admit() -> None:
             # Confined at the start, but the path may have been swapped since (SPEC §3.4).
             authority.confirm_cwd(cwd)
-            local.admitted_page = await self._write(admit_and_page)
-            local.decided.set()
+            await self._write(admit_and_page, committed=admitted)
 
         def append(sequence: int, body: bytes, output: str | None) -> None:
             self._db.append_event(EventRow(child_id, sequence, body, output))
@@ -553,14 +553,16 @@ class Engine:
         limit = self.config.events_per_read
         return await self._db.read(lambda c: queries.page(c, child_id, after, limit))
 
-    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _write(
+        self, fn: Callable[..., T], *args: Any, committed: Callable[[T], None] | None = None
+    ) -> T:
         """Run a use case in the next write batch with the clock's ``now`` appended."""
         now = self.clock.now()
 
         def job(conn: Connection) -> T:
             return fn(conn, *args, now)
 
-        return await self._db.write(job)
+        return await self._db.submit(job, committed=committed)
 
 
 @contextlib.contextmanager

@@ -92,6 +92,65 @@ async def test_an_answer_comes_only_after_commit(database: Database, db_path: Pa
         assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (50,)
 
 
+# --- the commit hook: what must follow a commit, whoever still waits for it ------------
+
+
+@pytest.mark.parametrize("crowd", [1, 20], ids=["inline", "writer"])
+async def test_the_commit_hook_runs_on_the_loop_before_the_answer(
+    crowd: int, database: Database
+) -> None:
+    get_ident = threading.get_ident
+    loop_thread = get_ident()
+    seen: list[tuple[str, int]] = []
+    futures = [
+        database.submit(
+            insert(f"h{n}"), committed=lambda v: seen.append((v, threading.get_ident()))
+        )
+        for n in range(crowd)
+    ]
+    first = futures[0]
+    first.add_done_callback(lambda _: seen.append(("answered", get_ident())))
+    assert await asyncio.gather(*futures) == [f"h{n}" for n in range(crowd)]
+    assert seen[: crowd + 1] == [
+        *((f"h{n}", loop_thread) for n in range(crowd)),
+        ("answered", loop_thread),
+    ]
+
+
+async def test_the_commit_hook_runs_even_when_the_caller_went_away(
+    database: Database, db_path: Path
+) -> None:
+    committed = asyncio.Event()
+
+    async def caller() -> str:
+        return await database.submit(insert("kept"), committed=lambda _: committed.set())
+
+    task = asyncio.ensure_future(caller())
+    await asyncio.sleep(0)  # the caller has queued its job and awaits the commit
+    task.cancel()
+    await asyncio.wait_for(committed.wait(), 5)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert instances(db_path) == {"kept"}
+
+
+async def test_the_commit_hook_is_skipped_for_a_refused_job_and_a_failing_hook_is_contained(
+    database: Database, db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[object] = []
+    with pytest.raises(errors.NotOwned):
+        await database.submit(refuse, committed=calls.append)
+    assert calls == []
+
+    def broken(_: object) -> None:
+        raise RuntimeError("hook broke")
+
+    assert await database.submit(insert("still"), committed=broken) == "still"
+    assert "commit hook failed" in caplog.text
+    assert await database.write(insert("after")) == "after"
+    assert instances(db_path) == {"still", "after"}
+
+
 def where_and_how(conn: Connection) -> tuple[int, int]:
     """The thread a job ran on and the ``synchronous`` level its batch commits at."""
     level = conn.exec_driver_sql("PRAGMA synchronous").scalar_one()

@@ -67,6 +67,7 @@ class _Pending:
     fn: Job | None
     future: asyncio.Future[Any] | None
     durable: bool = True
+    committed: Callable[[Any], None] | None = None  # called with the value on the loop
     ok: bool = True
     value: Any = None
 
@@ -255,18 +256,29 @@ class Database:
         """
         return await self.submit(fn)
 
-    def submit(self, fn: Callable[[Connection], T], *, durable: bool = True) -> asyncio.Future[T]:
+    def submit(
+        self,
+        fn: Callable[[Connection], T],
+        *,
+        durable: bool = True,
+        committed: Callable[[T], None] | None = None,
+    ) -> asyncio.Future[T]:
         """Queue ``fn`` for the next write batch; the future resolves after its COMMIT.
 
         ``durable=False`` is for writes nobody has been told about yet and that a later
         durable commit always follows before anyone is (a start's reservation before
         its admission): a batch of only such jobs commits without waiting for the
         disk, which still survives a crash of the process.
+
+        ``committed`` is called on the loop's thread with ``fn``'s value as soon as the
+        commit is known, before the future resolves and whether or not anyone still
+        awaits it: what must follow a commit happens even if the caller went away, and
+        without waiting a turn of the loop for the future's callbacks.
         """
         if self._loop is None:
             raise errors.StoreError("child store is closed")
         future: asyncio.Future[T] = self._loop.create_future()
-        self._enqueue(_Pending(fn, future, durable))
+        self._enqueue(_Pending(fn, future, durable, committed))
         return future
 
     def write_nowait(self, fn: Job) -> None:
@@ -555,6 +567,11 @@ def _call(fn: Callable[[Connection], T], conn: Connection) -> T:
 
 def _resolve(batch: list[_Pending]) -> None:
     for pending in batch:
+        if pending.ok and pending.committed is not None:
+            try:
+                pending.committed(pending.value)
+            except Exception:
+                log.exception("commit hook failed", extra={"action": "commit_hook_failed"})
         future = pending.future
         if future is None or future.done():
             continue
