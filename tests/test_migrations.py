@@ -10,6 +10,7 @@
 3. The constraints hold: raw SQL on a migrated file is refused by the named CHECK,
    UNIQUE or FOREIGN KEY constraint, and accepted when the row is valid.
 4. The PRAGMAs the engine sets are in force on its own connections.
+5. The statements that scan many children use the index meant for them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from sqlalchemy import CheckConstraint, Connection, MetaData, create_engine, tex
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from delegation import Engine, EngineConfig
+from delegation import Engine, EngineConfig, maintenance, queries
 from delegation.store import migrate
 from delegation.store.tables import NAMING_CONVENTION, metadata
 from tests.support import ScriptRunner
@@ -710,3 +711,43 @@ async def test_engine_synchronous_is_configurable(tmp_path: Path, mode: str, lev
 def test_unknown_synchronous_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="synchronous"):
         EngineConfig(synchronous="SOMETIMES")
+
+
+# --- 5. the statements that scan many children use the index meant for them --------------
+
+
+def _plans(db_path: Path, work: Any, marker: str) -> list[str]:
+    """Run ``work`` on the migrated file and explain every statement it issued that
+    contains ``marker`` (SQLite's trace gives them with their values bound)."""
+    engine = create_engine(f"sqlite:///{db_path}")
+    issued: list[str] = []
+    try:
+        with engine.connect() as conn:
+            dbapi_conn = conn.connection.dbapi_connection
+            assert dbapi_conn is not None
+            dbapi_conn.set_trace_callback(issued.append)
+            work(conn)
+            dbapi_conn.set_trace_callback(None)
+            chosen = [sql for sql in issued if marker in sql]
+            assert chosen, f"no statement with {marker!r} was issued"
+            return [
+                " | ".join(row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
+                for sql in chosen
+            ]
+    finally:
+        engine.dispose()
+
+
+def test_retention_walks_the_finished_index_in_order(db_path: Path) -> None:
+    """Not the state index plus a sort of every finished child, once per batch."""
+    for plan in _plans(db_path, lambda c: maintenance.purge(c, 60.0, T0), "finished_at <"):
+        assert "ix_children_finished" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
+
+
+def test_children_of_a_lease_are_found_through_the_lease_index(db_path: Path) -> None:
+    """The index is partial (``lease_id IS NOT NULL``); ``lease_id = ?`` implies it."""
+    for plan in _plans(
+        db_path, lambda c: queries.active_under_lease(c, "r-1", "lease-1"), "lease_id"
+    ):
+        assert "ix_children_lease" in plan, plan

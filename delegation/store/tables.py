@@ -183,7 +183,14 @@ Index(
     sqlite_where=children.c.state.in_(["prepared", "admitted", "running"]),
 )
 Index("ix_children_state", children.c.state)
-Index("ix_children_lease", children.c.runner_id, children.c.lease_id)
+# Partial where most rows have no value: a start under no lease, and every unfinished
+# child, skips the index (one B-tree insert and one page less to write and sync).
+Index(
+    "ix_children_lease",
+    children.c.runner_id,
+    children.c.lease_id,
+    sqlite_where=children.c.lease_id.is_not(None),
+)
 Index("ix_children_parent_run", children.c.parent_run_id)
 
 # Events: the body is the event's exact wire JSON, sequence included.
@@ -227,4 +234,8 @@ purged = Table(
 )
 Index("ix_purged_grant_conversation", purged.c.grant_id, purged.c.conversation_id)
 Index("ix_grants_expiry", grants.c.expires_at, sqlite_where=grants.c.revoked_at.is_(None))
-Index("ix_children_finished", children.c.finished_at)
+Index(
+    "ix_children_finished",
+    children.c.finished_at,
+    sqlite_where=children.c.finished_at.is_not(None),
+)
