@@ -13,7 +13,6 @@ import gc
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -24,7 +23,7 @@ from delegation.clock import Clock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
 from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
-from delegation.runs import ChildContext, Hooks, NotResumable, Recovery, Runner
+from delegation.runs import ChildContext, NotResumable, Recovery, Runner
 from delegation.scheduler import Timers
 from delegation.store.database import Database
 from delegation.store.events import EventRow
@@ -46,19 +45,61 @@ log = logging.getLogger("delegation.engine")
 T = TypeVar("T")
 
 
-@dataclass(eq=False)
 class _Local:
-    """A child executing in this process."""
+    """A child executing in this process, and the hooks (``runs.Hooks``) by which its
+    context reaches the engine: one object per child, as a long-lived child's
+    footprint is what the garbage collector walks."""
 
-    child_id: int
-    decided: asyncio.Event = field(default_factory=asyncio.Event)  # admitted, or ended
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    ctx: ChildContext | None = None
-    finishing: bool = False
-    lease_pending: bool = False  # a first admission under its lease re-checks the tool
-    admitted_page: Result | None = None  # the first page, read as admission committed
-    suspend: bool = False  # graceful close: stop without writing a terminal state
+    __slots__ = (
+        "admitted_page",
+        "child_id",
+        "ctx",
+        "cwd",
+        "decided",
+        "ended",
+        "engine",
+        "finishing",
+        "lease_pending",
+        "suspend",
+        "task",
+    )
+
+    def __init__(self, engine: Engine, child_id: int, cwd: str, lease_pending: bool) -> None:
+        self.engine = engine
+        self.child_id = child_id
+        self.cwd = cwd
+        self.lease_pending = lease_pending  # a first admission under its lease re-checks
+        self.decided = asyncio.Event()  # admitted, or ended
+        self.ended = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.ctx: ChildContext | None = None
+        self.finishing = False
+        self.admitted_page: Result | None = None  # the first page, read as admission committed
+        self.suspend = False  # graceful close: stop without writing a terminal state
+
+    async def admit(self) -> None:
+        # Confined at the start, but the path may have been swapped since (SPEC §3.4).
+        authority.confirm_cwd(self.cwd)
+        await self.engine._write(self._admit_and_page, committed=self._admitted)
+
+    def _admit_and_page(self, conn: Connection, now: float) -> Result:
+        engine = self.engine
+        child = service.admit(conn, self.child_id, engine.instance_id, self.lease_pending, now)
+        return queries.page_of(conn, child, 0, engine.config.events_per_read)
+
+    def _admitted(self, page: Result) -> None:  # the caller is answered at the commit
+        self.admitted_page = page
+        self.decided.set()
+
+    def append(self, sequence: int, body: bytes, output: str | None) -> None:
+        self.engine._db.append_event(EventRow(self.child_id, sequence, body, output))
+
+    async def flush(self) -> None:
+        await self.engine._db.barrier()
+
+    def delivered(self, steer_ids: list[int]) -> None:
+        now = self.engine.clock.now()
+        self.engine._db.write_nowait(lambda c: mark_delivered(c, steer_ids, now))
 
 
 class Engine:
@@ -403,7 +444,7 @@ class Engine:
         recovery: Recovery | None,
         steers: Sequence[tuple[int, str]] = (),
     ) -> None:
-        local = _Local(child.id, lease_pending=plan.lease_pending)
+        local = _Local(self, child.id, child.cwd, plan.lease_pending)
         self._local[child.id] = local
         local.task = asyncio.create_task(
             self._execute(local, child, plan, recovery, steers),
@@ -432,7 +473,7 @@ class Engine:
                 recovery=recovery,
                 last_sequence=recovery.last_sequence if recovery else 0,
                 max_field_bytes=self.config.max_event_field_bytes,
-                hooks=self._hooks(local, child.cwd),
+                hooks=local,
             )
             ctx.admitted = recovery is not None
             if ctx.admitted:
@@ -477,33 +518,6 @@ class Engine:
             except errors.DatabaseBusy:
                 continue
 
-    def _hooks(self, local: _Local, cwd: str) -> Hooks:
-        child_id = local.child_id
-
-        limit = self.config.events_per_read
-
-        def admit_and_page(conn: Connection, now: float) -> Result:
-            child = service.admit(conn, child_id, self.instance_id, local.lease_pending, now)
-            return queries.page_of(conn, child, 0, limit)
-
-        def admitted(page: Result) -> None:  # the caller is answered at the commit
-            local.admitted_page = page
-            local.decided.set()
-
-        async def admit() -> None:
-            # Confined at the start, but the path may have been swapped since (SPEC §3.4).
-            authority.confirm_cwd(cwd)
-            await self._write(admit_and_page, committed=admitted)
-
-        def append(sequence: int, body: bytes, output: str | None) -> None:
-            self._db.append_event(EventRow(child_id, sequence, body, output))
-
-        def delivered(steer_ids: list[int]) -> None:
-            now = self.clock.now()
-            self._db.write_nowait(lambda c: mark_delivered(c, steer_ids, now))
-
-        return Hooks(admit=admit, append=append, flush=self._db.barrier, delivered=delivered)
-
     async def _stop(self, child_ids: Sequence[int]) -> list[asyncio.Event]:
         """Stop the runs of children whose cancellation was requested.
 
@@ -545,8 +559,9 @@ class Engine:
             await local.decided.wait()
             if local.suspend:
                 raise errors.HostClosing()
-            if first and after == 0 and local.admitted_page is not None:
-                return local.admitted_page
+            page, local.admitted_page = local.admitted_page, None  # answered once
+            if first and after == 0 and page is not None:
+                return page
         return await self._page(child_id, after)
 
     async def _page(self, child_id: int, after: int) -> Result:

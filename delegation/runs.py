@@ -71,14 +71,16 @@ _CUT_FIELDS = ("text", "input", "tool_output", "error")
 _event_decoder = msgspec.json.Decoder(Event)  # types only: the engine sets the sequence
 
 
-@dataclass(slots=True)
-class Hooks:
+class Hooks(Protocol):
     """What a context needs from the engine, handed in so runs never import the store."""
 
-    admit: Callable[[], Awaitable[None]]
-    append: Callable[[int, bytes, str | None], None]  # sequence, body, output
-    flush: Callable[[], Awaitable[None]]
-    delivered: Callable[[list[int]], None]
+    async def admit(self) -> None: ...
+
+    def append(self, sequence: int, body: bytes, output: str | None) -> None: ...
+
+    async def flush(self) -> None: ...
+
+    def delivered(self, steer_ids: list[int]) -> None: ...
 
 
 class ChildContext:

@@ -3,10 +3,13 @@ the benchmark issue pins. No timing is asserted: figures are for people to read.
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from delegation import bench
 
 ROOT = Path(__file__).resolve().parent.parent
 RATIOS = ("start_seq", "start_concurrent", "events_100", "events_1")
@@ -57,3 +60,28 @@ def test_bench_table_for_people() -> None:
     assert "events_1" in proc.stdout
     assert "raw sqlite3" in proc.stdout
     assert "machine:" in proc.stdout
+
+
+async def test_a_held_child_costs_the_collector_few_objects(tmp_path: Path) -> None:
+    """Every object a running child keeps alive is walked by each full collection, and
+    their growth is what triggers collections at all: a host holding thousands of
+    children pays for each one, on every start. Not a timing: a count of objects."""
+    runner = bench.Runner()
+    runner.hold = True
+    engine = await bench.Bench(tmp_path).engine(tmp_path / "footprint.db", runner)
+    try:
+        starter = await bench._starter(engine)
+        for i in range(100):  # the first tool, caches, statements
+            await starter.start(f"warm-{i}")
+        gc.collect()
+        before = len(gc.get_objects())
+        held = 300
+        for i in range(held):
+            await starter.start(f"q{i}")
+        gc.collect()
+        per_child = (len(gc.get_objects()) - before) / held
+    finally:
+        await engine.close()
+    # 28 today: the task and its coroutines, the context, the engine's _Local (which
+    # is also the context's hooks), the plan and record. Closures per child were 49.
+    assert per_child <= 35, per_child
