@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
+from functools import cache
 
 from delegation import errors
 
@@ -59,17 +60,20 @@ def next_state(state: State, trigger: Trigger) -> State:
         ) from None
 
 
+@cache
 def sources(trigger: Trigger) -> frozenset[State]:
     """Every state from which ``trigger`` may fire."""
     return frozenset(state for state, t in TRANSITIONS if t is trigger)
 
 
+@cache
 def target(trigger: Trigger) -> State:
     """The one state ``trigger`` leads to (each trigger has a single target)."""
     (state,) = {to for (_, t), to in TRANSITIONS.items() if t is trigger}
     return state
 
 
+@cache
 def path(triggers: tuple[Trigger, ...]) -> tuple[frozenset[State], State]:
     """The states a chain of triggers may start from and the state it ends in, for
     firing them together in one UPDATE (e.g. admission: ADMIT then RUN).

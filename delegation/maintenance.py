@@ -15,6 +15,7 @@ from delegation import service
 from delegation.config import EngineConfig
 from delegation.records import ChildRecord
 from delegation.store import children, grants, runners
+from delegation.store.children import ACTIVE, ACTIVE_TERM
 
 HOST_RESTARTED = "cancelled: host restarted"
 ADMISSION_INTERRUPTED = "child admission interrupted by host restart"
@@ -83,10 +84,11 @@ def reconcile(
     # First the never-admitted: the restart, not what it ends below, interrupted them.
     # A cancellation requested before the restart still wins.
     for statement in (
-        "UPDATE children SET state = 'cancelled', error = cancel_reason, finished_at = :now,"
-        " updated_at = :now WHERE state = 'prepared' AND cancel_requested_at IS NOT NULL",
-        "UPDATE children SET state = 'done', error = :error, finished_at = :now,"
-        " updated_at = :now WHERE state = 'prepared'",
+        f"UPDATE {ACTIVE} SET state = 'cancelled', error = cancel_reason, finished_at = :now,"
+        f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'prepared'"
+        " AND cancel_requested_at IS NOT NULL",
+        f"UPDATE {ACTIVE} SET state = 'done', error = :error, finished_at = :now,"
+        f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'prepared'",
     ):
         conn.execute(text(statement), {"now": now, "error": ADMISSION_INTERRUPTED})
     previous = runners.open_connections(conn)
@@ -102,21 +104,24 @@ def reconcile(
     stopping += expired
     statements = (
         # Asked to cancel, and nothing runs them any more.
-        "UPDATE children SET state = 'cancelled', error = cancel_reason, finished_at = :now,"
-        " updated_at = :now WHERE state IN ('admitted', 'running')"
+        f"UPDATE {ACTIVE} SET state = 'cancelled', error = cancel_reason, finished_at = :now,"
+        f" updated_at = :now WHERE {ACTIVE_TERM} AND state IN ('admitted', 'running')"
         " AND cancel_requested_at IS NOT NULL",
         # Their host instance is gone.
-        "UPDATE children SET state = 'admitted', updated_at = :now WHERE state = 'running'",
+        f"UPDATE {ACTIVE} SET state = 'admitted', updated_at = :now"
+        f" WHERE {ACTIVE_TERM} AND state = 'running'",
         # Not under a live lease, or resumed too often: interrupted for good.
-        "UPDATE children SET state = 'done', error = :interrupted, finished_at = :now,"
-        f" updated_at = :now WHERE state = 'admitted' AND (id NOT IN ({_LIVE_LEASE_CHILDREN})"
-        " OR recovery_attempts >= :max)",
-        "UPDATE children SET recovery_attempts = recovery_attempts + 1 WHERE state = 'admitted'",
+        f"UPDATE {ACTIVE} SET state = 'done', error = :interrupted, finished_at = :now,"
+        f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'admitted'"
+        f" AND (id NOT IN ({_LIVE_LEASE_CHILDREN}) OR recovery_attempts >= :max)",
+        f"UPDATE {ACTIVE} SET recovery_attempts = recovery_attempts + 1"
+        f" WHERE {ACTIVE_TERM} AND state = 'admitted'",
         "INSERT INTO events (child_id, sequence, body)"
         " SELECT id, seq, CAST(json_object('sequence', seq, 'kind', 'recovery',"
         " 'text', :recovery_text || ' (attempt ' || recovery_attempts || ')') AS BLOB)"
         " FROM (SELECT id, recovery_attempts, COALESCE((SELECT MAX(sequence) FROM events e"
-        " WHERE e.child_id = children.id), 0) + 1 AS seq FROM children WHERE state = 'admitted')",
+        f" WHERE e.child_id = children.id), 0) + 1 AS seq FROM {ACTIVE}"
+        f" WHERE {ACTIVE_TERM} AND state = 'admitted')",
     )
     values = {
         "now": now,
@@ -133,25 +138,26 @@ def _resumables(conn: Connection, instance_id: str, now: float) -> list[Resumabl
     """Every admitted child left, set running under this instance in one statement."""
     rows = conn.execute(
         text(
-            "SELECT c.id, c.recovery_attempts, (SELECT MAX(sequence) FROM events e"
-            " WHERE e.child_id = c.id) AS last FROM children c WHERE c.state = 'admitted'"
-            " ORDER BY c.id"
+            "SELECT id, recovery_attempts, (SELECT MAX(sequence) FROM events e"
+            f" WHERE e.child_id = children.id) AS last FROM {ACTIVE}"
+            f" WHERE {ACTIVE_TERM} AND state = 'admitted' ORDER BY id"
         )
     ).all()
     found = {child.id: child for child in children.by_state(conn, "admitted")}
     queued: dict[int, list[tuple[int, str]]] = {}
     for child_id, steer_id, message in conn.execute(
         text(
-            "SELECT s.child_id, s.id, s.message FROM steers s JOIN children c"
-            " ON c.id = s.child_id WHERE c.state = 'admitted' AND s.outcome = 'injected'"
-            " AND s.delivered_at IS NULL ORDER BY s.id"
+            "SELECT s.child_id, s.id, s.message FROM steers s"
+            f" WHERE s.child_id IN (SELECT id FROM {ACTIVE}"
+            f" WHERE {ACTIVE_TERM} AND state = 'admitted')"
+            " AND s.outcome = 'injected' AND s.delivered_at IS NULL ORDER BY s.id"
         )
     ):
         queued.setdefault(child_id, []).append((steer_id, message))
     conn.execute(
         text(
-            "UPDATE children SET state = 'running', engine_instance_id = :me, updated_at = :now"
-            " WHERE state = 'admitted'"
+            f"UPDATE {ACTIVE} SET state = 'running', engine_instance_id = :me,"
+            f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'admitted'"
         ),
         {"me": instance_id, "now": now},
     )

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -25,14 +26,16 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import CheckConstraint, Connection, MetaData, create_engine, text
+from sqlalchemy import CheckConstraint, Connection, MetaData, create_engine, event, text
+from sqlalchemy import Engine as SAEngine
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from delegation import Engine, EngineConfig, maintenance, queries
-from delegation.store import migrate
+from delegation.clock import ManualClock
+from delegation.store import children, migrate
 from delegation.store.tables import NAMING_CONVENTION, metadata
-from tests.support import ScriptRunner
+from tests.support import PRESET, Harness, ScriptRunner, hold
 
 # --- helpers: a fresh file, and the schema as sqlite_master holds it ----------------------
 
@@ -751,3 +754,72 @@ def test_children_of_a_lease_are_found_through_the_lease_index(db_path: Path) ->
         db_path, lambda c: queries.active_under_lease(c, "r-1", "lease-1"), "lease_id"
     ):
         assert "ix_children_lease" in plan, plan
+
+
+async def test_no_statement_of_a_host_lifetime_scans_every_child(
+    db_url: str, db_path: Path, workspace: Path
+) -> None:
+    """Starts, a lease, a tool's end, a restart that resumes, expiry and retention: every
+    statement they issue on ``children`` goes through an index. Finished children are
+    kept for a week, so a full scan would grow with everything the host ever ran."""
+    issued: set[str] = set()
+
+    def trace(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.set_trace_callback(issued.add)
+
+    clock = ManualClock(T0)
+    config = EngineConfig(release_drain_s=1.0, lease_lifetime_s=60.0, retention_s=600.0)
+    runner = ScriptRunner(script=hold(asyncio.Event()))
+    event.listen(SAEngine, "connect", trace)
+    try:
+        async with Engine(db_url, runner=runner, config=config, clock=clock) as engine:
+            conn = await engine.connect("runner-1", "host-a")
+            tool = await engine.open_tool(
+                conn,
+                run_id="parent-run",
+                conversation_id="parent-conv",
+                tool_call_id="call-1",
+                extension_id=PRESET.extension_id,
+                presets=[PRESET],
+                workspace=str(workspace),
+            )
+            h = Harness(engine, runner, conn, tool, str(workspace))
+            await h.start("q1")
+            leased = await h.start("q2", lease_id="lease-1")
+            await engine.close_tool(tool)  # cancels the foreground child
+        async with Engine(db_url, runner=runner, config=config, clock=clock) as engine:
+            clock.advance(120.0)  # past the lease: its child is cancelled
+            await engine.expire_due()
+            for _ in range(500):
+                record = await engine.get_child(leased.conversation_id)
+                if record is not None and record.state == "cancelled":
+                    break
+                await asyncio.sleep(0.01)
+            clock.advance(1_000.0)  # past retention: both are purged
+            assert await engine.purge() == 2
+    finally:
+        event.remove(SAEngine, "connect", trace)
+
+    scans: list[str] = []
+    with sqlite3.connect(db_path) as conn:
+        for sql in sorted(issued):
+            if not re.search(r"\bchildren\b", sql) or not re.match(
+                r"\s*(SELECT|UPDATE|INSERT|DELETE|WITH)\b", sql, re.IGNORECASE
+            ):
+                continue
+            if sql.startswith("DELETE FROM host_instances"):
+                continue  # retention's housekeeping: per expired host instance, not per child
+            for *_, detail in conn.execute(f"EXPLAIN QUERY PLAN {sql}"):
+                if re.fullmatch(r"SCAN (children|c)", detail):
+                    scans.append(f"{detail}: {sql}")
+    assert any("INDEXED BY ix_children_one_active" in sql for sql in issued), "no boot ran"
+    assert scans == [], "\n".join(scans)
+
+
+def test_the_active_term_is_the_one_active_index_own(raw: sqlite3.Connection) -> None:
+    """Queries for unfinished children repeat this term so SQLite may use the index."""
+    (ddl,) = raw.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'ix_children_one_active'"
+    ).fetchone()
+    assert ddl.endswith(f"WHERE {children.ACTIVE_TERM}")
+    assert children.ACTIVE == "children INDEXED BY ix_children_one_active"

@@ -13,9 +13,16 @@ from delegation import errors, machine
 from delegation.machine import State, Trigger
 from delegation.records import ChildRecord
 from delegation.store import chunks, run
-from delegation.store.tables import children, grants, purged
+from delegation.store.tables import children, purged
 
 ACTIVE_STATES = [s.value for s in machine.ACTIVE]
+
+# Unfinished children by state alone: ix_children_one_active holds exactly these rows,
+# but SQLite uses a partial index only for a WHERE that repeats the index's own term.
+# Such a query names the index and repeats the term: an INDEXED BY that cannot be used
+# is an error, never a silent scan of every child ever kept.
+ACTIVE = "children INDEXED BY ix_children_one_active"
+ACTIVE_TERM = "state IN ('prepared', 'admitted', 'running')"
 
 
 # Hot paths use plain SQL through the same connection: building and caching a Core
@@ -23,6 +30,7 @@ ACTIVE_STATES = [s.value for s in machine.ACTIVE]
 # record's fields in its own order, so a row becomes a record without a dict.
 FIELDS = tuple(f.name for f in dataclasses.fields(ChildRecord))
 _SELECT = f"SELECT {', '.join(FIELDS)} FROM children"
+_SELECT_ACTIVE = f"SELECT {', '.join(FIELDS)} FROM {ACTIVE}"
 _FOLLOWUP = FIELDS.index("followup")
 _COLUMNS = [children.c[name] for name in FIELDS]  # the same order, for Core queries
 
@@ -63,7 +71,11 @@ def of_grant(conn: Connection, grant_id: str, conversation_id: str) -> list[Chil
 
 
 def by_state(conn: Connection, state: str) -> list[ChildRecord]:
-    return _many(conn, "state = ? ORDER BY id", (state,))
+    """The unfinished children in ``state``, oldest first."""
+    if state not in ACTIVE_STATES:
+        raise ValueError(f"not an unfinished state: {state}")
+    sql = f"{_SELECT_ACTIVE} WHERE {ACTIVE_TERM} AND state = ? ORDER BY id"
+    return [_from_row(row) for row in run(conn, sql, (state,)).fetchall()]
 
 
 def was_purged(conn: Connection, grant_id: str, conversation_id: str, run_id: str) -> bool:
@@ -233,20 +245,17 @@ def active_of_grants(conn: Connection, grant_ids: Iterable[str]) -> list[int]:
 
 
 def pending_first_admissions(conn: Connection, tool_ids: Iterable[str]) -> list[int]:
-    """Unadmitted children that these tools authorized under a not-yet-activated lease."""
+    """Unadmitted children that these tools authorized under a not-yet-activated lease
+    (asked at every tool's end: through the unfinished children only)."""
     found: list[int] = []
     for ids in chunks(tool_ids):
-        query = (
-            select(children.c.id)
-            .join(grants, grants.c.id == children.c.grant_id)
-            .where(
-                children.c.origin_grant_id.in_(ids),
-                children.c.state == State.PREPARED.value,
-                grants.c.kind == "lease",
-                grants.c.activated_at.is_(None),
-            )
+        marks = ", ".join("?" for _ in ids)
+        sql = (
+            f"SELECT c.id FROM {ACTIVE.replace('children', 'children AS c', 1)}"
+            f" JOIN grants g ON g.id = c.grant_id WHERE c.{ACTIVE_TERM} AND c.state = ?"
+            f" AND c.origin_grant_id IN ({marks}) AND g.kind = 'lease' AND g.activated_at IS NULL"
         )
-        found += conn.execute(query).scalars()
+        found += [row[0] for row in run(conn, sql, (State.PREPARED.value, *ids)).fetchall()]
     return found
 
 

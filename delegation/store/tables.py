@@ -182,7 +182,9 @@ Index(
     unique=True,
     sqlite_where=children.c.state.in_(["prepared", "admitted", "running"]),
 )
-Index("ix_children_state", children.c.state)
+# No index on state alone: a start would write an entry and its admission move it.
+# Queries for unfinished children by state go through ix_children_one_active, which
+# holds exactly those rows (see ``store.children.ACTIVE``).
 # Partial where most rows have no value: a start under no lease, and every unfinished
 # child, skips the index (one B-tree insert and one page less to write and sync).
 Index(
