@@ -12,7 +12,7 @@ from sqlalchemy import create_engine
 from delegation import Engine, EngineConfig
 from delegation.clock import ManualClock
 from delegation.store import migrate
-from tests.support import PRESET, Harness, ScriptRunner
+from tests.support import Harness, ScriptRunner, open_harness
 
 
 @pytest.fixture(scope="session")
@@ -72,14 +72,4 @@ async def engine(
 
 @pytest.fixture
 async def harness(engine: Engine, runner: ScriptRunner, workspace: Path) -> Harness:
-    conn = await engine.connect("runner-1", "host-a")
-    tool = await engine.open_tool(
-        conn,
-        run_id="parent-run",
-        conversation_id="parent-conv",
-        tool_call_id="call-1",
-        extension_id=PRESET.extension_id,
-        presets=[PRESET],
-        workspace=str(workspace),
-    )
-    return Harness(engine, runner, conn, tool, str(workspace))
+    return await open_harness(engine, runner, workspace)

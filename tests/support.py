@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from delegation import (
@@ -164,3 +165,18 @@ HUGE_NUMBERS = [
     b"-18446744073709551616",
     b"1" + b"0" * 400,
 ]
+
+
+async def open_harness(engine: Engine, runner: Any, workspace: Path | str) -> Harness:
+    """Connect the usual runner to ``engine`` and open the usual tool call."""
+    conn = await engine.connect("runner-1", "host-a")
+    tool = await engine.open_tool(
+        conn,
+        run_id="parent-run",
+        conversation_id="parent-conv",
+        tool_call_id="call-1",
+        extension_id=PRESET.extension_id,
+        presets=[PRESET],
+        workspace=str(workspace),
+    )
+    return Harness(engine, runner, conn, tool, str(workspace))

@@ -35,7 +35,7 @@ from delegation import Engine, EngineConfig, maintenance, queries
 from delegation.clock import ManualClock
 from delegation.store import children, migrate
 from delegation.store.tables import NAMING_CONVENTION, metadata
-from tests.support import PRESET, Harness, ScriptRunner, hold
+from tests.support import ScriptRunner, hold, open_harness
 
 # --- helpers: a fresh file, and the schema as sqlite_master holds it ----------------------
 
@@ -773,20 +773,10 @@ async def test_no_statement_of_a_host_lifetime_scans_every_child(
     event.listen(SAEngine, "connect", trace)
     try:
         async with Engine(db_url, runner=runner, config=config, clock=clock) as engine:
-            conn = await engine.connect("runner-1", "host-a")
-            tool = await engine.open_tool(
-                conn,
-                run_id="parent-run",
-                conversation_id="parent-conv",
-                tool_call_id="call-1",
-                extension_id=PRESET.extension_id,
-                presets=[PRESET],
-                workspace=str(workspace),
-            )
-            h = Harness(engine, runner, conn, tool, str(workspace))
+            h = await open_harness(engine, runner, workspace)
             await h.start("q1")
             leased = await h.start("q2", lease_id="lease-1")
-            await engine.close_tool(tool)  # cancels the foreground child
+            await engine.close_tool(h.tool)  # cancels the foreground child
         async with Engine(db_url, runner=runner, config=config, clock=clock) as engine:
             clock.advance(120.0)  # past the lease: its child is cancelled
             await engine.expire_due()

@@ -31,7 +31,7 @@ from delegation import (
     errors,
 )
 from delegation.clock import ManualClock
-from tests.support import PRESET, Harness, Script, ScriptRunner, finish_after_admit
+from tests.support import Harness, Script, ScriptRunner, finish_after_admit, open_harness
 
 LEASE = "lease-1"
 INTERRUPTED = "child interrupted by host restart"
@@ -61,20 +61,6 @@ async def forever(ctx: ChildContext) -> None:
     await ctx.admit()
     ctx.emit(Event(kind="text", text="working"))
     await asyncio.Event().wait()
-
-
-async def open_harness(engine: Engine, runner: ScriptRunner, workspace: Path) -> Harness:
-    conn = await engine.connect("runner-1", "host-a")
-    tool = await engine.open_tool(
-        conn,
-        run_id="parent-run",
-        conversation_id="parent-conv",
-        tool_call_id="call-1",
-        extension_id=PRESET.extension_id,
-        presets=[PRESET],
-        workspace=str(workspace),
-    )
-    return Harness(engine, runner, conn, tool, str(workspace))
 
 
 @contextlib.asynccontextmanager

@@ -56,7 +56,7 @@ from delegation.clock import ManualClock
 from delegation.runners.command import DEFAULT_ENV_ALLOW, CommandRunner
 from delegation.runs import Run
 from delegation.serve import CHUNK, serve_socket
-from tests.support import PRESET, Harness, ScriptRunner
+from tests.support import PRESET, Harness, ScriptRunner, open_harness
 from tests.test_authority import snapshot
 from tests.test_command_runner import hosted, script, texts
 from tests.test_methods import open_tool, release, steer
@@ -382,17 +382,7 @@ async def test_a_swap_while_the_host_was_down_is_refused_on_resume(
 
     first = ScriptRunner(script=hold)
     async with Engine(db_url, runner=first, clock=clock) as engine:
-        conn = await engine.connect("runner-1", "host-a")
-        tool = await engine.open_tool(
-            conn,
-            run_id="parent-run",
-            conversation_id="parent-conv",
-            tool_call_id="call-1",
-            extension_id=PRESET.extension_id,
-            presets=[PRESET],
-            workspace=str(workspace),
-        )
-        h = Harness(engine, first, conn, tool, str(workspace))
+        h = await open_harness(engine, first, workspace)
         started = await h.start("q1", cwd="sub", lease_id="L1")
     replace_with_link(workspace / "sub", outside)  # while no host is running
 
@@ -403,7 +393,7 @@ async def test_a_swap_while_the_host_was_down_is_refused_on_resume(
 
     second = ScriptRunner(script=record_cwd)
     async with Engine(db_url, runner=second, clock=clock) as engine:
-        h = Harness(engine, second, conn, tool, str(workspace))
+        h = Harness(engine, second, h.conn, h.tool, str(workspace))
         record = await h.wait_done(started.conversation_id)
     assert [p.recovery for p in second.prepared] == [Recovery(attempt=1, last_sequence=1)]
     assert (record.state, record.error) == (
