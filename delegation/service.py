@@ -78,8 +78,8 @@ def authorize(
 
     Returns the selected grant and the live tool grant of the call (if any).
     """
-    authority.check_connection(runners.get_runner(conn, rconn.runner_id), rconn)
-    tool = grants.live_tool(conn, rconn.runner_id, params.run_id, params.tool_call_id)
+    runner, tool = grants.runner_and_tool(conn, rconn.runner_id, params.run_id, params.tool_call_id)
+    authority.check_connection(runner, rconn)
     lease = grants.get_lease(conn, rconn.runner_id, params.lease_id)
     grant = authority.select_grant(tool, lease, params)
     return authority.require_owner(grant, rconn, params, now, steer=steer), tool

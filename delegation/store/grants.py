@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, func, insert, select, update
 
-from delegation.records import GrantRecord
+from delegation.records import GrantRecord, RunnerRecord
 from delegation.store import chunks, run
 from delegation.store.tables import grants
 from delegation.wire import Preset
@@ -109,6 +109,29 @@ def live_tool(
         "run_id = ? AND tool_call_id = ? AND kind = 'tool' AND runner_id = ? AND closed_at IS NULL",
         (run_id, tool_call_id, runner_id),
     )
+
+
+# A call's runner and the open tool grant it names, in one statement (every child
+# method asks for both, first thing).
+_RUNNER_AND_TOOL = (
+    "SELECT r.runner_id, r.host_instance_id, r.generation, r.connection_id, "
+    + ", ".join(f"g.{name}" for name in FIELDS)
+    + " FROM runners r LEFT JOIN grants g ON g.run_id = ? AND g.tool_call_id = ?"
+    " AND g.kind = 'tool' AND g.runner_id = r.runner_id AND g.closed_at IS NULL"
+    " WHERE r.runner_id = ?"
+)
+
+
+def runner_and_tool(
+    conn: Connection, runner_id: str, run_id: str, tool_call_id: str
+) -> tuple[RunnerRecord | None, GrantRecord | None]:
+    """The runner's record and, as :func:`live_tool`, the open tool grant of the call
+    (None and None for an unknown runner)."""
+    row = run(conn, _RUNNER_AND_TOOL, (run_id, tool_call_id, runner_id)).fetchone()
+    if row is None:
+        return None, None
+    tool = _record(row[4:]) if tool_call_id and row[4] is not None else None
+    return RunnerRecord(*row[:4]), tool
 
 
 def get_lease(conn: Connection, runner_id: str, lease_id: str) -> GrantRecord | None:
