@@ -56,6 +56,7 @@ class _Local:
         "ctx",
         "cwd",
         "decided",
+        "emitted",
         "ended",
         "engine",
         "finishing",
@@ -76,6 +77,7 @@ class _Local:
         self.finishing = False
         self.admitted_page: Result | None = None  # the first page, read as admission committed
         self.suspend = False  # graceful close: stop without writing a terminal state
+        self.emitted = False  # an event was appended in this process
 
     async def admit(self) -> None:
         # Confined at the start, but the path may have been swapped since (SPEC §3.4).
@@ -85,6 +87,8 @@ class _Local:
     def _admit_and_page(self, conn: Connection, now: float) -> Result:
         engine = self.engine
         child = service.admit(conn, self.child_id, engine.instance_id, self.lease_pending, now)
+        if not self.emitted:  # a fresh child's events all come from its run: none yet
+            return queries.result_of(child, [])
         return queries.page_of(conn, child, 0, engine.config.events_per_read)
 
     def _admitted(self, page: Result) -> None:  # the caller is answered at the commit
@@ -92,6 +96,8 @@ class _Local:
         self.decided.set()
 
     def append(self, sequence: int, body: bytes, output: str | None) -> None:
+        # Set before queueing: a batch that holds this event sees it when it admits.
+        self.emitted = True
         self.engine._db.append_event(EventRow(self.child_id, sequence, body, output))
 
     async def flush(self) -> None:

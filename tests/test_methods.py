@@ -254,6 +254,31 @@ async def assert_admission_failed(h: Harness, request_id: str, message: str) -> 
         assert str(again.value) == expected
 
 
+@pytest.mark.parametrize("early", [0, 1, 3])
+async def test_the_first_page_holds_what_the_run_emitted_before_admitting(
+    harness: Harness, early: int
+) -> None:
+    """The admission's page is read only if the run emitted: then it holds those events."""
+    gate = asyncio.Event()
+
+    async def script(ctx: ChildContext) -> None:
+        for n in range(early):
+            ctx.emit(Event(kind="text", text=f"early {n}"))
+        await ctx.admit()
+        ctx.emit(Event(kind="text", text="after admission"))
+        await gate.wait()
+
+    harness.runner.script = script
+    started = await harness.start("q1")
+    assert [(e.sequence, e.text) for e in started.events] == [
+        (n + 1, f"early {n}") for n in range(early)
+    ]
+    assert not started.done
+    gate.set()
+    record = await harness.wait_done(started.conversation_id)
+    assert record.state == "done"
+
+
 async def test_prepare_failure_is_sticky(harness: Harness) -> None:
     harness.runner.prepare_error = RuntimeError("model unavailable")
     await assert_admission_failed(harness, "q1", "model unavailable")
