@@ -565,8 +565,9 @@ class Engine:
             await local.decided.wait()
             if local.suspend:
                 raise errors.HostClosing()
-            page, local.admitted_page = local.admitted_page, None  # answered once
+            page = local.admitted_page
             if first and after == 0 and page is not None:
+                local.admitted_page = None  # its one caller has it; the child lives on
                 return page
         return await self._page(child_id, after)
 
