@@ -103,8 +103,9 @@ def resolve_cwd(workspace: str, cwd: str, default: str | None = None) -> str:
 
 
 def within(path: str, root: str) -> bool:
-    """``path`` is ``root`` or below it (both absolute and normalized)."""
-    return path == root or path.startswith(root if root.endswith(os.sep) else root + os.sep)
+    """``path`` is ``root`` or below it (both absolute; ``root`` may end in a separator)."""
+    root = root.rstrip(os.sep) or os.sep
+    return path == root or path.startswith(root if root == os.sep else root + os.sep)
 
 
 def confirm_cwd(cwd: str) -> None:

@@ -240,7 +240,8 @@ def admit(
             raise errors.LeaseNotActivated()
         grants.activate(conn, lease.id, now)
     admitted = children.advance(conn, child_id, _ADMISSION, now, running)
-    assert admitted is not None  # prepared, read in this very transaction
+    if admitted is None:  # prepared, read in this very transaction: never expected
+        raise errors.IllegalTransition(f"child state transition admit is not allowed ({child_id})")
     return admitted
 
 

@@ -39,6 +39,7 @@ from delegation import (
     Result,
     RunnerConnection,
     SteerResult,
+    authority,
     encode,
     errors,
 )
@@ -1265,3 +1266,21 @@ async def test_lease_ids_must_be_valid_ids(harness: Harness, lease_id: str) -> N
             harness.conn, "child.lease.release", harness.params(lease_id=lease_id)
         )
     assert await harness.engine.leases() == []
+
+
+@pytest.mark.parametrize(
+    ("path", "root", "inside"),
+    [
+        ("/w", "/w", True),
+        ("/w/a", "/w", True),
+        ("/w/a", "/w/", True),
+        ("/w", "/w/", True),
+        ("/wx", "/w", False),
+        ("/wx/a", "/w/", False),
+        ("/", "/", True),
+        ("/anything", "/", True),
+        ("/", "/w", False),
+    ],
+)
+def test_within_is_the_root_or_below_it(path: str, root: str, inside: bool) -> None:
+    assert authority.within(path, root) is inside

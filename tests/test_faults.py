@@ -42,6 +42,7 @@ from delegation import (
 )
 from delegation.cli import main
 from delegation.clock import ManualClock
+from delegation.store.database import Database
 from tests.support import Harness, Prepared, Script, ScriptRunner, hold
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -564,21 +565,38 @@ async def test_a_file_the_engine_cannot_use_is_refused_at_open_untouched(
     assert runner.prepared == []
 
 
-async def test_an_sqlite_older_than_3_35_is_refused_at_open_untouched(
+async def test_an_sqlite_older_than_3_35_5_is_refused_at_open_untouched(
     tmp_path: Path, template_db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Admission is one ``UPDATE ... RETURNING``, which SQLite has since 3.35."""
+    """Admission is one ``UPDATE ... RETURNING``, which SQLite has since 3.35 (with the
+    fixes of 3.35.5)."""
     path = tmp_path / "delegation.db"
     shutil.copy(template_db, path)
     before = fingerprint(path)
-    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 34, 1))
-    monkeypatch.setattr(sqlite3, "sqlite_version", "3.34.1")
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 35, 4))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.35.4")
     engine = Engine(f"sqlite:///{path}", runner=ScriptRunner())
     with pytest.raises(errors.StoreError) as info:
         await engine.open()
-    assert str(info.value) == "delegation needs SQLite 3.35 or newer; this Python has 3.34.1"
+    assert str(info.value) == "delegation needs SQLite 3.35.5 or newer; this Python has 3.35.4"
     assert not engine.is_open
     assert fingerprint(path) == before
+
+
+async def test_a_file_sqlite_will_not_keep_in_wal_mode_is_refused_at_open(
+    db_path: Path,
+) -> None:
+    """Without WAL a COMMIT waits for readers, and the write connection has no busy
+    handler (the writer waits only for BEGIN): such a file is refused, not half-served.
+    SQLite answers a mode other than WAL on a file system without shared memory; here
+    the engine's own pragma asks for another mode to make SQLite answer it."""
+    db = Database(f"sqlite:///{db_path}")
+    db._pragmas["journal_mode"] = "DELETE"
+    with pytest.raises(errors.StoreError) as info:
+        db.open(asyncio.get_running_loop())
+    assert "needs SQLite's WAL journal mode" in str(info.value)
+    assert "in delete mode" in str(info.value)
+    assert not any(t.name == "delegation-writer" for t in threading.enumerate())
 
 
 def test_a_newer_schema_is_explained_by_the_cli_and_left_alone(

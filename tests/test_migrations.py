@@ -777,6 +777,8 @@ async def test_no_statement_of_a_host_lifetime_scans_every_child(
             await h.start("q1")
             leased = await h.start("q2", lease_id="lease-1")
             await engine.close_tool(h.tool)  # cancels the foreground child
+            running = await engine.list_children(state="running")
+            assert leased.conversation_id in [c.conversation_id for c in running]
         async with Engine(db_url, runner=runner, config=config, clock=clock) as engine:
             clock.advance(120.0)  # past the lease: its child is cancelled
             await engine.expire_due()

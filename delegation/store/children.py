@@ -268,14 +268,20 @@ def listing(
     parent_conversation_id: str | None = None,
     limit: int = 100,
 ) -> list[ChildRecord]:
-    query = select(*_COLUMNS)
-    for column, value in (
-        (children.c.state, state),
-        (children.c.lease_id, lease_id),
-        (children.c.parent_run_id, parent_run_id),
-        (children.c.parent_conversation_id, parent_conversation_id),
+    """Children newest first, filtered; an unfinished state reads only unfinished rows."""
+    active = state in ACTIVE_STATES
+    where, params = ([ACTIVE_TERM] if active else []), []
+    for name, value in (
+        ("state", state),
+        ("lease_id", lease_id),
+        ("parent_run_id", parent_run_id),
+        ("parent_conversation_id", parent_conversation_id),
     ):
         if value is not None:
-            query = query.where(column == value)
-    rows = conn.execute(query.order_by(children.c.id.desc()).limit(limit))
-    return [_from_row(tuple(row)) for row in rows]
+            where.append(f"{name} = ?")
+            params.append(value)
+    sql = (_SELECT_ACTIVE if active else _SELECT) + (
+        f" WHERE {' AND '.join(where)}" if where else ""
+    )
+    rows = run(conn, f"{sql} ORDER BY id DESC LIMIT ?", (*params, limit)).fetchall()
+    return [_from_row(row) for row in rows]

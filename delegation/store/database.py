@@ -54,7 +54,7 @@ T = TypeVar("T")
 Job = Callable[[Connection], Any]
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes: another connection has the lock
 _RETRY_PAUSE_S = 0.05  # before events that failed to commit are tried again
-_SQLITE_MIN = (3, 35, 0)  # UPDATE ... RETURNING
+_SQLITE_MIN = (3, 35, 5)  # UPDATE ... RETURNING, with the fixes of 3.35.5
 _BUSY_PAUSE_MAX_S = 0.05  # the longest pause between two tries of a busy BEGIN
 
 # WAL at NORMAL survives a crash of the process; only a power loss can undo its last
@@ -176,12 +176,12 @@ class Database:
 
         Raises:
             errors.SchemaMismatch: the file is not ours to migrate (nothing is written).
-            errors.StoreError: SQLite cannot open or write the file, or is older than
-                3.35.
+            errors.StoreError: SQLite cannot open or write the file, cannot keep it in
+                WAL mode, or is older than 3.35.5.
         """
         if sqlite3.sqlite_version_info < _SQLITE_MIN:
             raise errors.StoreError(
-                f"delegation needs SQLite 3.35 or newer; this Python has {sqlite3.sqlite_version}"
+                f"delegation needs SQLite 3.35.5 or newer; this Python has {sqlite3.sqlite_version}"
             )
         self._loop = loop
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +189,10 @@ class Database:
         self._write_engine = _make_engine(
             self.url,
             begin="BEGIN IMMEDIATE",
-            pragmas=self._pragmas,
+            # SQLite's busy handler would make an inline commit wait on the loop's
+            # thread: it is off on every write connection, and the writer thread waits
+            # for the lock itself (``_begin``); only the migration below waits in it.
+            pragmas={**self._pragmas, "busy_timeout": "0"},
             pool_size=1,
             shared=True,  # the writer thread's, lent to the loop while the writer idles
         )
@@ -198,10 +201,19 @@ class Database:
         self._read_engine = _make_engine(self.url, begin="BEGIN", pragmas=read_pragmas, pool_size=1)
         try:
             with self._write_engine.connect() as conn:  # the pool's one connection
-                migrate.upgrade(conn)
-                # From here on, SQLite's busy handler would make an inline commit wait
-                # on the loop's thread: it is off, and the writer waits itself (_begin).
-                dbapi(conn).execute("PRAGMA busy_timeout=0")
+                raw = dbapi(conn)
+                # Without WAL, a COMMIT would wait for readers, which nothing here does.
+                (mode,) = raw.execute("PRAGMA journal_mode").fetchone()
+                if str(mode).lower() != "wal":
+                    raise errors.StoreError(
+                        f"delegation needs SQLite's WAL journal mode; {self.path} is in"
+                        f" {mode} mode (a file system without shared memory?)"
+                    )
+                raw.execute(f"PRAGMA busy_timeout={self._pragmas['busy_timeout']}")
+                try:
+                    migrate.upgrade(conn)
+                finally:
+                    raw.execute("PRAGMA busy_timeout=0")
         except Exception as exc:
             self.close()
             raise translate(exc) from exc
