@@ -21,7 +21,8 @@ ACTIVE_STATES = [s.value for s in machine.ACTIVE]
 # but SQLite uses a partial index only for a WHERE that repeats the index's own term.
 # Such a query names the index and repeats the term: an INDEXED BY that cannot be used
 # is an error, never a silent scan of every child ever kept.
-ACTIVE = "children INDEXED BY ix_children_one_active"
+ACTIVE_INDEX = "INDEXED BY ix_children_one_active"
+ACTIVE = f"children {ACTIVE_INDEX}"
 ACTIVE_TERM = "state IN ('prepared', 'admitted', 'running')"
 
 
@@ -40,9 +41,12 @@ def _one(conn: Connection, where: str, params: tuple[Any, ...]) -> ChildRecord |
     return None if row is None else _from_row(row)
 
 
-def _many(conn: Connection, where: str, params: tuple[Any, ...]) -> list[ChildRecord]:
-    rows = run(conn, f"{_SELECT} WHERE {where}", params).fetchall()
-    return [_from_row(row) for row in rows]
+def _many(
+    conn: Connection, where: str, params: tuple[Any, ...], *, active: bool = False
+) -> list[ChildRecord]:
+    """``active``: read through the one-active index (``where`` repeats ``ACTIVE_TERM``)."""
+    rows = run(conn, f"{_SELECT_ACTIVE if active else _SELECT} WHERE {where}", params)
+    return [_from_row(row) for row in rows.fetchall()]
 
 
 def _from_row(row: tuple[Any, ...]) -> ChildRecord:
@@ -74,8 +78,7 @@ def by_state(conn: Connection, state: str) -> list[ChildRecord]:
     """The unfinished children in ``state``, oldest first."""
     if state not in ACTIVE_STATES:
         raise ValueError(f"not an unfinished state: {state}")
-    sql = f"{_SELECT_ACTIVE} WHERE {ACTIVE_TERM} AND state = ? ORDER BY id"
-    return [_from_row(row) for row in run(conn, sql, (state,)).fetchall()]
+    return _many(conn, f"{ACTIVE_TERM} AND state = ? ORDER BY id", (state,), active=True)
 
 
 def was_purged(conn: Connection, grant_id: str, conversation_id: str, run_id: str) -> bool:
@@ -129,18 +132,14 @@ def insert_child(conn: Connection, **values: Any) -> ChildRecord:
     row = {**_FRESH, "updated_at": values["created_at"], **values}
     cursor = run(conn, _insert_sql(tuple(row)), tuple(row.values()))
     assert cursor.lastrowid is not None
-    return _record_of({**row, "id": int(cursor.lastrowid)})
+    row["id"] = int(cursor.lastrowid)
+    return _from_row(tuple(row[name] for name in FIELDS))
 
 
 @cache
 def _insert_sql(names: tuple[str, ...]) -> str:
     marks = ", ".join("?" for _ in names)
     return f"INSERT INTO children ({', '.join(names)}) VALUES ({marks})"
-
-
-def _record_of(values: dict[str, Any]) -> ChildRecord:
-    values["followup"] = bool(values["followup"])
-    return ChildRecord(**values)
 
 
 def transition(
@@ -251,7 +250,7 @@ def pending_first_admissions(conn: Connection, tool_ids: Iterable[str]) -> list[
     for ids in chunks(tool_ids):
         marks = ", ".join("?" for _ in ids)
         sql = (
-            f"SELECT c.id FROM {ACTIVE.replace('children', 'children AS c', 1)}"
+            f"SELECT c.id FROM children AS c {ACTIVE_INDEX}"
             f" JOIN grants g ON g.id = c.grant_id WHERE c.{ACTIVE_TERM} AND c.state = ?"
             f" AND c.origin_grant_id IN ({marks}) AND g.kind = 'lease' AND g.activated_at IS NULL"
         )
@@ -280,8 +279,5 @@ def listing(
         if value is not None:
             where.append(f"{name} = ?")
             params.append(value)
-    sql = (_SELECT_ACTIVE if active else _SELECT) + (
-        f" WHERE {' AND '.join(where)}" if where else ""
-    )
-    rows = run(conn, f"{sql} ORDER BY id DESC LIMIT ?", (*params, limit)).fetchall()
-    return [_from_row(row) for row in rows]
+    conditions = " AND ".join(where) or "1"  # no filter: every child
+    return _many(conn, f"{conditions} ORDER BY id DESC LIMIT ?", (*params, limit), active=active)
