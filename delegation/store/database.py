@@ -625,6 +625,15 @@ class ReadOnly:
     def close(self) -> None:
         self._engine.dispose()
 
+    @classmethod
+    def read_once(cls, url: str, fn: Callable[[Connection], T]) -> T:
+        """Open ``url`` read-only, run ``fn``, and close it again."""
+        reader = cls(url)
+        try:
+            return reader.read(fn)
+        finally:
+            reader.close()
+
 
 def check_file(url: str) -> None:
     """Refuse a file this code must not migrate (``migrate.check``) before writing to it:
@@ -632,11 +641,7 @@ def check_file(url: str) -> None:
     path = sqlite_path(url)
     if not path.is_file() or path.stat().st_size == 0:
         return  # a new database
-    reader = ReadOnly(url)
-    try:
-        reader.read(migrate.check)
-    finally:
-        reader.close()
+    ReadOnly.read_once(url, migrate.check)
 
 
 def _checked_revision(conn: Connection) -> str | None:
@@ -647,11 +652,7 @@ def _checked_revision(conn: Connection) -> str | None:
 def upgrade_file(url: str, *, apply: bool) -> tuple[str | None, str | None]:
     """The schema revision of a file before and after an optional upgrade to head."""
     if not apply:
-        reader = ReadOnly(url)
-        try:
-            current = reader.read(_checked_revision)
-        finally:
-            reader.close()
+        current = ReadOnly.read_once(url, _checked_revision)
         return current, current
     check_file(url)
     path = sqlite_path(url)
