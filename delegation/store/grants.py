@@ -12,7 +12,7 @@ import msgspec
 from sqlalchemy import Connection, func, insert, select, update
 
 from delegation.records import GrantRecord, RunnerRecord
-from delegation.store import chunks, run
+from delegation.store import chunks, run, runners
 from delegation.store.tables import grants
 from delegation.wire import Preset
 
@@ -114,8 +114,8 @@ def live_tool(
 # A call's runner and the open tool grant it names, in one statement (every child
 # method asks for both, first thing).
 _RUNNER_AND_TOOL = (
-    "SELECT r.runner_id, r.host_instance_id, r.generation, r.connection_id, "
-    + ", ".join(f"g.{name}" for name in FIELDS)
+    "SELECT "
+    + ", ".join([*(f"r.{name}" for name in runners.FIELDS), *(f"g.{name}" for name in FIELDS)])
     + " FROM runners r LEFT JOIN grants g ON g.run_id = ? AND g.tool_call_id = ?"
     " AND g.kind = 'tool' AND g.runner_id = r.runner_id AND g.closed_at IS NULL"
     " WHERE r.runner_id = ?"
@@ -130,8 +130,9 @@ def runner_and_tool(
     row = run(conn, _RUNNER_AND_TOOL, (run_id, tool_call_id, runner_id)).fetchone()
     if row is None:
         return None, None
-    tool = _record(row[4:]) if tool_call_id and row[4] is not None else None
-    return RunnerRecord(*row[:4]), tool
+    width = len(runners.FIELDS)
+    tool = _record(row[width:]) if tool_call_id and row[width] is not None else None
+    return RunnerRecord(*row[:width]), tool
 
 
 def get_lease(conn: Connection, runner_id: str, lease_id: str) -> GrantRecord | None:

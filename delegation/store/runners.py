@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 
 from sqlalchemy import Connection, insert, select, update
@@ -21,12 +22,13 @@ def close_instance(conn: Connection, instance_id: str, now: float) -> None:
     )
 
 
+# The record's fields in its own order, so a row becomes a record by position.
+FIELDS = tuple(f.name for f in dataclasses.fields(RunnerRecord))
+
+
 def get_runner(conn: Connection, runner_id: str) -> RunnerRecord | None:
     row = run(
-        conn,
-        "SELECT runner_id, host_instance_id, generation, connection_id FROM runners"
-        " WHERE runner_id = ?",
-        (runner_id,),
+        conn, f"SELECT {', '.join(FIELDS)} FROM runners WHERE runner_id = ?", (runner_id,)
     ).fetchone()
     return None if row is None else RunnerRecord(*row)
 
