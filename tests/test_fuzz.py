@@ -51,16 +51,11 @@ from delegation import (
     DelegationError,
     Engine,
     EngineConfig,
-    Event,
     ExecutionOptions,
-    Identity,
     Params,
-    Preset,
-    Profile,
     Request,
     Result,
     RunnerConnection,
-    SteerResult,
     decode,
     encode,
     errors,
@@ -71,6 +66,7 @@ from delegation.clock import ManualClock
 from delegation.serve import Register, RunFinish, Session, ToolBegin, ToolEnd
 from delegation.wire import METHODS
 from tests.support import HUGE_NUMBERS, PRESET, Harness, ScriptRunner, hold
+from tests.test_properties import WIRE_TYPES
 
 FAST = settings(
     max_examples=40,
@@ -87,17 +83,6 @@ SHARED = settings(
 
 # --- 1. decode --------------------------------------------------------------------
 
-WIRE_TYPES: tuple[type[Any], ...] = (
-    ExecutionOptions,
-    Profile,
-    Preset,
-    Request,
-    Params,
-    Identity,
-    Event,
-    Result,
-    SteerResult,
-)
 SERVE_TYPES: tuple[type[Any], ...] = (Register, ToolBegin, ToolEnd, RunFinish)
 ALL_TYPES = WIRE_TYPES + SERVE_TYPES
 TYPE_IDS = [kind.__name__ for kind in ALL_TYPES]
