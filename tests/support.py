@@ -7,7 +7,7 @@ migrations are the real ones, on a real SQLite file.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,7 +167,9 @@ HUGE_NUMBERS = [
 ]
 
 
-async def open_harness(engine: Engine, runner: Any, workspace: Path | str) -> Harness:
+async def open_harness(
+    engine: Engine, runner: Any, workspace: Path | str, presets: Sequence[Preset] = (PRESET,)
+) -> Harness:
     """Connect the usual runner to ``engine`` and open the usual tool call."""
     conn = await engine.connect("runner-1", "host-a")
     tool = await engine.open_tool(
@@ -176,7 +178,7 @@ async def open_harness(engine: Engine, runner: Any, workspace: Path | str) -> Ha
         conversation_id="parent-conv",
         tool_call_id="call-1",
         extension_id=PRESET.extension_id,
-        presets=[PRESET],
+        presets=list(presets),
         workspace=str(workspace),
     )
     return Harness(engine, runner, conn, tool, str(workspace))

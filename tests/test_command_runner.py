@@ -29,7 +29,7 @@ from delegation.runners.command import (
     child_env,
     parse_line,
 )
-from tests.support import Harness
+from tests.support import Harness, open_harness
 
 GENERATION = 7
 LEASE = "lease-1"
@@ -55,17 +55,7 @@ async def hosted(
     """A real engine running ``runner``, one connected runner and one open tool call."""
     config = EngineConfig(release_drain_s=2.0)
     async with Engine(db_url, runner=runner, config=config) as engine:
-        conn = await engine.connect("runner-1", "host-a")
-        tool = await engine.open_tool(
-            conn,
-            run_id="parent-run",
-            conversation_id="parent-conv",
-            tool_call_id="call-1",
-            extension_id="ext",
-            presets=[preset(name) for name in profiles],
-            workspace=str(workspace),
-        )
-        yield Harness(engine, runner, conn, tool, str(workspace))  # type: ignore[arg-type]
+        yield await open_harness(engine, runner, workspace, [preset(name) for name in profiles])
 
 
 async def texts(h: Harness, conversation_id: str) -> list[str]:
