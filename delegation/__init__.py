@@ -11,7 +11,7 @@ from delegation.codec import decode, encode
 from delegation.config import EngineConfig
 from delegation.engine import Engine
 from delegation.errors import DelegationError
-from delegation.options import ExecutionOptions
+from delegation.options import ExecutionOptions, effective_options
 from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
 from delegation.runs import ChildContext, NotResumable, Recovery, Run, Runner, admit
 from delegation.wire import (
@@ -60,6 +60,7 @@ __all__ = [
     "ToolHandle",
     "admit",
     "decode",
+    "effective_options",
     "encode",
     "valid_id",
 ]

@@ -11,7 +11,48 @@ from collections.abc import Iterable
 
 from delegation import errors
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection, RunnerRecord
-from delegation.wire import Params, Preset, valid_id
+from delegation.wire import Params, Preset, Request, valid_id
+
+_PARAM_IDS = ("run_id", "tool_call_id", "extension_id", "child_id", "child_run_id", "lease_id")
+
+
+def check_ids(params: Params) -> None:
+    """Every id a call carries is a valid ID (SPEC §9): at most 128 bytes, printable,
+    no path separators. An empty optional id is absent and passes.
+
+    Raises:
+        errors.InvalidId: naming the first field that is not.
+    """
+    for name in _PARAM_IDS:
+        value = getattr(params, name)
+        if value and not valid_id(value):
+            if name == "lease_id":
+                raise errors.BadLeaseId()
+            raise errors.InvalidId(f"child {_wire_name(name)} must be a valid ID")
+    request = params.request
+    if not isinstance(request, Request):  # UNSET: no request
+        return
+    request_id = request.request_id.strip()
+    if request_id and not valid_id(request_id):
+        raise errors.InvalidId("child requestId must be a valid ID")
+    if request.lease_id and not valid_id(request.lease_id):
+        raise errors.BadLeaseId()
+
+
+def require_ids(**ids: str) -> None:
+    """Check the ids of a host call (a tool, a run, a registration); all are required.
+
+    Raises:
+        errors.InvalidId: naming the first that is not a valid ID.
+    """
+    for name, value in ids.items():
+        if not valid_id(value):
+            raise errors.InvalidId(f"{_wire_name(name)} must be a valid ID")
+
+
+def _wire_name(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
 
 
 def check_connection(runner: RunnerRecord | None, conn: RunnerConnection) -> None:
@@ -152,6 +193,7 @@ def check_release_owner(lease: GrantRecord | None, params: Params) -> None:
         raise errors.ReleaseOwnerRequired()
     if not valid_id(params.lease_id):
         raise errors.BadLeaseId()
+    check_ids(params)
     if lease is not None and (
         lease.extension_id != params.extension_id or params.generation not in lease.generations
     ):

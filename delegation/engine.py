@@ -22,6 +22,7 @@ from delegation import authority, errors, maintenance, queries, service
 from delegation.clock import Clock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
+from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
 from delegation.runs import ChildContext, NotResumable, Recovery, Runner
 from delegation.scheduler import Timers
@@ -179,7 +180,8 @@ class Engine:
             self.timers.arm(deadline)
             for item in resumable:
                 recovery = Recovery(attempt=item.attempt, last_sequence=item.last_sequence)
-                self._spawn(item.child, service.plan_of(item.child), recovery, item.steers)
+                plan = service.plan_of(item.child, item.policy)
+                self._spawn(item.child, plan, recovery, item.steers)
                 log.info(
                     "child resumed",
                     extra={"action": "child_recovered", "run_id": item.child.run_id},
@@ -270,7 +272,7 @@ class Engine:
         """
         self._require_open()
         handle, affected = await self._write(
-            service.connect, self.instance_id, runner_id, host_instance_id
+            service.connect, self.config, self.instance_id, runner_id, host_instance_id
         )
         await self._stop(affected)
         return handle
@@ -289,8 +291,14 @@ class Engine:
         extension_id: str,
         presets: Sequence[Preset],
         workspace: str,
+        policy: ExecutionOptions | None = None,
     ) -> ToolHandle:
-        """Open the tool grant of one live extension tool call."""
+        """Open the tool grant of one live extension tool call.
+
+        ``policy`` is the parent run's own effective ``ExecutionOptions``: no child
+        started under this tool (or a lease made from it) may widen it (SPEC §9).
+        None: no ceiling but each preset's own.
+        """
         self._require_open()
         now = self.clock.now()
         grant = await self._db.write(
@@ -306,6 +314,7 @@ class Engine:
                 presets=list(presets),
                 workspace=workspace,
                 now=now,
+                policy=policy,
             )
         )
         return ToolHandle(
@@ -316,9 +325,53 @@ class Engine:
         """The tool call ended: its foreground children are cancelled."""
         await self._stop(await self._write(service.close_tool, tool.grant_id))
 
-    async def finish_run(self, run_id: str, succeeded: bool = True) -> None:
-        """A parent run ended. On failure its leases are dropped and their children cancelled."""
-        await self._stop(await self._write(service.finish_run, run_id, succeeded))
+    async def finish_run(
+        self, run_id: str, succeeded: bool = True, conn: RunnerConnection | None = None
+    ) -> None:
+        """A run ended: its tool grants end. On failure its leases are dropped and their
+        children cancelled, and if ``run_id`` is a child's own run, that child is
+        cancelled as :meth:`cancel_child` does.
+
+        Given ``conn``, only that runner's grants, leases and children are touched
+        (``run.finish`` over serve): a runner never ends another runner's.
+
+        Raises:
+            errors.CancelUnconfirmed: the cancelled child's run has not stopped within
+                ``release_drain_s`` (its cancellation stays requested).
+        """
+        ended = await self._write(service.finish_run, self.config, run_id, succeeded, conn)
+        waits = await self._stop(ended.affected)
+        if ended.own_child is not None:
+            await self._confirm_cancelled(ended.own_child, waits)
+
+    async def cancel_child(
+        self,
+        conversation_id: str,
+        run_id: str | None = None,
+        reason: str = service.HOST_CANCELLED,
+    ) -> Result:
+        """The host's own cancel of exactly one execution, whatever its grant: the newest
+        of the conversation, or the one ``run_id`` names. ``reason`` becomes its error.
+
+        Returns the child's Result once it is terminal (a finished child's unchanged).
+
+        Raises:
+            errors.ChildNotFound: no such child.
+            errors.CancelUnconfirmed: its run has not stopped within ``release_drain_s``
+                (the cancellation stays requested; calling again waits again).
+        """
+        self._require_open()
+        child = await self._write(service.cancel_exact, conversation_id, run_id, reason)
+        if not child.terminal:
+            await self._confirm_cancelled(child.id, await self._stop([child.id]))
+        limit = self.config.events_per_read
+        return await self._db.read(lambda c: queries.page(c, child.id, 0, limit, strict=False))
+
+    async def _confirm_cancelled(self, child_id: int, waits: list[asyncio.Event]) -> None:
+        await self._drain(waits, self.config.release_drain_s)
+        child = await self._db.read(lambda c: queries.child_by_id(c, child_id))
+        if child is not None and not child.terminal:
+            raise errors.CancelUnconfirmed()
 
     # --- the five methods -------------------------------------------------------------
 

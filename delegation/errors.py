@@ -30,6 +30,8 @@ by clients: keep them exactly as written.
     │   │   └── TurnLimitWidened
     │   ├── BadSteer
     │   ├── BadLeaseId
+    │   ├── InvalidId                        an id that is not a valid ID
+    │   ├── ChildNotFound                    no child by that id (host and operator calls)
     │   └── ReleaseOwnerRequired
     ├── AuthorityError                       the caller lacks authority
     │   ├── RunnerNotFound
@@ -53,6 +55,7 @@ by clients: keep them exactly as written.
     │   ├── SteerRequestIdReused
     │   ├── AdmissionFailed
     │   ├── ReleaseUnconfirmed
+    │   ├── CancelUnconfirmed
     │   ├── ToolAlreadyOpen
     │   └── IllegalTransition
     ├── LimitError                           a cap of SPEC §3.8
@@ -69,6 +72,7 @@ by clients: keep them exactly as written.
     │   ├── DatabaseBusy                     another writer held the lock too long; retry
     │   ├── HostClosing                      the host closed before the answer; retry
     │   ├── SchemaMismatch                   not a delegation database, or a newer one
+    │   ├── HostConflict                     another live host holds the SQLite file
     │   └── ChildPurged                      (-32602) the record is past retention
     └── InternalError                        (-32603) a fault of ours, no detail on the wire
 """
@@ -225,6 +229,18 @@ class BadLeaseId(InputError):
     reason = "invalid_lease_id"
 
 
+class InvalidId(InputError):
+    """child handle must be a valid ID"""
+
+    reason = "invalid_id"
+
+
+class ChildNotFound(InputError):
+    """child not found"""
+
+    reason = "child_not_found"
+
+
 class ReleaseOwnerRequired(InputError):
     """child lease release requires its exact owner"""
 
@@ -373,6 +389,12 @@ class ReleaseUnconfirmed(ConflictError):
     reason = "release_unconfirmed"
 
 
+class CancelUnconfirmed(ConflictError):
+    """child cancellation cleanup is unconfirmed"""
+
+    reason = "cancel_unconfirmed"
+
+
 class ToolAlreadyOpen(ConflictError):
     """tool call is already open"""
 
@@ -478,6 +500,12 @@ class SchemaMismatch(StoreError):
     """the file is not a delegation database this version can open"""
 
     reason = "schema_mismatch"
+
+
+class HostConflict(StoreError):
+    """database is in use by another live host"""
+
+    reason = "host_conflict"
 
 
 class ChildPurged(StoreError):

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 from sqlalchemy import Connection, text
 
 from delegation import service
 from delegation.config import EngineConfig
+from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord
 from delegation.store import children, grants, runners
 from delegation.store.children import ACTIVE, ACTIVE_TERM
@@ -22,6 +24,7 @@ ADMISSION_INTERRUPTED = "child admission interrupted by host restart"
 INTERRUPTED = "child interrupted by host restart"
 RECOVERY_TEXT = "resumed after host restart"
 
+_policy = msgspec.json.Decoder(ExecutionOptions)
 _DUE = "kind = 'lease' AND revoked_at IS NULL AND expires_at < :now"
 _LIVE_LEASE_CHILDREN = (
     "SELECT c.id FROM children c JOIN grants g ON g.id = c.grant_id"
@@ -38,6 +41,7 @@ class Resumable:
     attempt: int
     last_sequence: int
     steers: tuple[tuple[int, str], ...] = ()
+    policy: ExecutionOptions | None = None  # its grant's: the ceiling of its options
 
 
 def expire_due(conn: Connection, now: float) -> tuple[list[int], float | None]:
@@ -154,6 +158,16 @@ def _resumables(conn: Connection, instance_id: str, now: float) -> list[Resumabl
         )
     ):
         queued.setdefault(child_id, []).append((steer_id, message))
+    policies = {
+        child_id: _policy.decode(raw)
+        for child_id, raw in conn.execute(
+            text(
+                "SELECT c.id, g.policy FROM grants g JOIN"
+                f" (SELECT id, grant_id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND state = 'admitted')"
+                " c ON g.id = c.grant_id WHERE g.policy IS NOT NULL"
+            )
+        )
+    }
     conn.execute(
         text(
             f"UPDATE {ACTIVE} SET state = 'running', engine_instance_id = :me,"
@@ -163,7 +177,11 @@ def _resumables(conn: Connection, instance_id: str, now: float) -> list[Resumabl
     )
     return [
         Resumable(
-            found[row.id], row.recovery_attempts, int(row.last), tuple(queued.get(row.id, ()))
+            found[row.id],
+            row.recovery_attempts,
+            int(row.last),
+            tuple(queued.get(row.id, ())),
+            policies.get(row.id),
         )
         for row in rows
     ]

@@ -8,6 +8,7 @@ survives a round trip. ``null`` is never accepted (omit the field to inherit).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -164,3 +165,38 @@ def _check_subset(
     extra = sorted(set(child) - set(parent))
     if extra:
         raise error(f"{error.default_message()}: {', '.join(extra)} not allowed")
+
+
+class _Optioned(Protocol):
+    @property
+    def options(self) -> ExecutionOptions | UnsetType: ...
+
+
+def effective_options(
+    policy: ExecutionOptions | None, preset: _Optioned, request: _Optioned
+) -> ExecutionOptions:
+    """The options a child runs with: the parent run's ``policy`` (None: no ceiling),
+    narrowed by the preset's options, narrowed by the request's (SPEC §9).
+
+    Each level may only narrow the ones above it; a field a level omits is inherited.
+
+    Raises:
+        errors.OptionsWidened: the subclass naming how the preset widens the policy,
+            or how the request widens the preset (or the policy through it).
+    """
+    ceiling = policy if policy is not None else ExecutionOptions()
+    if preset.options is not UNSET:
+        preset.options.narrowed_by(ceiling)
+        ceiling = _overlay(ceiling, preset.options)
+    if request.options is not UNSET:
+        request.options.narrowed_by(ceiling)
+        ceiling = _overlay(ceiling, request.options)
+    return ceiling
+
+
+def _overlay(base: ExecutionOptions, top: ExecutionOptions) -> ExecutionOptions:
+    """``base`` with every field ``top`` sets taken from ``top``."""
+    changes = {
+        name: value for name in top.__struct_fields__ if (value := getattr(top, name)) is not UNSET
+    }
+    return msgspec.structs.replace(base, **changes) if changes else base

@@ -27,9 +27,10 @@ def decode_events(bodies: list[bytes]) -> list[Event]:
     return _events.decode(b"[" + b",".join(bodies) + b"]")
 
 
-def result_of(child: ChildRecord, bodies: list[bytes]) -> Result:
-    """A child's wire Result; a child that ended unadmitted answers AdmissionFailed."""
-    if child.terminal and child.admitted_at is None:
+def result_of(child: ChildRecord, bodies: list[bytes], *, strict: bool = True) -> Result:
+    """A child's wire Result; a child that ended unadmitted answers AdmissionFailed
+    (unless not ``strict``: the host's own view, which owes no caller an admission)."""
+    if strict and child.terminal and child.admitted_at is None:
         raise errors.AdmissionFailed(child.error)
     return Result(
         **child.identity_fields(),
@@ -41,16 +42,22 @@ def result_of(child: ChildRecord, bodies: list[bytes]) -> Result:
     )
 
 
-def page(conn: Connection, child_id: int, after: int, limit: int) -> Result:
+def page(conn: Connection, child_id: int, after: int, limit: int, *, strict: bool = True) -> Result:
     child = children.get(conn, child_id)
     if child is None:
         raise errors.ChildPurged()
-    return page_of(conn, child, after, limit)
+    return page_of(conn, child, after, limit, strict=strict)
 
 
-def page_of(conn: Connection, child: ChildRecord, after: int, limit: int) -> Result:
+def page_of(
+    conn: Connection, child: ChildRecord, after: int, limit: int, *, strict: bool = True
+) -> Result:
     """The Result of a child already read in this transaction."""
-    return result_of(child, events.page(conn, child.id, after, limit))
+    return result_of(child, events.page(conn, child.id, after, limit), strict=strict)
+
+
+def child_by_id(conn: Connection, child_id: int) -> ChildRecord | None:
+    return children.get(conn, child_id)
 
 
 def find_child(conn: Connection, conversation_id: str, run_id: str | None) -> ChildRecord | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from delegation.options import ExecutionOptions
 from delegation.wire import Preset
 
 
@@ -53,6 +54,8 @@ class GrantRecord:
     activated_at: float | None
     revoked_at: float | None
     revoke_reason: str | None
+    # The parent run's effective ExecutionOptions: the ceiling of every child (SPEC §9).
+    policy: ExecutionOptions | None = None
 
     @property
     def is_lease(self) -> bool:

@@ -68,6 +68,9 @@ def truncate(text: str, limit: int) -> str:
 
 
 _CUT_FIELDS = ("text", "input", "tool_output", "error")
+# Names are short by nature; cut at 1 KiB so one page of 128 events stays under 20 MiB.
+_NAME_FIELDS = ("kind", "tool_name", "tool_call_id")
+NAME_LIMIT = 1024
 _event_decoder = msgspec.json.Decoder(Event)  # types only: the engine sets the sequence
 
 
@@ -131,7 +134,8 @@ class ChildContext:
         """Append an event without blocking; the engine assigns and returns its sequence.
 
         Oversized ``text``, ``input``, ``toolOutput`` and ``error`` are cut at a UTF-8
-        character boundary; the child's ``output`` keeps a ``result`` text whole.
+        character boundary, and ``kind``, ``toolName`` and ``toolCallId`` at 1 KiB; the
+        child's ``output`` keeps a ``result`` text whole.
         Raises ``TypeError`` for anything but a well-formed Event (nothing is appended and
         no sequence is used) and ``RuntimeError`` once the run has ended.
         """
@@ -149,11 +153,12 @@ class ChildContext:
         except (msgspec.MsgspecError, TypeError, ValueError) as exc:
             raise TypeError(f"emit() takes a well-formed Event: {exc}") from None
         changes: dict[str, object] = {}
-        for name in _CUT_FIELDS:
-            value = getattr(event, name)
-            cut = truncate(value, self._limit)
-            if cut is not value:
-                changes[name] = cut
+        for names, limit in ((_CUT_FIELDS, self._limit), (_NAME_FIELDS, NAME_LIMIT)):
+            for name in names:
+                value = getattr(event, name)
+                cut = truncate(value, limit)
+                if cut is not value:
+                    changes[name] = cut
         if changes:
             body = encode(msgspec.structs.replace(event, **changes))
         output = event.text if event.kind == RESULT_KIND else None

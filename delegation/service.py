@@ -23,9 +23,9 @@ from delegation._struct import I64_MAX, blank
 from delegation.codec import encode
 from delegation.config import EngineConfig
 from delegation.machine import State, Trigger
+from delegation.options import ExecutionOptions, effective_options
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection
 from delegation.store import children, grants, runners, steers
-from delegation.store.tables import grants as grants_table
 from delegation.wire import (
     STEER_INJECTED,
     STEER_NO_RUNNING_TURN,
@@ -48,6 +48,8 @@ PARENT_FAILED = "cancelled: parent run failed"
 RUNNER_RESTARTED = "cancelled: runner restarted"
 RUNNER_RECONNECTED = "cancelled: runner reconnected"
 RUNNER_DISCONNECTED = "cancelled: runner disconnected"
+RUN_FAILED = "cancelled: run failed"
+HOST_CANCELLED = "cancelled by host"
 NOT_ADMITTED = "child run ended before admission"
 
 
@@ -78,6 +80,7 @@ def authorize(
 
     Returns the selected grant and the live tool grant of the call (if any).
     """
+    authority.check_ids(params)
     runner, tool = grants.runner_and_tool(conn, rconn.runner_id, params.run_id, params.tool_call_id)
     authority.check_connection(runner, rconn)
     lease = grants.get_lease(conn, rconn.runner_id, params.lease_id)
@@ -110,19 +113,19 @@ def reserve_start(
     request = params.request if params.request is not UNSET else Request()
     request.validate(cfg.providers)
     preset = authority.find_preset(grant, request.profile, params.generation)
+    effective = effective_options(grant.policy, preset, request)
     if request.lease_id != params.lease_id:
         raise errors.LeaseMismatch()
-    if params.lease_id and not valid_id(params.lease_id):
-        raise errors.BadLeaseId()
     executions = _owned_executions(conn, grant, rconn, request) if request.resume else []
     saved_cwd = executions[-1].cwd if executions else None
     cwd = authority.resolve_cwd(grant.workspace or "", request.cwd, saved_cwd)
     wire_request = encode(request)
     existing = children.by_request(conn, grant.id, request.request_id)
+    run_request = with_options(request, effective)
     if existing is not None:
         if existing.request != wire_request or existing.cwd != cwd:
             raise errors.RequestIdReused()
-        return StartPlan(existing, True, request, preset, identity_of(existing))
+        return StartPlan(existing, True, run_request, preset, identity_of(existing))
     tool_owned = tool is not None and authority.owns(tool, rconn, params, now)
     if params.lease_id and grant.activated_at is None and not tool_owned:
         raise errors.LeaseNotActivated()
@@ -163,18 +166,28 @@ def reserve_start(
         created_at=now,
     )
     pending = grant.is_lease and grant.activated_at is None
-    return StartPlan(child, False, request, preset, identity_of(child), new_lease, pending)
+    return StartPlan(child, False, run_request, preset, identity_of(child), new_lease, pending)
 
 
-def plan_of(child: ChildRecord) -> StartPlan:
-    """The plan to run a stored child again (after a restart).
+def with_options(request: Request, effective: ExecutionOptions) -> Request:
+    """The request a run is prepared with: the stored one, with the effective options
+    (the request is stored as sent; ``prepare`` sees what the child may do)."""
+    current = request.options if request.options is not UNSET else ExecutionOptions()
+    if current == effective:
+        return request
+    return msgspec.structs.replace(request, options=effective)
 
-    The stored request and preset were validated when the child was reserved; they are
-    read back without validating again.
+
+def plan_of(child: ChildRecord, policy: ExecutionOptions | None = None) -> StartPlan:
+    """The plan to run a stored child again (after a restart), under its grant's policy.
+
+    The stored request and preset were validated (and their options checked against
+    the policy) when the child was reserved; they are read back without validating.
     """
     request = _stored_request.decode(child.request)
     preset = _stored_preset.decode(child.preset)
-    return StartPlan(child, True, request, preset, identity_of(child))
+    effective = effective_options(policy, preset, request)
+    return StartPlan(child, True, with_options(request, effective), preset, identity_of(child))
 
 
 _stored_request = msgspec.json.Decoder(Request)
@@ -319,29 +332,33 @@ def release(
     """Revoke a lease (a durable tombstone) and request cancellation of its children.
 
     Returns the unfinished children under the lease. Releasing an unknown lease
-    leaves a tombstone too, so a later start with that leaseId is fenced.
+    leaves a tombstone too, so a later start with that leaseId is fenced (the newest
+    ``max_tombstones_per_runner`` tombstones of a runner are kept).
     """
     authority.check_connection(runners.get_runner(conn, rconn.runner_id), rconn)
     lease = grants.get_lease(conn, rconn.runner_id, params.lease_id)
     authority.check_release_owner(lease, params)
     if lease is None:
-        if grants.count_leases(conn, rconn.runner_id) >= cfg.max_leases_per_runner:
-            raise errors.LeaseCapacity()
+        # Tombstones are outside the lease capacity and trimmed to the newest few, so
+        # releases of unknown leases can neither lock the runner out nor grow the file.
         grants.insert_tombstone(
             conn, rconn.runner_id, params.lease_id, params.extension_id, params.generation, now
         )
+        grants.trim_tombstones(conn, [rconn.runner_id], cfg.max_tombstones_per_runner)
         return []
-    grants.revoke_leases(conn, [lease.id], now, "released")
-    return children.request_cancel(
-        conn, children.active_of_grants(conn, [lease.id]), now, LEASE_RELEASED
-    )
+    return _revoke(conn, cfg, [lease.id], now, "released", LEASE_RELEASED)
 
 
 # --- lifecycle of connections, tools and runs --------------------------------------------
 
 
 def connect(
-    conn: Connection, instance_id: str, runner_id: str, host_instance_id: str, now: float
+    conn: Connection,
+    cfg: EngineConfig,
+    instance_id: str,
+    runner_id: str,
+    host_instance_id: str,
+    now: float,
 ) -> tuple[RunnerConnection, list[int]]:
     """Register a runner connection; returns it and the children whose cancellation it requested.
 
@@ -357,8 +374,8 @@ def connect(
             tools = grants.tools_of_connections(conn, [previous.connection_id])
             affected += close_tools(conn, tools, now, RUNNER_RECONNECTED)
         if previous.host_instance_id != host_instance_id:
-            leases = grants.live_leases(conn, grants_table.c.runner_id == runner_id)
-            affected += _revoke(conn, leases, now, "runner restarted", RUNNER_RESTARTED)
+            leases = grants.leases_of_runner(conn, runner_id)
+            affected += _revoke(conn, cfg, leases, now, "runner restarted", RUNNER_RESTARTED)
     return handle, affected
 
 
@@ -383,8 +400,10 @@ def open_tool(
     presets: Sequence[Preset],
     workspace: str,
     now: float,
+    policy: ExecutionOptions | None = None,
 ) -> GrantRecord:
-    """Open the tool grant of one extension tool call."""
+    """Open the tool grant of one extension tool call; ``policy`` is the parent run's
+    effective options, the ceiling of every child started under it (None: none)."""
     authority.check_connection(runners.get_runner(conn, rconn.runner_id), rconn)
     if not all(valid_id(v) for v in (run_id, conversation_id, tool_call_id, extension_id)):
         raise errors.InputError(
@@ -392,6 +411,10 @@ def open_tool(
         )
     if len(presets) > cfg.max_presets_per_extension:
         raise errors.PresetLimit()
+    if policy is not None:
+        if not isinstance(policy, ExecutionOptions):
+            raise errors.InvalidOptions("tool policy must be ExecutionOptions")
+        policy.validate(cfg.providers)
     for preset in presets:
         preset.validate(cfg.providers)
         if preset.extension_id != extension_id or preset.generation == 0:
@@ -417,6 +440,7 @@ def open_tool(
         presets=presets,
         depth=children.depth_of_run(conn, run_id) + 1,
         now=now,
+        policy=policy,
     )
 
 
@@ -424,13 +448,67 @@ def close_tool(conn: Connection, grant_id: str, now: float) -> list[int]:
     return close_tools(conn, [grant_id], now, TOOL_ENDED)
 
 
-def finish_run(conn: Connection, run_id: str, succeeded: bool, now: float) -> list[int]:
-    """A parent run ended: its tools end; on failure its leases are dropped as well."""
-    affected = close_tools(conn, grants.tools_of_run(conn, run_id), now, TOOL_ENDED)
-    if not succeeded:
-        leases = grants.live_leases(conn, grants_table.c.run_id == run_id)
-        affected += _revoke(conn, leases, now, "parent run failed", PARENT_FAILED)
-    return affected
+@dataclass(frozen=True, slots=True)
+class RunEnded:
+    """What ``finish_run`` did: the children whose cancellation it requested, and the
+    child whose own run this was (cancelled on failure), if any."""
+
+    affected: list[int]
+    own_child: int | None = None
+
+
+def finish_run(
+    conn: Connection,
+    cfg: EngineConfig,
+    run_id: str,
+    succeeded: bool,
+    rconn: RunnerConnection | None,
+    now: float,
+) -> RunEnded:
+    """A run ended: its tools end; on failure its leases are dropped as well, and if it
+    is a child's own run, that child is cancelled (the Go original's ``CancelChildTurn``).
+
+    Given ``rconn`` (a runner over serve), only that runner's grants, leases and
+    children are touched, and the call must come on its current connection.
+    """
+    authority.require_ids(run_id=run_id)
+    runner_id: str | None = None
+    if rconn is not None:
+        authority.check_connection(runners.get_runner(conn, rconn.runner_id), rconn)
+        runner_id = rconn.runner_id
+    affected = close_tools(conn, grants.tools_of_run(conn, run_id, runner_id), now, TOOL_ENDED)
+    if succeeded:
+        return RunEnded(affected)
+    leases = grants.leases_of_run(conn, run_id, runner_id)
+    affected += _revoke(conn, cfg, leases, now, "parent run failed", PARENT_FAILED)
+    child = children.by_run(conn, run_id)
+    if child is None or child.terminal or runner_id not in (None, child.runner_id):
+        return RunEnded(affected)
+    affected += children.request_cancel(conn, [child.id], now, RUN_FAILED)
+    return RunEnded(affected, child.id)
+
+
+def cancel_exact(
+    conn: Connection, conversation_id: str, run_id: str | None, reason: str, now: float
+) -> ChildRecord:
+    """The host's own cancel of one execution, whatever its grant (SPEC §9): the newest
+    execution of the conversation, or the one ``run_id`` names. A finished child is
+    returned unchanged.
+
+    Raises:
+        errors.InvalidId: an id is not a valid ID.
+        errors.ChildPurged, errors.ChildNotFound: there is no such child (any more).
+    """
+    authority.require_ids(conversation_id=conversation_id, **({"run_id": run_id} if run_id else {}))
+    child = children.find(conn, conversation_id, run_id)
+    if child is None:
+        if children.was_purged(conn, None, conversation_id, run_id):
+            raise errors.ChildPurged()
+        raise errors.ChildNotFound(f"child not found: {conversation_id}")
+    if not child.terminal:
+        children.request_cancel(conn, [child.id], now, reason)
+        child = children.get(conn, child.id) or child
+    return child
 
 
 def close_tools(conn: Connection, tool_ids: Sequence[str], now: float, reason: str) -> list[int]:
@@ -446,10 +524,20 @@ def close_tools(conn: Connection, tool_ids: Sequence[str], now: float, reason: s
 
 
 def _revoke(
-    conn: Connection, lease_ids: Sequence[str], now: float, why: str, reason: str
+    conn: Connection,
+    cfg: EngineConfig,
+    lease_ids: Sequence[str],
+    now: float,
+    why: str,
+    reason: str,
 ) -> list[int]:
+    """Revoke leases (they become tombstones) and request cancellation of their children."""
     grants.revoke_leases(conn, lease_ids, now, why)
-    return children.request_cancel(conn, children.active_of_grants(conn, lease_ids), now, reason)
+    affected = children.request_cancel(
+        conn, children.active_of_grants(conn, lease_ids), now, reason
+    )
+    grants.trim_tombstones(conn, grants.runners_of(conn, lease_ids), cfg.max_tombstones_per_runner)
+    return affected
 
 
 # --- the host instance ----------------------------------------------------------------

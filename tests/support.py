@@ -16,6 +16,7 @@ from delegation import (
     ChildContext,
     Engine,
     Event,
+    ExecutionOptions,
     Identity,
     Params,
     Preset,
@@ -168,9 +169,14 @@ HUGE_NUMBERS = [
 
 
 async def open_harness(
-    engine: Engine, runner: Any, workspace: Path | str, presets: Sequence[Preset] = (PRESET,)
+    engine: Engine,
+    runner: Any,
+    workspace: Path | str,
+    presets: Sequence[Preset] = (PRESET,),
+    policy: ExecutionOptions | None = None,
 ) -> Harness:
-    """Connect the usual runner to ``engine`` and open the usual tool call."""
+    """Connect the usual runner to ``engine`` and open the usual tool call (``runner``
+    is the one ``engine`` was made with)."""
     conn = await engine.connect("runner-1", "host-a")
     tool = await engine.open_tool(
         conn,
@@ -180,5 +186,6 @@ async def open_harness(
         extension_id=PRESET.extension_id,
         presets=list(presets),
         workspace=str(workspace),
+        policy=policy,
     )
     return Harness(engine, runner, conn, tool, str(workspace))

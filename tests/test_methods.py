@@ -866,14 +866,18 @@ async def test_lease_capacity_per_runner(harness: Harness) -> None:
     with pytest.raises(errors.LeaseCapacity) as caught:
         await harness.start("q3", lease_id="L3")
     assert str(caught.value) == "child lease capacity exceeded"
-    with pytest.raises(errors.LeaseCapacity):
-        await release(harness, "T-unknown")  # a new tombstone counts too
+    # Tombstones are outside the cap (SPEC §9): an unknown lease is still released.
+    assert (await release(harness, "T-unknown")).done
     assert len(harness.runner.prepared) == 3
-    assert len(await harness.engine.leases("runner-1")) == 3
-    # Releasing an existing lease turns it into a tombstone: still counted.
-    assert (await release(harness, "L0")).done
+    assert len(await harness.engine.leases("runner-1")) == 4
     with pytest.raises(errors.LeaseCapacity):
         await harness.start("q4", lease_id="L4")
+    # Releasing an existing lease turns it into a tombstone, which frees its place.
+    assert (await release(harness, "L0")).done
+    freed = await harness.start("q4", lease_id="L4")
+    await harness.wait_done(freed.conversation_id)
+    with pytest.raises(errors.LeaseCapacity):
+        await harness.start("q6", lease_id="L6")
     # Existing leases keep working at capacity.
     more = await harness.start("q5", lease_id="L1")
     await harness.wait_done(more.conversation_id)
@@ -883,15 +887,24 @@ async def test_lease_capacity_per_runner(harness: Harness) -> None:
     await other.start("q1", lease_id="L3")
 
 
-@pytest.mark.parametrize("config", [EngineConfig(max_leases_per_runner=3)], ids=["cap3"])
-async def test_lease_capacity_counts_tombstones(harness: Harness) -> None:
-    assert (await release(harness, "T1")).done
+@pytest.mark.parametrize(
+    "config",
+    [EngineConfig(max_leases_per_runner=2, max_tombstones_per_runner=3)],
+    ids=["cap2-keep3"],
+)
+async def test_tombstones_are_outside_the_lease_cap_and_trimmed(harness: Harness) -> None:
+    for i in range(5):
+        assert (await release(harness, f"T{i}")).done
     await harness.start("q1", lease_id="L1")
     await harness.start("q2", lease_id="L2")
     with pytest.raises(errors.LeaseCapacity):
         await harness.start("q3", lease_id="L3")
-    with pytest.raises(errors.LeaseCapacity):
-        await release(harness, "T2")
+    assert (await release(harness, "T5")).done  # at capacity, a release still works
+    kept = {lease.lease_id for lease in await harness.engine.leases("runner-1")}
+    assert kept == {"L1", "L2", "T3", "T4", "T5"}, "the newest three tombstones are kept"
+    # A kept tombstone still fences its leaseId; a dropped one no longer exists.
+    with pytest.raises(errors.NotOwned):
+        await harness.start("q-fenced", lease_id="T5")
     assert len(harness.runner.prepared) == 2
 
 

@@ -74,9 +74,25 @@ def _table_ddl(sql: str) -> tuple[str, frozenset[str], str]:
     """
     head, rest = sql.strip().split("(", 1)
     body, tail = rest.rsplit(")", 1)
-    clauses = frozenset(_clause(part) for part in re.split(r",\s*\n", body))
+    clauses = frozenset(_clause(part) for part in _top_level(body))
     # A table rebuilt by a batch migration is stored as CREATE TABLE "name".
     return _squash(head).replace('"', ""), clauses, _squash(tail)
+
+
+def _top_level(body: str) -> list[str]:
+    """The comma-separated clauses of a table body (commas inside parentheses or quotes
+    are not separators): ``ALTER TABLE … ADD COLUMN`` appends its column on the line
+    of the last one."""
+    parts, depth, quoted, start = [], 0, False, 0
+    for i, char in enumerate(body):
+        if char == "'":
+            quoted = not quoted
+        elif not quoted and char in "()":
+            depth += 1 if char == "(" else -1
+        elif not quoted and depth == 0 and char == ",":
+            parts.append(body[start:i])
+            start = i + 1
+    return [*parts, body[start:]]
 
 
 def _schema_drift(conn: Connection, md: MetaData) -> list[str]:

@@ -563,29 +563,35 @@ async def test_a_lease_grant_has_its_own_children_cap(harness: Harness) -> None:
     assert len(harness.runner.prepared) == 4
 
 
-async def test_1024_leases_plus_tombstones_per_runner(harness: Harness) -> None:
-    assert harness.engine.config.max_leases_per_runner == 1024
+async def test_1024_live_leases_per_runner_and_tombstones_never_lock_it_out(
+    harness: Harness,
+) -> None:
+    config = harness.engine.config
+    assert (config.max_leases_per_runner, config.max_tombstones_per_runner) == (1024, 1024)
     live = await harness.start("q-live", lease_id="L-live")
-    tombstones = [release(harness, f"T{i}") for i in range(1024)]
-    outcomes = await asyncio.wait_for(asyncio.gather(*tombstones, return_exceptions=True), 30)
-    released = [o for o in outcomes if not isinstance(o, BaseException)]
-    refused = [o for o in outcomes if isinstance(o, errors.LeaseCapacity)]
-    assert (len(released), len(refused)) == (1023, 1), "one lease + 1023 tombstones, no more"
-    assert all(r.done for r in released)
-    assert str(refused[0]) == "child lease capacity exceeded"
-    assert (refused[0].reason, refused[0].rpc_code) == ("lease_capacity", -32602)
-    assert len(await harness.engine.leases("runner-1")) == 1024
-    with pytest.raises(errors.LeaseCapacity, match=r"^child lease capacity exceeded$"):
-        await harness.start("q-new", lease_id="L-new")
-    assert len(harness.runner.prepared) == 1, "the refused start never reached prepare"
-    # The live lease still admits; releasing it turns it into a tombstone, still counted.
-    more = await harness.start("q-more", lease_id="L-live")
+    # SPEC §9: releases of unknown leases need no grant; 2,000 of them used to fill the
+    # lease capacity for a week. They are outside it, and only the newest 1024 are kept.
+    tombstones = [release(harness, f"T{i}") for i in range(2000)]
+    outcomes = await asyncio.wait_for(asyncio.gather(*tombstones), 60)
+    assert all(r.done for r in outcomes)
+    leases = await harness.engine.leases("runner-1")
+    assert len(leases) == 1 + 1024
+    assert {lease.lease_id for lease in leases if lease.revoked_at} == {
+        f"T{i}" for i in range(976, 2000)
+    }, "the oldest tombstones were dropped first"
+    more = await harness.start("q-more", lease_id="L-new")  # a new lease still fits
     await harness.wait_done(more.conversation_id)
     await harness.wait_done(live.conversation_id)
+    for i in range(1022):  # up to the cap of live leases: 1024 with L-live and L-new
+        await harness.start(f"q{i}", lease_id=f"L{i}")
+    with pytest.raises(errors.LeaseCapacity, match=r"^child lease capacity exceeded$") as caught:
+        await harness.start("q-over", lease_id="L-over")
+    assert (caught.value.reason, caught.value.rpc_code) == ("lease_capacity", -32602)
+    prepared = len(harness.runner.prepared)
+    # Releasing a live lease frees its place.
     assert (await release(harness, "L-live")).done
-    with pytest.raises(errors.LeaseCapacity):
-        await harness.start("q-new", lease_id="L-new")
-    assert len(await harness.engine.leases("runner-1")) == 1024
+    await harness.start("q-over", lease_id="L-over")
+    assert len(harness.runner.prepared) == prepared + 1
 
 
 async def test_128_steer_receipts_per_child_whatever_their_outcome(harness: Harness) -> None:

@@ -66,6 +66,11 @@ def find(conn: Connection, conversation_id: str, run_id: str | None = None) -> C
     return _one(conn, "conversation_id = ? ORDER BY id DESC LIMIT 1", (conversation_id,))
 
 
+def by_run(conn: Connection, run_id: str) -> ChildRecord | None:
+    """The execution whose own run id is ``run_id`` (run ids are unique)."""
+    return _one(conn, "run_id = ?", (run_id,))
+
+
 def by_request(conn: Connection, grant_id: str, request_id: str) -> ChildRecord | None:
     return _one(conn, "grant_id = ? AND request_id = ?", (grant_id, request_id))
 
@@ -81,11 +86,14 @@ def by_state(conn: Connection, state: str) -> list[ChildRecord]:
     return _many(conn, f"{ACTIVE_TERM} AND state = ? ORDER BY id", (state,), active=True)
 
 
-def was_purged(conn: Connection, grant_id: str, conversation_id: str, run_id: str) -> bool:
-    """Whether an execution under this grant was purged after retention."""
-    query = select(purged.c.run_id).where(
-        purged.c.grant_id == grant_id, purged.c.conversation_id == conversation_id
-    )
+def was_purged(
+    conn: Connection, grant_id: str | None, conversation_id: str, run_id: str | None
+) -> bool:
+    """Whether an execution (under this grant, unless ``grant_id`` is None) was purged
+    after retention."""
+    query = select(purged.c.run_id).where(purged.c.conversation_id == conversation_id)
+    if grant_id is not None:
+        query = query.where(purged.c.grant_id == grant_id)
     if run_id:
         query = query.where(purged.c.run_id == run_id)
     return conn.execute(query.limit(1)).first() is not None

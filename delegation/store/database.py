@@ -47,6 +47,7 @@ from sqlalchemy.exc import DBAPIError
 from delegation import errors
 from delegation.store import dbapi, migrate
 from delegation.store.events import EventRow, insert_events
+from delegation.store.hostlock import HostLock
 
 log = logging.getLogger("delegation.store")
 
@@ -168,24 +169,33 @@ class Database:
         self._write_engine: Engine | None = None
         self._read_engine: Engine | None = None
         self._reader: Connection | None = None
+        self._lock: HostLock | None = None
 
     # --- lifecycle --------------------------------------------------------------
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
         """Create the file if needed, migrate it to head, and start the writer.
 
+        The file is locked for this host's life first (SPEC §9): a second host on it,
+        in any process, is refused before anything is read or written.
+
         Raises:
+            errors.HostConflict: another live host holds the file (nothing is written).
             errors.SchemaMismatch: the file is not ours to migrate (nothing is written).
-            errors.StoreError: SQLite cannot open or write the file, cannot keep it in
-                WAL mode, or is older than 3.35.5.
+            errors.StoreError: its directory is missing; SQLite cannot open or write the
+                file, cannot keep it in WAL mode, or is older than 3.35.5.
         """
         if sqlite3.sqlite_version_info < _SQLITE_MIN:
             raise errors.StoreError(
                 f"delegation needs SQLite 3.35.5 or newer; this Python has {sqlite3.sqlite_version}"
             )
         self._loop = loop
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        check_file(self.url)
+        self._lock = HostLock.acquire(self.path)
+        try:
+            check_file(self.url)
+        except BaseException:
+            self.close()
+            raise
         self._write_engine = _make_engine(
             self.url,
             begin="BEGIN IMMEDIATE",
@@ -247,6 +257,9 @@ class Database:
         if self._write_engine is not None:
             self._write_engine.dispose()
             self._write_engine = None
+        if self._lock is not None:  # last: the file is given back once nothing writes
+            self._lock.release()
+            self._lock = None
 
     def _close_readers(self) -> None:
         # The read connection belongs to the loop's thread: closing it from another
@@ -654,11 +667,10 @@ def upgrade_file(url: str, *, apply: bool) -> tuple[str | None, str | None]:
     if not apply:
         current = ReadOnly.read_once(url, _checked_revision)
         return current, current
-    check_file(url)
-    path = sqlite_path(url)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = HostLock.acquire(sqlite_path(url))  # never beside a live host
     engine = create_engine(url)
     try:
+        check_file(url)
         with engine.connect() as conn:
             conn.exec_driver_sql("PRAGMA journal_mode=WAL")
             before = migrate.current(conn)
@@ -668,3 +680,4 @@ def upgrade_file(url: str, *, apply: bool) -> tuple[str | None, str | None]:
         raise translate(exc) from exc
     finally:
         engine.dispose()
+        lock.release()

@@ -11,12 +11,14 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, func, insert, select, update
 
+from delegation.options import ExecutionOptions
 from delegation.records import GrantRecord, RunnerRecord
 from delegation.store import chunks, run, runners
 from delegation.store.tables import grants
 from delegation.wire import Preset
 
 _presets = msgspec.json.Decoder(tuple[Preset, ...])
+_policy = msgspec.json.Decoder(ExecutionOptions)
 _encoder = msgspec.json.Encoder()
 
 
@@ -25,6 +27,7 @@ _encoder = msgspec.json.Encoder()
 FIELDS = tuple(f.name for f in dataclasses.fields(GrantRecord))
 _SELECT = f"SELECT {', '.join(FIELDS)} FROM grants"
 _PRESETS, _GENERATIONS = FIELDS.index("presets"), FIELDS.index("generations")
+_POLICY = FIELDS.index("policy")
 
 
 def _one(conn: Connection, where: str, params: tuple[Any, ...]) -> GrantRecord | None:
@@ -37,6 +40,7 @@ def _record(row: Sequence[Any]) -> GrantRecord:
     values = list(row)
     values[_PRESETS] = _decode_presets(values[_PRESETS])
     values[_GENERATIONS] = _parse_generations(values[_GENERATIONS])
+    values[_POLICY] = _decode_policy(values[_POLICY])
     return GrantRecord(*values)
 
 
@@ -44,6 +48,11 @@ def _record(row: Sequence[Any]) -> GrantRecord:
 def _decode_presets(raw: bytes | None) -> tuple[Preset, ...]:
     """A grant's preset snapshot never changes once written: decode each one once."""
     return _presets.decode(raw) if raw else ()
+
+
+@lru_cache(maxsize=1024)
+def _decode_policy(raw: bytes | None) -> ExecutionOptions | None:
+    return _policy.decode(raw) if raw is not None else None
 
 
 @lru_cache(maxsize=4096)
@@ -73,6 +82,7 @@ def insert_tool(
     presets: Sequence[Preset],
     depth: int,
     now: float,
+    policy: ExecutionOptions | None = None,
 ) -> GrantRecord:
     grant_id = secrets.token_hex(16)
     conn.execute(
@@ -91,6 +101,7 @@ def insert_tool(
             generations=_generations(p.generation for p in presets),
             depth=depth,
             created_at=now,
+            policy=None if policy is None else _encoder.encode(policy),
         )
     )
     record = get(conn, grant_id)
@@ -142,9 +153,37 @@ def get_lease(conn: Connection, runner_id: str, lease_id: str) -> GrantRecord | 
 
 
 def count_leases(conn: Connection, runner_id: str) -> int:
-    """Leases plus tombstones of a runner: what the lease capacity counts."""
-    query = select(func.count()).where(grants.c.kind == "lease", grants.c.runner_id == runner_id)
+    """The live leases of a runner: what the lease capacity counts (tombstones do not)."""
+    query = select(func.count()).where(
+        grants.c.kind == "lease", grants.c.runner_id == runner_id, grants.c.revoked_at.is_(None)
+    )
     return int(conn.execute(query).scalar_one())
+
+
+def trim_tombstones(conn: Connection, runner_ids: Iterable[str], keep: int) -> None:
+    """Keep the ``keep`` newest tombstones of each runner; drop the older ones.
+
+    A dropped tombstone no longer fences its leaseId, and the records of children
+    that were under it keep their rows (``grant_id`` becomes NULL).
+    """
+    for runner_id in set(runner_ids):
+        run(
+            conn,
+            "DELETE FROM grants WHERE id IN (SELECT id FROM grants WHERE kind = 'lease'"
+            " AND runner_id = ? AND revoked_at IS NOT NULL"
+            " ORDER BY revoked_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
+            (runner_id, keep),
+        )
+
+
+def runners_of(conn: Connection, grant_ids: Iterable[str]) -> set[str]:
+    return {
+        runner_id
+        for ids in chunks(grant_ids)
+        for runner_id in conn.execute(
+            select(grants.c.runner_id).where(grants.c.id.in_(ids)).distinct()
+        ).scalars()
+    }
 
 
 def insert_lease(
@@ -168,6 +207,7 @@ def insert_lease(
             presets=_encoder.encode(list(tool.presets)),
             generations=_generations(tool.generations),
             depth=tool.depth,
+            policy=None if tool.policy is None else _encoder.encode(tool.policy),
             created_at=now,
             expires_at=now + lifetime,
         )
@@ -245,11 +285,27 @@ def tools_of_connections(conn: Connection, connection_ids: Iterable[str]) -> lis
     ]
 
 
-def tools_of_run(conn: Connection, run_id: str) -> list[str]:
+def tools_of_run(conn: Connection, run_id: str, runner_id: str | None = None) -> list[str]:
+    """The open tool grants of a parent run (of one runner's, given ``runner_id``)."""
+    mine = () if runner_id is None else (grants.c.runner_id == runner_id,)
     return ids_where(
-        conn, grants.c.kind == "tool", grants.c.run_id == run_id, grants.c.closed_at.is_(None)
+        conn,
+        grants.c.kind == "tool",
+        grants.c.run_id == run_id,
+        grants.c.closed_at.is_(None),
+        *mine,
     )
 
 
 def live_leases(conn: Connection, *conditions: Any) -> list[str]:
     return ids_where(conn, grants.c.kind == "lease", grants.c.revoked_at.is_(None), *conditions)
+
+
+def leases_of_run(conn: Connection, run_id: str, runner_id: str | None = None) -> list[str]:
+    """The live leases of a parent run (of one runner's, given ``runner_id``)."""
+    mine = () if runner_id is None else (grants.c.runner_id == runner_id,)
+    return live_leases(conn, grants.c.run_id == run_id, *mine)
+
+
+def leases_of_runner(conn: Connection, runner_id: str) -> list[str]:
+    return live_leases(conn, grants.c.runner_id == runner_id)

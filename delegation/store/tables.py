@@ -93,6 +93,7 @@ grants = Table(
     Column("activated_at", REAL),
     Column("revoked_at", REAL),
     Column("revoke_reason", Text),
+    Column("policy", LargeBinary),  # the parent run's ExecutionOptions; NULL: no ceiling
     CheckConstraint("kind IN ('tool', 'lease')", name="kind"),
     CheckConstraint("kind = 'lease' OR lease_id IS NULL", name="tool_has_no_lease"),
     CheckConstraint("kind = 'tool' OR lease_id IS NOT NULL", name="lease_has_id"),
