@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -18,9 +19,34 @@ from pathlib import Path
 from delegation import errors
 from delegation.config import EngineConfig
 
+# The longest path a Unix socket address holds (sun_path, less its terminating NUL).
+MAX_SOCKET_PATH = 107
+
 
 def db_url(path: str) -> str:
     return f"sqlite:///{Path(path).expanduser().resolve()}"
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above zero."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
 
 
 def _add_db(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow-uid", type=int, help="the peer uid allowed on the socket (default: this uid)"
     )
-    serve.add_argument("--lease-lifetime", type=float, help="lease lifetime in seconds")
+    serve.add_argument("--lease-lifetime", type=positive_seconds, help="lease lifetime in seconds")
+    serve.add_argument(
+        "--max-inflight",
+        type=positive_int,
+        help="requests served at once per connection (default 64)",
+    )
 
     demo = commands.add_parser("demo", help="the guided tour: crash a host and watch it resume")
     _add_db(demo)
@@ -93,18 +124,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("DELEGATION_LOG", "WARNING").upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    level = os.environ.get("DELEGATION_LOG", "WARNING").upper()
+    if not isinstance(logging.getLevelName(level), int):
+        return _usage(f"DELEGATION_LOG={level.lower()} is not a log level (try info or debug)")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_ActionFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     try:
         return _run(args)
     except errors.DelegationError as exc:
-        print(f"delegation: {exc} ({exc.reason})", file=sys.stderr)
+        from delegation.show import printable  # a message may quote what a peer sent
+
+        print(f"delegation: {printable(str(exc))} ({exc.reason})", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+class _ActionFormatter(logging.Formatter):
+    """Ends a record's line with its stable ``action`` key, when it has one: what a
+    script (or a test) can match without depending on the wording."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        action = getattr(record, "action", None)
+        return line if action is None else f"{line} action={action}"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -124,23 +168,58 @@ def _run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from delegation.engine import Engine
     from delegation.runners import load_runner
-    from delegation.serve import serve
+    from delegation.serve import MAX_INFLIGHT, serve
 
+    # Every refusal before the engine opens: a refused start creates nothing.
+    refusal = _serve_paths(args)
+    if refusal is not None:
+        return _usage(refusal)
     try:
         runner = load_runner(args.runner, args.runner_config)
     except (ValueError, ImportError, AttributeError, OSError) as exc:
-        print(f"delegation: cannot load runner {args.runner!r}: {exc}", file=sys.stderr)
-        return 2
+        return _usage(f"cannot load runner {args.runner!r}: {exc}")
     config = EngineConfig()
     if args.lease_lifetime is not None:
         config = EngineConfig(lease_lifetime_s=args.lease_lifetime)
     engine = Engine(db_url(args.db), runner=runner, config=config)
     try:
-        asyncio.run(serve(engine, socket_path=args.socket, allowed_uid=args.allow_uid))
+        asyncio.run(
+            serve(
+                engine,
+                socket_path=args.socket,
+                allowed_uid=args.allow_uid,
+                max_inflight=args.max_inflight or MAX_INFLIGHT,
+            )
+        )
     except FileExistsError as exc:
+        return _usage(str(exc))
+    except OSError as exc:  # the socket could not be bound, say: one line, no traceback
         print(f"delegation: {exc}", file=sys.stderr)
-        return 2
+        return 1
     return 0
+
+
+def _serve_paths(args: argparse.Namespace) -> str | None:
+    """Why the paths given to ``serve`` cannot work, or None."""
+    database = Path(args.db).expanduser()
+    if not database.parent.is_dir():
+        return f"--db {args.db}: no directory {database.parent}"
+    if database.is_dir():
+        return f"--db {args.db} is a directory"
+    if args.socket is None:
+        return None
+    where = Path(args.socket)
+    if not where.parent.is_dir():
+        return f"--socket {args.socket}: no directory {where.parent}"
+    if len(os.fsencode(where)) > MAX_SOCKET_PATH:
+        return f"--socket {args.socket}: longer than {MAX_SOCKET_PATH} bytes"
+    return None
+
+
+def _usage(message: str) -> int:
+    """A refused command line: one line on stderr, exit code 2 (as argparse does)."""
+    print(f"delegation: {message}", file=sys.stderr)
+    return 2
 
 
 def _db(args: argparse.Namespace) -> int:

@@ -127,6 +127,13 @@ async def dispatch(envelope: Envelope, methods: dict[str, Handler]) -> bytes | N
     return None if notification else result_frame(result, request_id)
 
 
+def refusal(envelope: Envelope, exc: errors.DelegationError) -> bytes | None:
+    """The error answer to a request that was not served (None for a notification)."""
+    if envelope.id is msgspec.UNSET:
+        return None
+    return error_frame(exc, envelope.id)
+
+
 def decode_params(raw: bytes, kind: type[Any]) -> Any:
     """Strictly decode a method's params; a malformed value is -32602 with a reason."""
     try:

@@ -5,6 +5,12 @@ connection: ``runner.register`` must come first, then ``tool.begin``, ``tool.end
 ``run.finish`` and the five child methods. Requests on a stream are served
 concurrently and answered with their own id; notifications get no answer. A line
 over 4 MiB is refused with an error and the stream goes on.
+
+Everything a peer controls is bounded (SPEC §9): at most ``max_inflight`` requests
+of a stream are served at once, and while more than 16 MiB of its answers wait to be
+read, the stream is not read further. Other streams are served meanwhile. At
+shutdown, reading stops; calls still in flight after a short grace are answered
+``host_closing``, and the host closes only once every stream has been answered.
 """
 
 from __future__ import annotations
@@ -14,11 +20,8 @@ import contextlib
 import logging
 import os
 import signal
-import socket
-import stat
-import struct
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -26,12 +29,27 @@ import msgspec
 from delegation import errors, rpc
 from delegation.codec import decode
 from delegation.engine import Engine
+from delegation.options import ExecutionOptions
 from delegation.records import RunnerConnection, ToolHandle
+from delegation.serve_io import CHUNK as CHUNK  # the read size, for peers in tests
+from delegation.serve_io import (
+    Read,
+    SocketOutbox,
+    ThreadOutbox,
+    allowed_peer,
+    frames,
+    open_stdin,
+    remove_stale_socket,
+    wait_until,
+)
 from delegation.wire import METHODS, Params, Preset
 
 log = logging.getLogger("delegation.serve")
 
-CHUNK = 64 * 1024
+MAX_INFLIGHT = 64
+# At shutdown, calls in flight get this long to end with their own answer.
+SHUTDOWN_GRACE_S = 0.5
+CLOSING = "the host is closing: the call was not answered; retry it"
 
 
 class Register(msgspec.Struct, forbid_unknown_fields=True, frozen=True, rename="camel"):
@@ -46,6 +64,8 @@ class ToolBegin(msgspec.Struct, forbid_unknown_fields=True, frozen=True, rename=
     extension_id: str
     presets: list[Preset]
     workspace: str
+    # The parent run's own effective options: the ceiling of its children (SPEC §9).
+    policy: ExecutionOptions | msgspec.UnsetType = msgspec.UNSET
 
 
 class ToolEnd(msgspec.Struct, forbid_unknown_fields=True, frozen=True, rename="camel"):
@@ -67,50 +87,32 @@ class Empty(msgspec.Struct, frozen=True):
     pass
 
 
-async def frames(
-    read: Callable[[int], Awaitable[bytes]], limit: int
-) -> AsyncIterator[bytes | None]:
-    """Lines of a stream, without their newline; None stands for a line over ``limit``
-    (its bytes are skipped up to the next newline, and the stream goes on)."""
-    buffer = bytearray()
-    skipping = False
-    while True:
-        chunk = await read(CHUNK)
-        if not chunk:
-            if buffer and not skipping:
-                yield bytes(buffer)
-            return
-        buffer += chunk
-        while True:
-            end = buffer.find(b"\n")
-            if end < 0:
-                if len(buffer) > limit:
-                    if not skipping:
-                        yield None
-                    skipping = True
-                    buffer.clear()
-                break
-            line = bytes(buffer[:end])
-            del buffer[: end + 1]
-            if skipping:
-                skipping = False
-                continue
-            if len(line) > limit:
-                yield None
-            elif line.strip():
-                yield line
-
-
 class Session:
-    """One stream: one runner connection, its open tool calls, its in-flight requests."""
+    """One stream: one runner connection, its open tool calls, its in-flight requests.
 
-    def __init__(self, engine: Engine, write: Callable[[bytes], Awaitable[None]]) -> None:
+    ``write`` hands one answer to the peer and may wait while too many answers are
+    unread; ``writable`` (when given) returns once the unread backlog is back under
+    its bound, and is awaited before each line is read.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        write: Callable[[bytes], Awaitable[None]],
+        *,
+        writable: Callable[[], Awaitable[None]] | None = None,
+        max_inflight: int = MAX_INFLIGHT,
+    ) -> None:
         self.engine = engine
         self._write = write
+        self._writable = writable
         self.conn: RunnerConnection | None = None
         self._tools: dict[tuple[str, str], ToolHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(max_inflight)
         self._barrier: asyncio.Task[None] | None = None
+        self._reading: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
         self._methods: dict[str, rpc.Handler] = {
             "runner.register": self._register,
             "tool.begin": self._tool_begin,
@@ -120,38 +122,104 @@ class Session:
         for method in METHODS:
             self._methods[method] = self._child(method)
 
-    async def run(self, read: Callable[[int], Awaitable[bytes]]) -> None:
-        """Serve until end of input, then wait for in-flight requests and disconnect."""
+    async def run(self, read: Read) -> None:
+        """Serve until end of input (or :meth:`stop`), then settle in-flight requests
+        and disconnect. Never raises for anything the peer does, hanging up included."""
+        reading = self._reading = asyncio.create_task(self._read_requests(read))
         try:
-            async for line in frames(read, rpc.MAX_FRAME_BYTES):
-                if line is None:
-                    too_long = errors.InvalidRpcRequest("invalid request: message exceeds 4 MiB")
-                    await self._write(rpc.error_frame(too_long, None))
-                    continue
-                task = asyncio.create_task(self._handle(line, self._barrier))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-                if _is_lifecycle(line):
-                    self._barrier = task
+            await asyncio.wait({reading})
         finally:
-            if self._tasks:
-                _, late = await asyncio.wait(
-                    self._tasks, timeout=self.engine.config.release_drain_s
-                )
-                for task in late:
-                    task.cancel()
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-            if self.conn is not None and self.engine.is_open:
-                with contextlib.suppress(errors.DelegationError):
-                    await self.engine.disconnect(self.conn)
+            reading.cancel()
+            if not self._stopped.is_set():
+                runner = self.conn.runner_id if self.conn is not None else None
+                extra = {
+                    "action": "peer_hung_up",
+                    "runner_id": runner,
+                    "in_flight": len(self._tasks),
+                }
+                log.info("runner connection ended by the peer", extra=extra)
+            await self._settle()
+        if not reading.cancelled():
+            reading.result()  # a fault of ours while reading surfaces here
+
+    def stop(self) -> None:
+        """The host is closing: read nothing more; calls still in flight after
+        :data:`SHUTDOWN_GRACE_S` are answered ``host_closing``."""
+        self._stopped.set()
+        if self._reading is not None:
+            self._reading.cancel()
+
+    async def _read_requests(self, read: Read) -> None:
+        lines = frames(read, rpc.MAX_FRAME_BYTES)
+        try:
+            while True:
+                # Bounded: a free slot and a drained backlog before the next line is read.
+                await self._slots.acquire()
+                try:
+                    if self._writable is not None:
+                        await self._writable()
+                    line = await anext(lines)
+                except BaseException:
+                    self._slots.release()
+                    raise
+                self._spawn(line)
+        except StopAsyncIteration:
+            return
+        except OSError:  # the peer hung up mid-stream (a reset): the same as its end
+            return
+        finally:
+            await lines.aclose()
+
+    def _spawn(self, line: bytes | None) -> None:
+        if line is None:
+            task = asyncio.create_task(self._refuse_too_long())
+        else:
+            task = asyncio.create_task(self._handle(line, self._barrier))
+            if _is_lifecycle(line):
+                self._barrier = task
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _settle(self) -> None:
+        """Wait for the requests in flight: up to ``release_drain_s`` after the peer's
+        end of input, up to :data:`SHUTDOWN_GRACE_S` once the host stops; then cancel
+        the rest (answered ``host_closing`` when the host stops)."""
+        if not self._stopped.is_set():
+            await wait_until(set(self._tasks), self.engine.config.release_drain_s, self._stopped)
+        if self._stopped.is_set():
+            await wait_until(set(self._tasks), SHUTDOWN_GRACE_S)
+        late = set(self._tasks)
+        for task in late:
+            task.cancel()
+        await wait_until(late, SHUTDOWN_GRACE_S)  # their host_closing answers go out
+        for task in late:
+            task.cancel()  # one whose answer still waits for the peer to read
+        await asyncio.gather(*late, return_exceptions=True)
+        if self.conn is not None and self.engine.is_open and not self._stopped.is_set():
+            with contextlib.suppress(errors.DelegationError):
+                await self.engine.disconnect(self.conn)
+
+    async def _refuse_too_long(self) -> None:
+        too_long = errors.InvalidRpcRequest("invalid request: message exceeds 4 MiB")
+        await self._write(rpc.error_frame(too_long, None))
 
     async def _handle(self, line: bytes, barrier: asyncio.Task[None] | None) -> None:
-        # Registration and tool/run lifecycle messages take effect in the order they
-        # arrived, before anything sent after them; child methods run concurrently.
-        if barrier is not None:
-            await asyncio.wait({barrier})
         envelope, failure = rpc.parse(line)
-        frame = failure if envelope is None else await rpc.dispatch(envelope, self._methods)
+        try:
+            # Registration and tool/run lifecycle messages take effect in the order they
+            # arrived, before anything sent after them; child methods run concurrently.
+            if barrier is not None:
+                await asyncio.wait({barrier})
+            frame = failure if envelope is None else await rpc.dispatch(envelope, self._methods)
+        except asyncio.CancelledError:
+            if not self._stopped.is_set():
+                raise
+            closing = errors.HostClosing(CLOSING)
+            frame = failure if envelope is None else rpc.refusal(envelope, closing)
         if frame is not None:
             await self._write(frame)
 
@@ -175,6 +243,7 @@ class Session:
             extension_id=params.extension_id,
             presets=params.presets,
             workspace=params.workspace,
+            policy=None if params.policy is msgspec.UNSET else params.policy,
         )
         self._tools[(params.run_id, params.tool_call_id)] = tool
         return Empty()
@@ -190,8 +259,8 @@ class Session:
 
     async def _run_finish(self, raw: bytes) -> Empty:
         params = rpc.decode_params(raw, RunFinish)
-        self._connection()
-        await self.engine.finish_run(params.run_id, params.succeeded)
+        # Only this runner's grants, leases and children: never another runner's.
+        await self.engine.finish_run(params.run_id, params.succeeded, self._connection())
         for key in [k for k in self._tools if k[0] == params.run_id]:
             del self._tools[key]
         return Empty()
@@ -213,99 +282,124 @@ def _is_lifecycle(line: bytes) -> bool:
     return any(name in line for name in _LIFECYCLE)
 
 
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
+class Streams:
+    """The streams one host serves, so that a shutdown can stop them all and wait
+    until each has answered (a stream task the event loop would cancel at exit
+    instead makes asyncio log a traceback)."""
+
+    def __init__(self) -> None:
+        self.sessions: set[Session] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.stopping = False
+
+    def track(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    def stop(self) -> None:
+        self.stopping = True
+        for session in self.sessions:
+            session.stop()
+
+    async def wait(self) -> None:
+        while self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+            await asyncio.sleep(0)  # a connection accepted just before the stop
 
 
-async def _write_to(writer: asyncio.StreamWriter, lock: asyncio.Lock, frame: bytes) -> None:
-    async with lock:
-        writer.write(frame)
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
-
-
-def _remove_stale_socket(path: str) -> None:
-    """Remove a socket a previous host left at ``path``; never remove anything else
-    (a mistyped ``--socket`` naming the database must not delete it)."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise FileExistsError(f"{path} exists and is not a socket; not replacing it")
-    os.unlink(path)
-
-
-async def serve_socket(engine: Engine, path: str, stop: asyncio.Event, allowed_uid: int) -> None:
-    """Accept runner connections on a Unix socket (mode 0600) until ``stop`` is set."""
+async def serve_socket(
+    engine: Engine,
+    path: str,
+    stop: asyncio.Event,
+    allowed_uid: int,
+    *,
+    max_inflight: int = MAX_INFLIGHT,
+) -> None:
+    """Accept runner connections on a Unix socket (mode 0600) until ``stop`` is set,
+    then stop every connection and wait until each has been answered and closed."""
+    streams = Streams()
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        lock = asyncio.Lock()
-        sock = writer.get_extra_info("socket")
-        if sock is None or peer_uid(sock) != allowed_uid:
-            refused = errors.AuthorityError("peer is not allowed on this socket")
-            await _write_to(writer, lock, rpc.error_frame(refused, None))
-            writer.close()
-            return
-        session = Session(engine, lambda frame: _write_to(writer, lock, frame))
+        streams.track()
+        outbox = SocketOutbox(writer)
         try:
-            await session.run(reader.read)
+            if not allowed_peer(writer.get_extra_info("socket"), allowed_uid):
+                refused = errors.AuthorityError("peer is not allowed on this socket")
+                await outbox.send(rpc.error_frame(refused, None))
+            elif not streams.stopping:
+                session = Session(
+                    engine, outbox.send, writable=outbox.writable, max_inflight=max_inflight
+                )
+                streams.sessions.add(session)
+                try:
+                    await session.run(reader.read)
+                finally:
+                    streams.sessions.discard(session)
         finally:
-            writer.close()
+            drain = SHUTDOWN_GRACE_S if streams.stopping else engine.config.release_drain_s
+            await outbox.close(drain)
 
-    _remove_stale_socket(path)
+    remove_stale_socket(path)
     previous = os.umask(0o177)  # the socket is born 0600: no window for other users
     try:
         server = await asyncio.start_unix_server(accept, path=path, limit=rpc.MAX_FRAME_BYTES)
     finally:
         os.umask(previous)
     os.chmod(path, 0o600)
-    async with server:
+    try:
         await stop.wait()
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+    finally:
+        server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        await asyncio.sleep(0)  # connections accepted before the close start their task
+        streams.stop()
+        await streams.wait()
+        await server.wait_closed()
 
 
-async def serve_stdio(engine: Engine, stop: asyncio.Event) -> None:
+async def serve_stdio(
+    engine: Engine, stop: asyncio.Event, *, max_inflight: int = MAX_INFLIGHT
+) -> None:
     """Serve one runner connection on stdin/stdout until end of input or ``stop``."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=rpc.MAX_FRAME_BYTES)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
-    lock = asyncio.Lock()
-
-    async def write(frame: bytes) -> None:
-        async with lock:
-            await loop.run_in_executor(None, out.write, frame)
-
-    session = Session(engine, write)
-    runner = asyncio.create_task(session.run(reader.read))
+    read, close_input = await open_stdin(rpc.MAX_FRAME_BYTES)
+    outbox = ThreadOutbox(os.dup(sys.stdout.fileno()))
+    session = Session(engine, outbox.send, writable=outbox.writable, max_inflight=max_inflight)
+    running = asyncio.create_task(session.run(read))
     stopper = asyncio.create_task(stop.wait())
-    await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    stopper.cancel()
-    if not runner.done():
-        runner.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await runner
-    out.close()
+    try:
+        await asyncio.wait({running, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not running.done():
+            session.stop()
+        await running
+    finally:
+        stopper.cancel()
+        close_input()
+        drain = SHUTDOWN_GRACE_S if stop.is_set() else engine.config.release_drain_s
+        await outbox.close(drain)
 
 
-async def serve(engine: Engine, *, socket_path: str | None, allowed_uid: int | None = None) -> None:
+async def serve(
+    engine: Engine,
+    *,
+    socket_path: str | None,
+    allowed_uid: int | None = None,
+    max_inflight: int = MAX_INFLIGHT,
+) -> None:
     """Run the host until SIGTERM/SIGINT (or end of input on stdio), then close gracefully."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if socket_path is not None:
-        _remove_stale_socket(socket_path)  # before the engine opens: a refusal changes nothing
+        remove_stale_socket(socket_path)  # before the engine opens: a refusal changes nothing
     async with engine:
         log.info("serving", extra={"action": "serve_started"})
         if socket_path is not None:
             uid = os.getuid() if allowed_uid is None else allowed_uid
-            await serve_socket(engine, socket_path, stop, uid)
+            await serve_socket(engine, socket_path, stop, uid, max_inflight=max_inflight)
         else:
-            await serve_stdio(engine, stop)
-    log.info("stopped", extra={"action": "serve_stopped"})
+            await serve_stdio(engine, stop, max_inflight=max_inflight)
+    log.info("stopped", extra={"action": "serve_stopped", "signalled": stop.is_set()})

@@ -4,6 +4,10 @@ Printing only: every value comes from an :class:`Inspector`, which reads the fil
 through SQLite's read-only mode, so these commands are safe beside a running host.
 Tables are for people; ``--json`` is for scripts (one document, or JSON Lines for
 ``events`` so that ``--follow --json`` streams).
+
+Children write much of what is printed (events, errors, outputs). Nothing of it may
+drive the terminal: control characters are shown escaped (:func:`printable`), and
+rich never reads it as markup. ``--json`` output is left to JSON's own escaping.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from collections import deque
@@ -33,6 +38,10 @@ from delegation.wire import Event
 POLL_S = 0.2
 RECENT_EVENTS = 5
 _FIELDS = ("text", "tool_name", "input", "tool_output", "error")
+# C0, DEL and C1 controls (ESC, BEL, CSI U+009B...), line and paragraph separators,
+# and the bidirectional overrides and isolates that reorder what a reader sees.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def command(args: argparse.Namespace, url: str) -> int:
@@ -126,10 +135,11 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         return 0
     table = Table("field", "value", show_header=False)
     for key, value in child_json(record).items():
+        if isinstance(value, dict):  # its newlines are layout: escaped line by line
+            table.add_row(Text(key), Text(_printable_json(value)))
+            continue
         if key.endswith("_at"):
             value = local_time(value)
-        elif isinstance(value, dict):
-            value = json.dumps(value, indent=2, ensure_ascii=False)
         table.add_row(*_cells(key, "" if value is None else str(value)))
     table.add_row(*_cells("events", str(count)))
     console = _console()
@@ -162,8 +172,8 @@ def _events(inspector: Inspector, args: argparse.Namespace) -> int:
 
 def event_line(event: Event) -> Text:
     line = Text(f"{event.sequence:>6} ", style="dim")
-    line.append(f"{event.kind:<12}", style="bold")
-    parts = [getattr(event, name) for name in _FIELDS if getattr(event, name)]
+    line.append(f"{printable(event.kind):<12}", style="bold")
+    parts = [printable(getattr(event, name)) for name in _FIELDS if getattr(event, name)]
     if event.success is not None:
         parts.append("ok" if event.success else "failed")
     line.append(" " + " | ".join(parts))
@@ -239,6 +249,28 @@ def local_time(timestamp: float | None) -> str:
     return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="seconds")
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that could drive a terminal shown escaped:
+    ``\\n``, ``\\t``, ``\\r``, ``\\x1b``, ``\\u202e``. Printable text is unchanged."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def _printable_json(value: Any) -> str:
+    """Indented JSON whose layout keeps its newlines; JSON escapes C0 controls in
+    strings itself, but not DEL, C1 or the Unicode ones."""
+    lines = json.dumps(value, indent=2, ensure_ascii=False).split("\n")
+    return "\n".join(printable(line) for line in lines)
+
+
 def shorten(text: str, width: int = 60) -> str:
     line = " ".join(text.split())
     return line if len(line) <= width else line[: width - 1] + "…"
@@ -246,7 +278,7 @@ def shorten(text: str, width: int = 60) -> str:
 
 def _cells(*values: str) -> list[Text]:
     # Text, not str: rich would read "[...]" in an error message as markup.
-    return [Text(value) for value in values]
+    return [Text(printable(value)) for value in values]
 
 
 def _console() -> Console:

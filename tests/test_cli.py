@@ -367,9 +367,14 @@ async def test_db_current_prints_the_head_revision(cli: Cli) -> None:
 
 
 async def test_db_upgrade_creates_migrates_and_then_does_nothing(cli: Cli, tmp_path: Path) -> None:
-    fresh = tmp_path / "new" / "delegation.db"
+    missing = tmp_path / "new" / "delegation.db"
+    code, out, err = cli("db", "upgrade", db=missing)
+    assert (code, out) == (1, "") and "does not exist" in err
+    assert not missing.parent.exists(), "a missing directory is never created"
+    fresh = tmp_path / "fresh.db"
     head = migrate.head()
     assert cli("db", "upgrade", db=fresh) == (0, f"upgraded empty -> {head}\n", "")
+    assert fresh.stat().st_mode & 0o777 == 0o600
     assert fresh.is_file()
     assert cli("db", "current", db=fresh) == (0, head + "\n", "")
     assert cli("db", "upgrade", db=fresh) == (0, f"upgraded {head} -> {head}\n", "")

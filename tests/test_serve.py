@@ -269,3 +269,53 @@ async def test_socket_refuses_a_peer_with_another_uid(db_path: Path, tmp_path: P
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 20)
+
+
+async def test_run_finish_of_another_runner_touches_nothing_of_it(
+    db_path: Path, tmp_path: Path, workspace: Path
+) -> None:
+    """Issue 12, finding 2: a second runner that knows a runId sent run.finish with
+    succeeded false, and the first runner's tools closed and its children were cancelled."""
+    path = tmp_path / "host.sock"
+    proc = await host("--socket", str(path), "--db", str(db_path))
+    try:
+        for _ in range(200):
+            if path.exists():
+                break
+            await asyncio.sleep(0.05)
+        victim = await socket_client(path)
+        await victim.setup(workspace)
+        started = start_params("q1", "work in 40 steps", leaseId="L1")
+        leased = await victim.ok("child.start", started)
+        attacker = await socket_client(path)
+        await attacker.ok("runner.register", {"runnerId": "r2", "hostInstanceId": "h2"})
+        assert await attacker.ok("run.finish", {"runId": "run-1", "succeeded": False}) == {}
+        handle = {**OWNER, "childId": leased["conversationId"], "leaseId": "L1"}
+        read = await victim.ok("child.read", handle)
+        assert (read["done"], read.get("cancelled", False)) == (False, False)
+        assert "conversationId" in await victim.ok("child.start", start_params("q2"))
+        # The runner's own run.finish does end its run: the lease is revoked.
+        assert await victim.ok("run.finish", {"runId": "run-1", "succeeded": False}) == {}
+        refused = await victim.call("child.read", handle)
+        assert refused["error"]["data"]["reason"] == "not_owned"
+        await victim.close()
+        await attacker.close()
+    finally:
+        proc.terminate()
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+
+async def test_tool_begin_takes_the_parent_runs_policy(stdio: Any, workspace: Path) -> None:
+    client, _ = stdio
+    await client.ok("runner.register", {"runnerId": "r1", "hostInstanceId": "h1"})
+    wide = {**PRESET, "options": {"allowedTools": ["read", "bash"]}}
+    tool = {
+        "runId": "run-1", "conversationId": "conv-1", "toolCallId": "call-1",
+        "extensionId": "ext", "presets": [wide], "workspace": str(workspace),
+        "policy": {"allowedTools": ["read"]},
+    }  # fmt: skip
+    assert await client.ok("tool.begin", tool) == {}
+    refused = await client.call("child.start", start_params("q1"))
+    assert refused["error"]["data"]["reason"] == "tools_widened"
+    bad = {**tool, "toolCallId": "call-2", "policy": {"maxTokens": None}}
+    assert (await client.call("tool.begin", bad))["error"]["code"] == -32602

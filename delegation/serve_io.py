@@ -1,0 +1,250 @@
+"""The byte streams under ``delegation serve``: lines in, bounded answers out.
+
+A peer controls how fast it reads. Answers wait in an *outbox*; once more than
+:data:`MAX_BACKLOG` bytes wait there, :meth:`writable` blocks, and the session stops
+reading that stream until the peer catches up (SPEC §9). Input is read from a
+socket, a pipe or a regular file alike (``serve --stdio < requests.jsonl``). The
+socket's own checks live here too: who the peer is, and what a stale path holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import select
+import socket
+import stat
+import struct
+import sys
+import threading
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
+
+CHUNK = 64 * 1024
+MAX_BACKLOG = 16 * 1024 * 1024
+
+Read = Callable[[int], Awaitable[bytes]]
+
+
+async def frames(read: Read, limit: int) -> AsyncGenerator[bytes | None, None]:
+    """Lines of a stream, without their newline; None stands for a line over ``limit``
+    (its bytes are skipped up to the next newline, and the stream goes on)."""
+    buffer = bytearray()
+    skipping = False
+    while True:
+        chunk = await read(CHUNK)
+        if not chunk:
+            if buffer and not skipping:
+                yield bytes(buffer)
+            return
+        buffer += chunk
+        while True:
+            end = buffer.find(b"\n")
+            if end < 0:
+                if len(buffer) > limit:
+                    if not skipping:
+                        yield None
+                    skipping = True
+                    buffer.clear()
+                break
+            line = bytes(buffer[:end])
+            del buffer[: end + 1]
+            if skipping:
+                skipping = False
+                continue
+            if len(line) > limit:
+                yield None
+            elif line.strip():
+                yield line
+
+
+class SocketOutbox:
+    """Answers to a socket peer, through the transport's own buffer.
+
+    The buffer's high-water mark is the backlog bound, so ``drain`` is exactly "wait
+    until the peer has read enough". Once the peer is gone, answers are dropped:
+    writing to a dead transport only makes asyncio log warnings.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter, limit: int = MAX_BACKLOG) -> None:
+        self._writer = writer
+        writer.transport.set_write_buffer_limits(high=limit)
+
+    async def send(self, frame: bytes) -> None:
+        if self._writer.transport.is_closing():
+            return
+        self._writer.write(frame)
+        await self.writable()
+
+    async def writable(self) -> None:
+        with contextlib.suppress(OSError):  # the peer hung up: nothing waits any more
+            await self._writer.drain()
+
+    async def close(self, timeout: float) -> None:
+        """Hand over what is buffered, then close; a peer that reads nothing for
+        ``timeout`` seconds is cut off (its answers are dropped)."""
+        self._writer.close()
+        try:
+            await asyncio.wait_for(self._writer.wait_closed(), timeout)
+        except TimeoutError:
+            self._writer.transport.abort()
+        except OSError:
+            pass  # it hung up first
+
+
+class ThreadOutbox:
+    """Answers to a blocking file descriptor (stdout: a pipe, a file or a terminal).
+
+    One daemon thread writes, so a peer that never reads blocks that thread only:
+    never the event loop, and never the process's exit. ``_backlog`` is only touched
+    on the loop's thread.
+    """
+
+    def __init__(self, fd: int, limit: int = MAX_BACKLOG) -> None:
+        self._fd = fd
+        self._limit = limit
+        self._loop = asyncio.get_running_loop()
+        self._frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._backlog = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._broken = False
+        threading.Thread(target=self._pump, name="delegation-stdout", daemon=True).start()
+
+    async def send(self, frame: bytes) -> None:
+        if self._broken:
+            return
+        self._backlog += len(frame)
+        self._idle.clear()
+        if self._backlog > self._limit:
+            self._room.clear()
+        self._frames.put(frame)
+        await self.writable()
+
+    async def writable(self) -> None:
+        await self._room.wait()
+
+    async def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the backlog to be written, then let the
+        thread go (it closes the descriptor once it is done)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        self._frames.put(None)
+
+    def _written(self, size: int) -> None:
+        self._backlog -= size
+        if self._backlog <= self._limit // 4:
+            self._room.set()
+        if self._backlog == 0:
+            self._idle.set()
+
+    def _pump(self) -> None:
+        try:
+            while (batch := self._next_batch()) is not None:
+                if not self._broken:
+                    try:
+                        _write_all(self._fd, batch)
+                    except OSError:  # the reader went away: drop the rest
+                        self._broken = True
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                    self._loop.call_soon_threadsafe(self._written, len(batch))
+        finally:
+            os.close(self._fd)
+
+    def _next_batch(self) -> bytes | None:
+        """The next frames joined (one write for many small answers); None: stop."""
+        first = self._frames.get()
+        if first is None:
+            return None
+        parts = [first]
+        size = len(first)
+        while size < CHUNK and not self._frames.empty():
+            frame = self._frames.get_nowait()
+            if frame is None:
+                self._frames.put(None)  # stop after this batch
+                break
+            parts.append(frame)
+            size += len(frame)
+        return b"".join(parts)
+
+
+async def wait_until(
+    tasks: set[asyncio.Task[None]], timeout: float, interrupt: asyncio.Event | None = None
+) -> None:
+    """Wait until every task is done, ``timeout`` passes or ``interrupt`` is set."""
+    if not tasks:
+        return
+    waiters: set[asyncio.Future[Any]] = {asyncio.ensure_future(asyncio.wait(tasks))}
+    if interrupt is not None:
+        waiters.add(asyncio.ensure_future(interrupt.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()  # the waiter only: never the tasks it watched
+        await asyncio.gather(*waiters, return_exceptions=True)
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+def allowed_peer(sock: socket.socket | None, allowed_uid: int) -> bool:
+    """Whether the peer on ``sock`` runs as ``allowed_uid``."""
+    try:
+        return sock is not None and peer_uid(sock) == allowed_uid
+    except OSError:  # it hung up before we asked
+        return False
+
+
+def remove_stale_socket(path: str) -> None:
+    """Remove a socket a previous host left at ``path``; never remove anything else
+    (a mistyped ``--socket`` naming the database must not delete it)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise FileExistsError(f"{path} exists and is not a socket; not replacing it")
+    os.unlink(path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            # A terminal shared with stdin, which asyncio made non-blocking.
+            select.select([], [fd], [])
+            continue
+        view = view[written:]
+
+
+async def open_stdin(limit: int) -> tuple[Read, Callable[[], None]]:
+    """A ``read`` of standard input and a function that closes it.
+
+    Pipes, sockets and terminals are read by the event loop; a regular file, or a
+    device the loop cannot poll (epoll refuses ``/dev/null``), is read in a thread:
+    its reads never wait for a peer, so the thread never outlives the host.
+    """
+    loop = asyncio.get_running_loop()
+    fd = sys.stdin.fileno()
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd):
+        reader = asyncio.StreamReader(limit=limit)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        transport, _ = await loop.connect_read_pipe(lambda: protocol, sys.stdin)
+        return reader.read, transport.close
+
+    async def read(size: int) -> bytes:
+        return await loop.run_in_executor(None, os.read, fd, size)
+
+    return read, lambda: None

@@ -1,0 +1,27 @@
+"""Runners for serve tests, loaded by a host subprocess: ``--runner tests.serve_runners:X``."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from delegation import ChildContext, Event, Identity, Preset, Recovery, Request
+from delegation.runs import Run
+
+
+class SlowAdmit:
+    """Each child waits the seconds its message names ("admit after 0.5") before its
+    admission, so a ``child.start`` stays in flight that long."""
+
+    async def prepare(
+        self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
+    ) -> Run:
+        found = re.search(r"\d+(\.\d+)?", request.message)
+        delay = float(found.group()) if found else 0.0
+
+        async def run(ctx: ChildContext) -> None:
+            await asyncio.sleep(delay)
+            await ctx.admit()
+            ctx.emit(Event(kind="result", text=f"admitted after {delay}"))
+
+        return run

@@ -1,0 +1,109 @@
+"""Clean failures of ``delegation serve`` (SPEC §9): stdin of any kind, and refusals
+that print one line, exit 2 and create nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from delegation.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def serve(*argv: str, stdin: Path | None = None, **env: str) -> subprocess.CompletedProcess[bytes]:
+    with (stdin or Path(os.devnull)).open("rb") as source:
+        return subprocess.run(
+            [sys.executable, "-m", "delegation.cli", "serve", *argv],
+            stdin=source, capture_output=True, timeout=60, cwd=ROOT, check=False,
+            env={**os.environ, **env},
+        )  # fmt: skip
+
+
+def test_serve_stdio_reads_requests_from_a_regular_file(tmp_path: Path) -> None:
+    requests = tmp_path / "requests.jsonl"
+    register = {"runnerId": "r1", "hostInstanceId": "h1"}
+    requests.write_bytes(
+        b'{"jsonrpc":"2.0","id":1,"method":"runner.register","params":%s}\n'
+        b'{"jsonrpc":"2.0","id":2,"method":"no.such.method"}\n'
+        b'{"jsonrpc":"2.0","id":3,"method":"child.read","params":{}}'
+        % msgspec.json.encode(register)
+    )  # the last line has no newline: end of file ends it
+    done = serve("--stdio", "--db", str(tmp_path / "x.db"), stdin=requests)
+    assert done.returncode == 0, done.stderr
+    answers = {a["id"]: a for a in map(msgspec.json.decode, done.stdout.splitlines())}
+    assert answers[1]["result"]["generation"] == 1
+    assert answers[2]["error"]["code"] == -32601
+    assert answers[3]["error"]["code"] == -32602
+    assert done.stderr == b""
+
+
+def test_serve_stdio_with_nothing_to_read_ends_at_once(tmp_path: Path) -> None:
+    done = serve("--stdio", "--db", str(tmp_path / "x.db"))  # stdin is /dev/null
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--socket", "{tmp}/missing/host.sock"], "no directory"),
+        (["--socket", "{tmp}/" + "s" * 120], "longer than"),
+        (["--db", "{tmp}/missing/dir/x.db"], "no directory"),
+        (["--db", "{tmp}"], "is a directory"),
+        (["--runner", "no_such_module_x:thing"], "cannot load runner"),
+        (["--runner", "nope"], "cannot load runner"),
+    ],
+)
+def test_serve_refuses_bad_paths_and_runners_in_one_line(
+    argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [a.format(tmp=tmp_path) for a in argv]
+    if "--db" not in args:
+        args += ["--db", str(tmp_path / "x.db")]
+    if "--socket" not in args:
+        args.append("--stdio")
+    before = sorted(tmp_path.rglob("*"))
+    assert main(["serve", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("delegation: ") and err.count("\n") == 1, err
+    assert says in err
+    assert sorted(tmp_path.rglob("*")) == before, "nothing was created"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--lease-lifetime", "0"],
+        ["--lease-lifetime", "-5"],
+        ["--lease-lifetime", "nan"],
+        ["--lease-lifetime", "inf"],
+        ["--lease-lifetime", "soon"],
+        ["--max-inflight", "0"],
+        ["--max-inflight", "-1"],
+        ["--max-inflight", "1.5"],
+    ],
+)
+def test_serve_refuses_numbers_that_are_not_positive(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--stdio", "--db", str(tmp_path / "x.db"), *argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[0]}: {argv[1]!r} is not a positive" in err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == [], "nothing was created"
+
+
+def test_an_unknown_log_level_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    done = serve("--stdio", "--db", str(tmp_path / "x.db"), DELEGATION_LOG="loud")
+    assert done.returncode == 2
+    assert done.stderr.startswith(b"delegation: DELEGATION_LOG=loud")
+    assert done.stderr.count(b"\n") == 1
+    assert list(tmp_path.iterdir()) == []
