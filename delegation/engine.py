@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from delegation import authority, errors, maintenance, queries, service
+from delegation import authority, errors, maintenance, processes, queries, service
 from delegation.clock import Clock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
@@ -26,6 +26,7 @@ from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
 from delegation.runs import ChildContext, NotResumable, Recovery, Runner
 from delegation.scheduler import Timers
+from delegation.store import processes as store_processes
 from delegation.store.database import Database
 from delegation.store.events import EventRow
 from delegation.store.steers import mark_delivered
@@ -64,6 +65,7 @@ class _Local:
         "lease_pending",
         "suspend",
         "task",
+        "tracked",
     )
 
     def __init__(self, engine: Engine, child_id: int, cwd: str, lease_pending: bool) -> None:
@@ -79,6 +81,7 @@ class _Local:
         self.admitted_page: Result | None = None  # the first page, read as admission committed
         self.suspend = False  # graceful close: stop without writing a terminal state
         self.emitted = False  # an event was appended in this process
+        self.tracked = False  # a process of the run is recorded (ended with the run)
 
     async def admit(self) -> None:
         # Confined at the start, but the path may have been swapped since (SPEC §3.4).
@@ -103,6 +106,13 @@ class _Local:
 
     async def flush(self) -> None:
         await self.engine._db.barrier()
+
+    async def record_process(self, pid: int) -> None:
+        process = processes.identify(pid)
+        if process is None:
+            return  # already gone: nothing could outlive the host
+        await self.engine._write(store_processes.record, self.child_id, process)
+        self.tracked = True
 
     def delivered(self, steer_ids: list[int]) -> None:
         now = self.engine.clock.now()
@@ -163,9 +173,17 @@ class Engine:
         arm the lease timer and resume the children this host owns (SPEC §7)."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._db.open, loop)
+        protect = getattr(self._runner, "protect_paths", None)
+        if callable(protect):  # a runner that starts processes keeps them off the file
+            protect([str(self._db.path.parent)])
         self.instance_id = f"h-{secrets.token_hex(16)}"
         with _collector_paused():
             try:
+                # Before anything resumes: a process an earlier run started and that
+                # outlived its host would otherwise run beside the resumed child.
+                orphans = await self._db.read(maintenance.orphans)
+                if orphans:
+                    await loop.run_in_executor(None, _kill_orphans, orphans)
                 stopping, resumable = await self._write(
                     maintenance.reconcile, self.config, self.instance_id
                 )
@@ -572,7 +590,7 @@ class Engine:
         delays it, never loses it: the run is over, and no caller will retry for it."""
         while not local.suspend:
             try:
-                await self._write(service.finish, local.child_id, error)
+                await self._write(service.finish, local.child_id, error, local.tracked)
                 return
             except errors.DatabaseBusy:
                 continue
@@ -638,6 +656,16 @@ class Engine:
             return fn(conn, *args, now)
 
         return await self._db.submit(job, committed=committed)
+
+
+def _kill_orphans(recorded: Sequence[processes.ProcessId]) -> None:
+    killed = [p.pid for p in recorded if processes.kill_group(p)]
+    if killed:
+        log.warning(
+            "killed %d child processes that outlived their host",
+            len(killed),
+            extra={"action": "orphans_killed", "pids": killed},
+        )
 
 
 @contextlib.contextmanager

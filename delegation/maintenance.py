@@ -15,8 +15,9 @@ from sqlalchemy import Connection, text
 from delegation import service
 from delegation.config import EngineConfig
 from delegation.options import ExecutionOptions
+from delegation.processes import ProcessId
 from delegation.records import ChildRecord
-from delegation.store import children, grants, runners
+from delegation.store import children, grants, processes, runners
 from delegation.store.children import ACTIVE, ACTIVE_TERM
 
 HOST_RESTARTED = "cancelled: host restarted"
@@ -42,6 +43,11 @@ class Resumable:
     last_sequence: int
     steers: tuple[tuple[int, str], ...] = ()
     policy: ExecutionOptions | None = None  # its grant's: the ceiling of its options
+
+
+def orphans(conn: Connection) -> list[ProcessId]:
+    """The processes recorded by runs of earlier host instances (SPEC §10)."""
+    return processes.recorded(conn)
 
 
 def expire_due(conn: Connection, now: float) -> tuple[list[int], float | None]:
@@ -85,6 +91,7 @@ def reconcile(
     Returns (children to stop, children to resume).
     """
     service.boot(conn, instance_id, now)
+    processes.forget_all(conn)  # killed by the engine before this boot (see orphans)
     # First the never-admitted: the restart, not what it ends below, interrupted them.
     # A cancellation requested before the restart still wins.
     for statement in (

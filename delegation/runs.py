@@ -41,6 +41,11 @@ Run = Callable[["ChildContext"], Awaitable[None]]
 
 
 class Runner(Protocol):
+    """What a host supplies. A runner that starts operating-system processes may also
+    have ``protect_paths(paths)``: the engine calls it at open with the directory of its
+    database, which no process of a child may reach (the command runner refuses such a
+    confinement). Such a runner records each process with ``ctx.track_process``."""
+
     async def prepare(
         self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
     ) -> Run: ...
@@ -84,6 +89,8 @@ class Hooks(Protocol):
     async def flush(self) -> None: ...
 
     def delivered(self, steer_ids: list[int]) -> None: ...
+
+    async def record_process(self, pid: int) -> None: ...
 
 
 class ChildContext:
@@ -169,6 +176,15 @@ class ChildContext:
     async def flush(self) -> None:
         """Return once every event emitted so far is committed."""
         await self._hooks.flush()
+
+    async def track_process(self, pid: int) -> None:
+        """Record durably that this run started the process ``pid``, which leads its own
+        process group (SPEC §10). Returns once committed. If the host dies, the next
+        boot kills that process and its group, if still alive, before resuming the
+        child: a resumed run never runs beside an orphan of itself. The record ends
+        with the run. Start the process's real work only after this returns.
+        """
+        await self._hooks.record_process(pid)
 
     def take_steers(self) -> list[str]:
         """Every steer delivered so far and not yet taken, oldest first."""

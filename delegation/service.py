@@ -25,7 +25,7 @@ from delegation.config import EngineConfig
 from delegation.machine import State, Trigger
 from delegation.options import ExecutionOptions, effective_options
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection
-from delegation.store import children, grants, runners, steers
+from delegation.store import children, grants, processes, runners, steers
 from delegation.wire import (
     STEER_INJECTED,
     STEER_NO_RUNNING_TURN,
@@ -258,8 +258,11 @@ def admit(
     return admitted
 
 
-def finish(conn: Connection, child_id: int, error: str, now: float) -> ChildRecord:
-    """End a run: ``cancelled`` if cancellation was requested, else ``done``."""
+def finish(conn: Connection, child_id: int, error: str, tracked: bool, now: float) -> ChildRecord:
+    """End a run: ``cancelled`` if cancellation was requested, else ``done``; a process
+    it recorded (``tracked``) is forgotten, since the run reaped it."""
+    if tracked:
+        processes.forget(conn, child_id)
     child = children.get(conn, child_id)
     if child is None:
         raise errors.ChildPurged()

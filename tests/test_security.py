@@ -243,7 +243,9 @@ async def test_the_commands_environment_holds_no_host_secret(
     allowed = [*DEFAULT_ENV_ALLOW, "SECURITY_TEST_EXTRA"]
     expected = {name for name in allowed if name in os.environ}
     expected |= {"DELEGATION_CONVERSATION_ID", "DELEGATION_RUN_ID", "DELEGATION_PROFILE"}
+    expected |= {"TMPDIR"}  # the child's private temp dir (SPEC §10), never the host's
     assert set(seen) == expected, "exactly the allowlisted names and the child's own ids"
+    assert os.path.basename(seen["TMPDIR"]).startswith("delegation-child-")
     assert seen["SECURITY_TEST_EXTRA"] == "passed"
 
 

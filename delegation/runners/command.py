@@ -18,6 +18,12 @@ Every run guarantees:
 * **Cancellation** sends SIGTERM to the group, SIGKILL after ``grace_s``, and
   re-raises once the process is reaped.
 
+* **Containment** (SPEC §10, :mod:`delegation.runners.containment`): the host is made
+  non-dumpable; the command starts through a launcher that ties it to the host's life,
+  checks its working directory after the ``chdir``, confines it with Landlock (its cwd
+  and a private ``TMPDIR`` read-write, ``read_only`` directories read-only) and refuses
+  it Unix sockets; its pid is recorded durably before its program runs.
+
 A resume after a host restart runs the command again from the start. Hazard:
 ``{message}`` is caller input; a template should put it after ``--``.
 """
@@ -28,8 +34,10 @@ import asyncio
 import contextlib
 import math
 import os
+import shutil
 import signal
 import string
+import tempfile
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,8 +45,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from delegation import errors
+from delegation import errors, processes
 from delegation.codec import decode
+from delegation.runners.containment import (
+    DEFAULT_READ_ONLY,
+    DEFAULT_READ_WRITE,
+    Containment,
+    ContainmentRefused,
+    check_paths,
+    refusal,
+)
 from delegation.runs import ChildContext, Recovery
 from delegation.wire import Event, Identity, Preset, Request
 
@@ -52,7 +68,7 @@ FLUSH_EVERY = 256  # events between commits awaited, so a chatty command cannot 
 _CHUNK = 64 * 1024
 _POLL_S = 0.01
 _PIPES_S = 1.0
-_SETTINGS = frozenset({"profiles", "env_allow", "grace_s"})
+_SETTINGS = frozenset({"profiles", "env_allow", "grace_s", "read_only", "read_write"})
 
 
 class CommandConfigError(ValueError):
@@ -75,7 +91,9 @@ class CommandRunner:
     """Runs each profile's argv template as a subprocess (see the module docstring).
 
     ``profiles`` maps a preset name to its argv template; ``env_allow`` adds names to
-    :data:`DEFAULT_ENV_ALLOW`; ``grace_s`` is the wait between SIGTERM and SIGKILL.
+    :data:`DEFAULT_ENV_ALLOW`; ``grace_s`` is the wait between SIGTERM and SIGKILL;
+    ``read_only`` and ``read_write`` add directories (or files) a child may read, or
+    read and write, to the defaults of :mod:`delegation.runners.containment`.
     Everything is checked and frozen here: a bad template, name or grace raises
     :class:`CommandConfigError` now, never at run time.
     """
@@ -86,6 +104,8 @@ class CommandRunner:
         *,
         env_allow: Iterable[str] = (),
         grace_s: float = DEFAULT_GRACE_S,
+        read_only: Sequence[str] = (),
+        read_write: Sequence[str] = (),
     ) -> None:
         if not isinstance(profiles, Mapping) or not profiles:
             raise CommandConfigError("the command runner needs at least one profile")
@@ -95,6 +115,21 @@ class CommandRunner:
             dict.fromkeys([*DEFAULT_ENV_ALLOW, *_check_env_names(env_allow)])
         )
         self.grace_s = _check_grace(grace_s)
+        try:
+            extra_ro, extra_rw = (
+                check_paths(read_only, "read_only"),
+                check_paths(read_write, "read_write"),
+            )
+        except ValueError as exc:
+            raise CommandConfigError(str(exc)) from None
+        self.containment = Containment(
+            read_only=tuple(dict.fromkeys([*DEFAULT_READ_ONLY, *extra_ro])),
+            read_write=tuple(dict.fromkeys([*DEFAULT_READ_WRITE, *extra_rw])),
+        )
+
+    def protect_paths(self, paths: Iterable[str]) -> None:
+        """Directories no child may reach: the engine names its database's at open."""
+        self.containment.protect(paths)
 
     @classmethod
     def from_file(cls, path: Path | str) -> CommandRunner:
@@ -131,7 +166,12 @@ class CommandRunner:
         env = child_env(self.env_allow, identity, recovery)
         message = request.message if request.message.endswith("\n") else request.message + "\n"
         return CommandRun(
-            template, MappingProxyType(values), MappingProxyType(env), message, self.grace_s
+            template,
+            MappingProxyType(values),
+            MappingProxyType(env),
+            message,
+            self.grace_s,
+            self.containment,
         )
 
 
@@ -163,6 +203,7 @@ class CommandRun:
     env: Mapping[str, str]
     message: str
     grace_s: float
+    containment: Containment
 
     def argv(self, cwd: str) -> list[str]:
         """The template filled in; it cannot fail, the template was checked."""
@@ -171,34 +212,64 @@ class CommandRun:
 
     async def __call__(self, ctx: ChildContext) -> None:
         """Admit, run the command to its end, and raise :class:`CommandFailed` on a
-        non-zero exit. On cancellation the process is stopped and reaped first."""
+        non-zero exit (or when its launcher refused it before the program ran). On
+        cancellation the process is stopped and reaped first."""
         await ctx.admit()
-        process = await _spawn(self.argv(ctx.cwd), ctx.cwd, self.env)
+        processes.make_undumpable()  # before any child exists: none may read the host
+        self.containment.announce()
+        tmpdir = tempfile.mkdtemp(prefix="delegation-child-")
+        try:
+            await self._run(ctx, tmpdir)
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+    async def _run(self, ctx: ChildContext, tmpdir: str) -> None:
+        go_read, go_write = os.pipe()
+        try:
+            try:
+                argv = self.containment.launcher(self.argv(ctx.cwd), ctx.cwd, tmpdir, go_read)
+            except ContainmentRefused as exc:
+                raise CommandFailed(str(exc)) from None
+            env = {**self.env, "TMPDIR": tmpdir}
+            process = await _spawn(argv, env, go_read)
+        finally:
+            os.close(go_read)
         finished = False
         try:
+            try:
+                await ctx.track_process(process.pid)  # durable before the program runs
+                os.write(go_write, b"1")
+            except BrokenPipeError:
+                pass  # the launcher refused already; its exit says why
+            finally:
+                os.close(go_write)
             code, stderr = await _converse(process, ctx, self.message.encode())
             finished = True
         finally:
             if not finished:
                 await _stop(process, self.grace_s)
         if code != 0:
+            refused = refusal(code, stderr)
+            if refused is not None:
+                raise CommandFailed(refused, stderr)
             raise CommandFailed(_failure(self.template[0], code, stderr), stderr)
 
 
 # --- the process ------------------------------------------------------------------
 
 
-async def _spawn(argv: list[str], cwd: str, env: Mapping[str, str]) -> asyncio.subprocess.Process:
+async def _spawn(argv: list[str], env: Mapping[str, str], go_fd: int) -> asyncio.subprocess.Process:
     try:
         return await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            cwd=cwd,
+            cwd="/",  # the launcher changes into the child's cwd and checks it there
             env=dict(env),
             limit=MAX_LINE_BYTES,
             start_new_session=True,  # its own process group: a stop reaches its children too
+            pass_fds=(go_fd,),
         )
     except (OSError, ValueError) as exc:
         raise CommandFailed(f"command {argv[0]!r} could not start: {exc}") from exc

@@ -224,6 +224,19 @@ steers = Table(
 )
 Index("ix_steers_child_request", steers.c.child_id, steers.c.request_id, unique=True)
 
+# The operating-system process a child's run started (the command runner records it),
+# so that a boot after a crash kills any still alive before resuming (SPEC §10).
+processes = Table(
+    "processes",
+    metadata,
+    Column("child_id", Integer, ForeignKey("children.id", ondelete="CASCADE"), primary_key=True),
+    Column("pid", Integer, nullable=False),
+    Column("start_ticks", Integer, nullable=False),
+    Column("boot_id", Text, nullable=False),
+    Column("recorded_at", REAL, nullable=False),
+    CheckConstraint("pid > 0", name="pid_positive"),
+)
+
 # Children purged after retention, remembered for one more period so that a handle to
 # one gets a clear "purged" answer rather than "not owned".
 purged = Table(

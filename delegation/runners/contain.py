@@ -1,0 +1,228 @@
+"""The launcher every command child starts through (SPEC §10); it then becomes the child.
+
+    python -I -S contain.py SPEC_JSON PROGRAM [ARG ...]
+
+It runs in the child process, between the host's fork and the program's exec, and does
+in order what only the child itself can do soundly:
+
+1. ties its life to the host: ``PR_SET_PDEATHSIG`` (SIGKILL), then checks that the host
+   is still its parent (it may have died before the signal was armed);
+2. changes into the child's working directory and checks, **after** the change, that
+   the directory it is in really is the one the engine confined to the workspace: a
+   directory swapped for a symlink at any moment before cannot move it out, since the
+   check reads where the process is, not where a path leads;
+3. confines itself with Landlock where the kernel has it: read-write only beneath its
+   working directory and its private temp dir, read-only beneath the configured system
+   directories, nothing else; and scopes abstract Unix sockets and signals to itself;
+4. installs a seccomp filter that refuses ``socket(AF_UNIX, ...)`` with EACCES, so no
+   process of the child, however it forks, can connect to a Unix socket (the serve
+   socket, a session bus, a terminal multiplexer); ``socketpair`` still works;
+5. waits on the go-ahead descriptor until the host has recorded its pid durably;
+6. executes the program; the PATH lookup uses the child's own environment.
+
+A refusal exits with :data:`REFUSED` after one line on stderr that starts with
+:data:`MARKER`: the program never ran. It uses only the standard library and imports
+nothing of delegation, since it starts with ``-I -S`` under the child's environment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import signal
+import struct
+import sys
+
+MARKER = "delegation-contain: "
+REFUSED = 125
+OUTSIDE = "child working directory exceeds parent workspace"
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+# Landlock (include/uapi/linux/landlock.h).
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_RULE_PATH_BENEATH = 1
+_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1, 2, 4, 8
+_FS_ABI1 = (1 << 13) - 1  # execute .. make_sym
+_FS_REFER, _FS_TRUNCATE, _FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1, 2
+_READ_ONLY = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
+_SYSCALLS = {  # landlock_create_ruleset, landlock_add_rule, landlock_restrict_self
+    "x86_64": (444, 445, 446),
+    "aarch64": (444, 445, 446),
+}
+
+# seccomp: the architecture, and the socket syscalls to filter there.
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_SOCKET_NR = {"x86_64": 41, "aarch64": 198}
+_AUDIT_ARCH_I386 = 0x40000003  # x86_64 runs i386 code too: its socket calls are filtered
+_I386_SOCKETCALL, _I386_SOCKET = 102, 359
+_X32_BIT = 0x40000000
+_AF_UNIX = 1
+_EACCES = 13
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def refuse(message: str) -> None:
+    sys.stderr.write(f"{MARKER}{message}\n")
+    sys.stderr.flush()
+    os._exit(REFUSED)
+
+
+def tie_to_parent(libc: ctypes.CDLL, parent: int) -> None:
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        refuse(f"cannot set the parent-death signal: {os.strerror(ctypes.get_errno())}")
+    if os.getppid() != parent:  # the host died before the signal was armed
+        os._exit(REFUSED)
+
+
+def enter(cwd: str) -> None:
+    """Change into ``cwd`` and check where that really is: the kernel's own path of the
+    directory the process now stands in must be exactly the confined real path."""
+    try:
+        os.chdir(cwd)
+        here = os.getcwd()
+    except OSError as exc:
+        refuse(f"invalid child working directory: {exc.strerror}")
+    if here != cwd:
+        refuse(OUTSIDE)
+
+
+def landlock(libc: ctypes.CDLL, read_write: list[str], read_only: list[str]) -> int:
+    """Confine this process (and so the program and all it starts); returns the ABI
+    version used, 0 where the kernel has no Landlock."""
+    calls = _SYSCALLS.get(platform.machine())
+    if calls is None:
+        return 0
+    create, add, restrict = calls
+    abi = libc.syscall(create, None, ctypes.c_size_t(0), _LANDLOCK_CREATE_RULESET_VERSION)
+    if abi < 1:
+        return 0
+    handled = _FS_ABI1
+    if abi >= 2:
+        handled |= _FS_REFER
+    if abi >= 3:
+        handled |= _FS_TRUNCATE
+    if abi >= 5:
+        handled |= _FS_IOCTL_DEV
+    scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
+    # struct landlock_ruleset_attr { u64 handled_access_fs, handled_access_net, scoped }
+    attr = struct.pack("=QQQ", handled, 0, scoped)
+    size = 24 if abi >= 6 else 8
+    buffer = ctypes.create_string_buffer(attr, len(attr))
+    ruleset = libc.syscall(create, buffer, ctypes.c_size_t(size), 0)
+    if ruleset < 0:
+        refuse(f"cannot create a Landlock ruleset: {os.strerror(ctypes.get_errno())}")
+    try:
+        for paths, access in ((read_write, handled), (read_only, _READ_ONLY)):
+            for path in paths:
+                _allow(libc, add, ruleset, path, access & handled)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            refuse(f"cannot set no_new_privs: {os.strerror(ctypes.get_errno())}")
+        if libc.syscall(restrict, ruleset, 0) != 0:
+            refuse(f"cannot enforce Landlock: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(ruleset)
+    return int(abi)
+
+
+def _allow(libc: ctypes.CDLL, add: int, ruleset: int, path: str, access: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return  # a configured directory this system does not have
+    try:
+        if not os.path.isdir(path):
+            access &= _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
+        # struct landlock_path_beneath_attr { u64 allowed_access; s32 parent_fd } (packed)
+        rule = ctypes.create_string_buffer(struct.pack("=Qi", access, fd), 12)
+        if libc.syscall(add, ruleset, _LANDLOCK_RULE_PATH_BENEATH, rule, 0) != 0:
+            refuse(f"cannot allow {path}: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
+
+
+def no_unix_sockets(libc: ctypes.CDLL) -> bool:
+    """Refuse ``socket(AF_UNIX, ...)`` to this process and all it starts (seccomp).
+    Returns False on an architecture this filter does not know."""
+    machine = platform.machine()
+    if machine not in _AUDIT_ARCH:
+        return False
+    arch, nr, arg0 = 4, 0, 16  # offsets in struct seccomp_data (args[0]: its low half)
+    program: list[tuple[str, int, str, str]] = [
+        ("ld", arch, "", ""),
+        ("jeq", _AUDIT_ARCH[machine], "", "other"),
+        ("ld", nr, "", ""),
+        ("jge", _X32_BIT, "deny", ""),  # x32 system calls
+        ("jeq", _SOCKET_NR[machine], "", "allow"),
+        ("ld", arg0, "", ""),
+        ("jeq", _AF_UNIX, "deny", "allow"),
+        ("jeq", _AUDIT_ARCH_I386, "", "allow"),  # "other": the arch is still loaded
+        ("ld", nr, "", ""),
+        ("jeq", _I386_SOCKETCALL, "deny", ""),  # its arguments are behind a pointer
+        ("jeq", _I386_SOCKET, "", "allow"),
+        ("ld", arg0, "", ""),
+        ("jeq", _AF_UNIX, "deny", "allow"),
+        ("ret", 0x7FFF0000, "", ""),  # "allow": SECCOMP_RET_ALLOW
+        ("ret", 0x00050000 | _EACCES, "", ""),  # "deny": SECCOMP_RET_ERRNO | EACCES
+    ]
+    filters = _assemble(program, {"other": 7, "allow": 13, "deny": 14})
+    buffer = ctypes.create_string_buffer(filters, len(filters))
+    # struct sock_fprog { unsigned short len; struct sock_filter *filter; }
+    prog = struct.pack("@HP", len(program), ctypes.addressof(buffer))  # native alignment
+    fprog = ctypes.create_string_buffer(prog, len(prog))
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        refuse(f"cannot set no_new_privs: {os.strerror(ctypes.get_errno())}")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, fprog, 0, 0) != 0:
+        refuse(f"cannot install the socket filter: {os.strerror(ctypes.get_errno())}")
+    return True
+
+
+def _assemble(program: list[tuple[str, int, str, str]], labels: dict[str, int]) -> bytes:
+    """Classic BPF from (op, k, jump if true, jump if false); "" falls through."""
+    codes = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "ret": 0x06}  # LD|W|ABS, JMP|K, RET|K
+    out = b""
+    for pc, (op, k, if_true, if_false) in enumerate(program):
+        jt = labels[if_true] - pc - 1 if if_true else 0
+        jf = labels[if_false] - pc - 1 if if_false else 0
+        out += struct.pack("=HBBI", codes[op], jt, jf, k)
+    return out
+
+
+def wait_go(fd: int) -> None:
+    """Block until the host has recorded this process (one byte), or died (EOF)."""
+    try:
+        go = os.read(fd, 1)
+    finally:
+        os.close(fd)
+    if go != b"1":
+        os._exit(REFUSED)
+
+
+def main(argv: list[str]) -> None:
+    spec = json.loads(argv[1])
+    program = argv[2:]
+    libc = _libc()
+    tie_to_parent(libc, spec["parent"])
+    enter(spec["cwd"])
+    if spec.get("landlock", True):
+        landlock(libc, spec["read_write"], spec["read_only"])
+    if spec.get("seccomp", True) and not no_unix_sockets(libc):
+        refuse(f"no socket filter for this architecture ({platform.machine()})")
+    wait_go(spec["go_fd"])
+    try:
+        os.execvp(program[0], program)
+    except OSError as exc:
+        refuse(f"command {program[0]!r} could not start: {exc}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

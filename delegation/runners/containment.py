@@ -1,0 +1,161 @@
+"""How the command runner contains its children (SPEC §10), on the host's side.
+
+What each command child gets is decided here and carried out in the child itself by
+:mod:`delegation.runners.contain`, the launcher it starts through:
+
+* the host is made non-dumpable before its first child starts;
+* the child leads its own process group, dies with the host (``PR_SET_PDEATHSIG``),
+  and its pid is recorded durably before its program runs, so a boot after a crash
+  kills what is left of it before resuming;
+* its working directory is checked after the ``chdir``, in the child;
+* with Landlock (Linux 5.13+), it may write only beneath its working directory and a
+  private temp dir (and ``read_write``), read only beneath ``read_only``, and nothing
+  else; the directory of the host's database is refused as any of these;
+* a seccomp filter refuses it every ``AF_UNIX`` socket, so no process of it can
+  connect to the serve socket (or any other Unix socket).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import platform
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from delegation.authority import within
+from delegation.runners import contain
+
+log = logging.getLogger("delegation.runners.command")
+
+# What a program needs to start and run, read-only. The host's own Python is there so
+# that ``python3`` children work wherever the host's interpreter lives.
+DEFAULT_READ_ONLY: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        [
+            "/usr",
+            "/bin",
+            "/sbin",
+            "/lib",
+            "/lib32",
+            "/lib64",
+            "/libx32",
+            "/etc",
+            "/proc",
+            "/sys",
+            "/dev",
+            sys.base_prefix,
+            sys.prefix,
+        ]
+    )
+)
+# Device files programs write to; /dev itself stays read-only.
+DEFAULT_READ_WRITE: tuple[str, ...] = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/tty",
+    "/dev/random",
+    "/dev/urandom",
+)
+LAUNCHER = (sys.executable, "-I", "-S", contain.__file__)
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 where it has none."""
+    calls = {"x86_64": 444, "aarch64": 444}.get(platform.machine())
+    if calls is None or sys.platform != "linux":
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    version = libc.syscall(calls, None, ctypes.c_size_t(0), 1)
+    return max(int(version), 0)
+
+
+def socket_filter_available() -> bool:
+    return sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
+
+
+class ContainmentRefused(RuntimeError):
+    """A child's confinement would give it the host's database."""
+
+
+@dataclass
+class Containment:
+    """The confinement settings of one command runner."""
+
+    read_only: tuple[str, ...] = DEFAULT_READ_ONLY
+    read_write: tuple[str, ...] = DEFAULT_READ_WRITE
+    protected: list[str] = field(default_factory=list)
+    landlock: int = field(default_factory=landlock_abi)
+    socket_filter: bool = field(default_factory=socket_filter_available)
+    _said: bool = False
+
+    def announce(self) -> None:
+        """Say once, in the host's log, what is not enforced on this kernel."""
+        if self._said:
+            return
+        self._said = True
+        if not self.landlock:
+            log.warning(
+                "Landlock is not available: command children are not confined to their"
+                " working directory (the other protections still hold)",
+                extra={"action": "landlock_unavailable"},
+            )
+        if not self.socket_filter:
+            log.warning(
+                "no socket filter on %s: command children can connect to Unix sockets",
+                platform.machine(),
+                extra={"action": "socket_filter_unavailable"},
+            )
+
+    def protect(self, paths: Iterable[str]) -> None:
+        """Directories no child may reach (the host's database directory)."""
+        self.protected += [os.path.realpath(p) for p in paths]
+
+    def launcher(self, argv: Sequence[str], cwd: str, tmpdir: str, go_fd: int) -> list[str]:
+        """The argv that starts ``argv`` through the launcher, confined as configured.
+
+        Raises:
+            ContainmentRefused: an allowed directory holds a protected one.
+        """
+        writable = [cwd, tmpdir, *self.read_write]
+        for root in [*writable, *self.read_only]:
+            real = os.path.realpath(root)
+            for guarded in self.protected:
+                if within(guarded, real):
+                    raise ContainmentRefused(
+                        f"child confinement would reach the host database: {root}"
+                    )
+        spec = {
+            "parent": os.getpid(),
+            "cwd": cwd,
+            "read_write": writable,
+            "read_only": list(self.read_only),
+            "landlock": bool(self.landlock),
+            "seccomp": self.socket_filter,
+            "go_fd": go_fd,
+        }
+        return [*LAUNCHER, json.dumps(spec), *argv]
+
+
+def refusal(code: int, stderr: str) -> str | None:
+    """The launcher's reason when it refused before the program ran, else None."""
+    if code != contain.REFUSED:
+        return None
+    for line in stderr.splitlines():
+        if line.startswith(contain.MARKER):
+            return line[len(contain.MARKER) :]
+    return "child process ended before its program started"
+
+
+def check_paths(paths: object, name: str) -> tuple[str, ...]:
+    """A TOML list of absolute directories."""
+    if isinstance(paths, str) or not isinstance(paths, list | tuple):
+        raise ValueError(f"{name} must be a list of absolute paths, not {paths!r}")
+    for path in paths:
+        if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
+            raise ValueError(f"{name} must list absolute paths, not {path!r}")
+    return tuple(paths)

@@ -1,0 +1,31 @@
+"""The recorded operating-system processes of child runs (SPEC §10)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection
+
+from delegation.processes import ProcessId
+from delegation.store import run
+
+
+def record(conn: Connection, child_id: int, process: ProcessId, now: float) -> None:
+    """Record (or replace) the process a child's run started."""
+    run(
+        conn,
+        "INSERT OR REPLACE INTO processes (child_id, pid, start_ticks, boot_id, recorded_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (child_id, process.pid, process.start, process.boot, now),
+    )
+
+
+def forget(conn: Connection, child_id: int) -> None:
+    run(conn, "DELETE FROM processes WHERE child_id = ?", (child_id,))
+
+
+def recorded(conn: Connection) -> list[ProcessId]:
+    rows = run(conn, "SELECT pid, start_ticks, boot_id FROM processes ORDER BY child_id")
+    return [ProcessId(pid, start, boot) for pid, start, boot in rows.fetchall()]
+
+
+def forget_all(conn: Connection) -> None:
+    run(conn, "DELETE FROM processes")
