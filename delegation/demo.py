@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from rich.console import Console
 
-from delegation.codec import decode
-from delegation.wire import Event, Result
+from delegation.client import Client
+from delegation.errors import DelegationError
+from delegation.wire import Event, Preset, Result
 
 console = Console(highlight=False)
+# The old per-call guard was 20 s; the whole tour takes well under a minute.
+TOUR_TIMEOUT_S = 300
 STYLE = {"text": "white", "tool": "cyan", "result": "bold green", "recovery": "bold magenta"}
 
 
@@ -34,76 +34,19 @@ class DemoFailed(Exception):
     pass
 
 
-class Host:
-    """A ``delegation serve --stdio`` subprocess and a JSON-RPC client for it."""
+async def open_host(db: Path, log: Path, steps_delay: float) -> Client:
+    """A ``delegation serve --stdio`` subprocess with the scripted runner, and a client."""
+    env = {**os.environ, "DELEGATION_SCRIPTED_DELAY": str(steps_delay)}
+    with log.open("ab") as stderr:
+        return await Client.spawn(["--db", str(db), "--runner", "scripted"], env=env, stderr=stderr)
 
-    def __init__(self, db: Path, log: Path) -> None:
-        self.db = db
-        self.log = log
-        self.proc: asyncio.subprocess.Process | None = None
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Any]] = {}
-        self._reader: asyncio.Task[None] | None = None
 
-    async def start(self, steps_delay: float) -> None:
-        env = {**os.environ, "DELEGATION_SCRIPTED_DELAY": str(steps_delay)}
-        with self.log.open("ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "delegation.cli", "serve", "--stdio",
-                "--db", str(self.db), "--runner", "scripted",
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=log, env=env,
-            )  # fmt: skip
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        assert self.proc is not None
-        assert self.proc.stdout is not None
-        while line := await self.proc.stdout.readline():
-            message = msgspec.json.decode(line)
-            future = self._waiting.pop(message.get("id"), None)
-            if future is not None and not future.done():
-                future.set_result(message)
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(DemoFailed("the host went away"))
-
-    async def call(self, method: str, params: dict[str, Any]) -> Any:
-        assert self.proc is not None
-        assert self.proc.stdin is not None
-        request_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = future
-        frame = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
-        self.proc.stdin.write(msgspec.json.encode(frame) + b"\n")
-        await self.proc.stdin.drain()
-        answer = await asyncio.wait_for(future, 20)
-        if "error" in answer:
-            raise DemoFailed(f"{method}: {answer['error']['message']}")
-        return answer["result"]
-
-    async def child(self, method: str, params: dict[str, Any]) -> Result:
-        return decode(msgspec.json.encode(await self.call(method, params)), Result)
-
-    async def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
-        if self._reader is not None:
-            await self._reader
-
-    async def stop(self) -> None:
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            await asyncio.wait_for(self.proc.wait(), 15)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-        if self._reader is not None:
-            await self._reader
+async def kill(host: Client) -> None:
+    """SIGKILL the host mid-stream, then close its client."""
+    assert host.process is not None
+    host.process.send_signal(signal.SIGKILL)
+    await host.process.wait()
+    await host.close()
 
 
 def say(text: str) -> None:
@@ -120,12 +63,12 @@ def show(label: str, events: list[Event]) -> None:
 
 
 async def follow(
-    host: Host, params: dict[str, Any], label: str, until: float | None = None
+    host: Client, params: dict[str, Any], label: str, until: float | None = None
 ) -> Result:
     """Read a child page by page, printing events, until it ends (or ``until`` passes)."""
     after = params.get("after", 0)
     while True:
-        result = await host.child("child.read", {**params, "after": after})
+        result = await host.read({**params, "after": after})
         show(label, result.events)
         if result.events:
             after = result.events[-1].sequence
@@ -140,71 +83,53 @@ async def tour(db: Path, log: Path, fast: bool) -> None:
     tag = f"{int(time.time())}"
     run, conv, ext, lease = f"demo-run-{tag}", f"demo-conv-{tag}", "demo-ext", f"lease-{tag}"
     owner = {"runId": run, "toolCallId": "call-1", "extensionId": ext, "generation": 1}
-    preset = {"name": "scripted", "extensionId": ext, "generation": 1}
+    preset = Preset(name="scripted", extension_id=ext, generation=1)
     workspace = str(Path.cwd())
 
     say(f"starting a host on [bold]{db}[/bold] (scripted runner)")
-    host = Host(db, log)
-    await host.start(delay)
-    registered = await host.call(
-        "runner.register", {"runnerId": "demo", "hostInstanceId": "host-1"}
-    )
-    say(f"runner registered: connection generation {registered['generation']}")
-    await host.call("tool.begin", {
-        "runId": run, "conversationId": conv, "toolCallId": "call-1",
-        "extensionId": ext, "presets": [preset], "workspace": workspace,
-    })  # fmt: skip
-    say("tool call open: starting a [bold]foreground[/bold] child and a [bold]leased[/bold] one")
-    fg = await host.child(
-        "child.start",
-        {
-            **owner,
-            "request": {
-                "requestId": f"fg-{tag}",
-                "profile": "scripted",
-                "message": "review the diff in 8 steps",
-            },
-        },
-    )
-    bg = await host.child("child.start", {**owner, "leaseId": lease, "request": {
-        "requestId": f"bg-{tag}", "profile": "scripted", "leaseId": lease,
-        "message": "survey the codebase in 12 steps"}})  # fmt: skip
-    say(f"foreground {fg.conversation_id[:14]}…  leased {bg.conversation_id[:14]}… (admitted)")
+    async with await open_host(db, log, delay) as host:
+        registered = await host.register("demo", "host-1")
+        say(f"runner registered: connection generation {registered.generation}")
+        await host.begin_tool(
+            run_id=run, conversation_id=conv, tool_call_id="call-1",
+            extension_id=ext, presets=[preset], workspace=workspace,
+        )  # fmt: skip
+        say("tool call open: starting a [bold]foreground[/bold] child and "
+            "a [bold]leased[/bold] one")  # fmt: skip
+        fg = await host.start({**owner, "request": {
+            "requestId": f"fg-{tag}", "profile": "scripted",
+            "message": "review the diff in 8 steps"}})  # fmt: skip
+        bg = await host.start({**owner, "leaseId": lease, "request": {
+            "requestId": f"bg-{tag}", "profile": "scripted", "leaseId": lease,
+            "message": "survey the codebase in 12 steps"}})  # fmt: skip
+        say(f"foreground {fg.conversation_id[:14]}…  leased {bg.conversation_id[:14]}… (admitted)")
 
-    steer = await host.call(
-        "child.steer",
-        {
-            **owner,
-            "leaseId": lease,
-            "childId": bg.conversation_id,
-            "requestId": "steer-1",
-            "message": "durability first",
-        },
-    )
-    say(f"steered the leased child: {steer['outcome']}")
-    fg_read = {**owner, "childId": fg.conversation_id}
-    await follow(host, fg_read, "fg", until=time.monotonic() + 3 * delay)
-    say("cancelling the foreground child")
-    await host.child("child.cancel", fg_read)
-    fg_done = await follow(host, fg_read, "fg")
-    say(f"foreground child ended: cancelled={fg_done.cancelled} ({fg_done.error})")
-    await host.call("tool.end", {"runId": run, "toolCallId": "call-1"})
-    say("tool call ended: the leased child carries on under its lease")
+        bg_handle = {**owner, "leaseId": lease, "childId": bg.conversation_id}
+        steer = await host.steer(
+            {**bg_handle, "requestId": "steer-1", "message": "durability first"}
+        )
+        say(f"steered the leased child: {steer.outcome}")
+        fg_read = {**owner, "childId": fg.conversation_id}
+        await follow(host, fg_read, "fg", until=time.monotonic() + 3 * delay)
+        say("cancelling the foreground child")
+        await host.cancel(fg_read)
+        fg_done = await follow(host, fg_read, "fg")
+        say(f"foreground child ended: cancelled={fg_done.cancelled} ({fg_done.error})")
+        await host.end_tool(run, "call-1")
+        say("tool call ended: the leased child carries on under its lease")
 
-    lease_read = {"runId": run, "extensionId": ext, "generation": 1, "leaseId": lease,
-                  "childId": bg.conversation_id}  # fmt: skip
-    await follow(host, lease_read, "bg", until=time.monotonic() + 6 * delay)
-    console.print("[bold red]» kill -9 the host, mid-stream[/bold red]")
-    await host.kill()
+        lease_read = {"runId": run, "extensionId": ext, "generation": 1, "leaseId": lease,
+                      "childId": bg.conversation_id}  # fmt: skip
+        await follow(host, lease_read, "bg", until=time.monotonic() + 6 * delay)
+        console.print("[bold red]» kill -9 the host, mid-stream[/bold red]")
+        await kill(host)
 
     say("starting a new host on the same file")
-    host = Host(db, log)
-    await host.start(delay)
-    await host.call("runner.register", {"runnerId": "demo", "hostInstanceId": "host-1"})
-    say("runner reconnected with the same hostInstanceId: its lease survived")
-    final = await follow(host, lease_read, "bg")
-    await host.call("run.finish", {"runId": run, "succeeded": True})
-    await host.stop()
+    async with await open_host(db, log, delay) as host:
+        await host.register("demo", "host-1")
+        say("runner reconnected with the same hostInstanceId: its lease survived")
+        final = await follow(host, lease_read, "bg")
+        await host.finish_run(run, succeeded=True)
 
     events = all_events(db, bg.conversation_id)
     sequences = [e.sequence for e in events]
@@ -232,8 +157,8 @@ def run_demo(db: Path, *, fast: bool = False) -> int:
         log = Path(scratch) / "host.log"
         started = time.monotonic()
         try:
-            asyncio.run(tour(db.resolve(), log, fast))
-        except (DemoFailed, TimeoutError) as exc:
+            asyncio.run(asyncio.wait_for(tour(db.resolve(), log, fast), TOUR_TIMEOUT_S))
+        except (DemoFailed, DelegationError, TimeoutError) as exc:
             console.print(f"[bold red]demo failed:[/bold red] {exc}")
             with contextlib.suppress(OSError):
                 console.print(log.read_text()[-4000:], markup=False)

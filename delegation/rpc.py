@@ -9,7 +9,7 @@ stack trace ever reaches the wire.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -68,6 +68,31 @@ def error_frame(exc: BaseException, request_id: Id) -> bytes:
         exc = errors.InternalError()
     body = ErrorBody(exc.rpc_code, str(exc), {"reason": exc.reason})
     return _encoder.encode(ErrorResponse(body, request_id)) + b"\n"
+
+
+def _every(kind: type[errors.DelegationError]) -> Iterator[type[errors.DelegationError]]:
+    yield kind
+    for sub in kind.__subclasses__():
+        yield from _every(sub)
+
+
+_BY_REASON = {kind.reason: kind for kind in _every(errors.DelegationError)}
+# A reason this side does not know yet: the most general class of its code.
+_BY_CODE: dict[int, type[errors.DelegationError]] = {
+    kind.rpc_code: kind
+    for kind in (errors.ParseError, errors.ProtocolError, errors.MethodNotFound, errors.StoreError)
+}
+
+
+def error_from_wire(code: int, message: str, reason: object = None) -> errors.DelegationError:
+    """The inverse of :func:`error_frame`, for clients: the class named by ``reason``
+    (else the most general class of ``code``), with ``message`` as ``str(error)``."""
+    kind = _BY_REASON.get(reason) if isinstance(reason, str) else None
+    if kind is None:
+        kind = _BY_CODE.get(code, errors.DelegationError)
+    error = kind()
+    error.args = (message,)  # exactly the peer's words (no class prefixes them again)
+    return error
 
 
 def result_frame(result: Any, request_id: Id) -> bytes:

@@ -23,6 +23,11 @@ def test_demo_runs_and_the_leased_child_survives_the_crash(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "kill -9 the host" in proc.stdout
     assert "finished after the crash" in proc.stdout
+    # The heading it was steered to before the kill survives the resume (Recovery's
+    # delivered steers): the last step and the result still name it.
+    after_kill = proc.stdout.split("kill -9 the host", 1)[1]
+    assert "thinking about durability first" in after_kill
+    assert "finished 12 steps on durability first" in after_kill
     db = tmp_path / "delegation.db"
     with sqlite3.connect(db) as conn:
         states = dict(conn.execute("SELECT request_id LIKE 'bg-%', state FROM children"))

@@ -1,0 +1,429 @@
+"""A client for ``delegation serve`` (SPEC §11): :class:`Client` (async) and :class:`SyncClient`.
+
+One client is one runner connection: line-delimited JSON-RPC 2.0 over a Unix socket
+(``serve --socket``, :meth:`Client.connect`) or the stdin/stdout of a host subprocess it
+starts (``serve --stdio``, :meth:`Client.spawn`). Many calls may be in flight at once: one
+reader task matches each answer to its call by id, whatever the order of the answers.
+
+Answers are decoded strictly into the wire types. A refusal raises the
+:class:`~delegation.errors.DelegationError` subclass named by its ``data.reason``, with
+the host's message as ``str(error)``. Calls still waiting when the connection ends fail
+with :class:`~delegation.errors.HostClosing` (retry them, replaying the requestId).
+
+:class:`SyncClient` runs a :class:`Client` on an event loop of its own, in a background
+thread; each of its methods blocks until the answer arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import IO, Any, Concatenate, ParamSpec, TypeVar
+
+import msgspec
+
+from delegation import errors, rpc, wire
+from delegation._struct import Uint64, WireStruct
+from delegation.codec import decode
+from delegation.options import ExecutionOptions
+from delegation.wire import Params, Preset, Result, SteerResult
+
+__all__ = ["Client", "ParamsLike", "Registration", "SyncClient"]
+
+log = logging.getLogger("delegation.client")
+
+# The host answers with up to ~20 MiB on one line (a page of events); requests are
+# bounded by the host at 4 MiB.
+READ_LIMIT = 32 * 1024 * 1024
+# How long closing waits for a spawned host to exit after its input ends.
+CLOSE_TIMEOUT_S = 15.0
+
+ParamsLike = Params | bytes | bytearray | memoryview | str | Mapping[str, Any]
+"""Child params: a :class:`Params`, its JSON, or a dict of wire (camelCase) names."""
+
+
+class Registration(WireStruct, frozen=True):
+    """The answer to ``runner.register``: this connection's id and generation."""
+
+    connection_id: str
+    generation: Uint64
+
+
+class _Empty(WireStruct, frozen=True):
+    """The ``{}`` answer of the tool and run lifecycle methods."""
+
+
+class _Failure(msgspec.Struct, frozen=True):
+    code: int
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class _Id(msgspec.Struct, frozen=True):
+    id: int | str | None = None
+
+
+class _Answer(_Id, frozen=True):
+    result: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    error: _Failure | msgspec.UnsetType = msgspec.UNSET
+
+
+_answers = msgspec.json.Decoder(_Answer)
+_ids = msgspec.json.Decoder(_Id)
+_json_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_encoder = msgspec.json.Encoder()
+
+
+def _wire_params(params: ParamsLike) -> Params | Mapping[str, Any] | msgspec.Raw:
+    """What a child method sends; the host decodes it strictly (with its own providers)."""
+    if isinstance(params, Params):
+        return params
+    if isinstance(params, Mapping):
+        return dict(params)
+    if isinstance(params, bytes | bytearray | memoryview | str):
+        try:
+            data = params.encode() if isinstance(params, str) else bytes(params)
+            _json_object.decode(data)
+        except (msgspec.MsgspecError, ValueError, RecursionError) as exc:
+            raise errors.MalformedInput(f"malformed child input: {exc}") from exc
+        return msgspec.Raw(msgspec.json.format(data, indent=0))  # one line: one frame
+    raise errors.MalformedInput("child params must be Params, JSON or a dict")
+
+
+class Client:
+    """One runner connection to a ``delegation serve`` host.
+
+    Open it with :meth:`connect` or :meth:`spawn`, and close it with :meth:`close` or
+    ``async with``. Every method raises the :class:`~delegation.errors.DelegationError`
+    the host refused with, or :class:`~delegation.errors.HostClosing` when the
+    connection ended before the answer.
+    """
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        process: asyncio.subprocess.Process | None = None,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._process = process
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[msgspec.Raw]] = {}
+        self._sending = asyncio.Lock()
+        self._ended: errors.DelegationError | None = None
+        self._closing = False
+        self._listener = asyncio.create_task(self._listen())
+
+    @classmethod
+    async def connect(cls, socket_path: str | os.PathLike[str]) -> Client:
+        """Connect to ``delegation serve --socket socket_path``."""
+        path = os.fspath(socket_path)
+        reader, writer = await asyncio.open_unix_connection(path, limit=READ_LIMIT)
+        return cls(reader, writer)
+
+    @classmethod
+    async def spawn(
+        cls,
+        args: Sequence[str] = (),
+        *,
+        env: Mapping[str, str] | None = None,
+        stderr: int | IO[Any] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> Client:
+        """Start ``delegation serve --stdio *args`` (e.g. ``["--db", path, "--runner",
+        "scripted"]``) with this Python, and connect to its stdin and stdout."""
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "delegation.cli", "serve", "--stdio", *args,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=stderr, env=env, cwd=cwd, limit=READ_LIMIT,
+        )  # fmt: skip
+        assert process.stdin is not None
+        assert process.stdout is not None
+        return cls(process.stdout, process.stdin, process)
+
+    @property
+    def process(self) -> asyncio.subprocess.Process | None:
+        """The host subprocess :meth:`spawn` started (None for a socket)."""
+        return self._process
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection; for a spawned host, end its input, wait up to
+        :data:`CLOSE_TIMEOUT_S` for it to exit (it answers the calls in flight first),
+        then kill it. Calls still waiting fail with HostClosing."""
+        if self._closing:
+            return
+        self._closing = True
+        self._writer.close()
+        with contextlib.suppress(OSError):
+            await self._writer.wait_closed()
+        if self._process is not None:
+            try:
+                await asyncio.wait_for(self._process.wait(), CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                self._process.kill()
+                await self._process.wait()
+        await asyncio.wait({self._listener}, timeout=CLOSE_TIMEOUT_S)
+        self._listener.cancel()
+        await asyncio.gather(self._listener, return_exceptions=True)
+
+    # --- runner and tool lifecycle ------------------------------------------------------
+
+    async def register(self, runner_id: str, host_instance_id: str) -> Registration:
+        """``runner.register``: must come first on a connection. The same
+        ``host_instance_id`` after a restart reclaims the runner's leases."""
+        params = {"runnerId": runner_id, "hostInstanceId": host_instance_id}
+        return decode(await self.call("runner.register", params), Registration)
+
+    async def begin_tool(
+        self,
+        *,
+        run_id: str,
+        conversation_id: str,
+        tool_call_id: str,
+        extension_id: str,
+        presets: Sequence[Preset],
+        workspace: str,
+        policy: ExecutionOptions | None = None,
+    ) -> None:
+        """``tool.begin``: open a tool call that may start children from ``presets``
+        in ``workspace``; ``policy`` is the parent run's own options, the ceiling of
+        its children."""
+        params: dict[str, Any] = {
+            "runId": run_id, "conversationId": conversation_id, "toolCallId": tool_call_id,
+            "extensionId": extension_id, "presets": list(presets), "workspace": workspace,
+        }  # fmt: skip
+        if policy is not None:
+            params["policy"] = policy
+        decode(await self.call("tool.begin", params), _Empty)
+
+    async def end_tool(self, run_id: str, tool_call_id: str) -> None:
+        """``tool.end``: close a tool call opened on this connection (its leased
+        children carry on under their leases)."""
+        params = {"runId": run_id, "toolCallId": tool_call_id}
+        decode(await self.call("tool.end", params), _Empty)
+
+    async def finish_run(self, run_id: str, succeeded: bool = True) -> None:
+        """``run.finish``: end a parent run and this runner's grants, leases and
+        children of it."""
+        params = {"runId": run_id, "succeeded": succeeded}
+        decode(await self.call("run.finish", params), _Empty)
+
+    # --- the five child methods ---------------------------------------------------------
+
+    async def start(self, params: ParamsLike) -> Result:
+        """``child.start``: start (or replay, by requestId) a child; answers once it is
+        admitted, with its first page of events."""
+        return decode(await self.call(wire.START_METHOD, _wire_params(params)), Result)
+
+    async def read(self, params: ParamsLike) -> Result:
+        """``child.read``: a child's state and its events after ``params.after``."""
+        return decode(await self.call(wire.READ_METHOD, _wire_params(params)), Result)
+
+    async def cancel(self, params: ParamsLike) -> Result:
+        """``child.cancel``: cancel a child; answers once it has stopped."""
+        return decode(await self.call(wire.CANCEL_METHOD, _wire_params(params)), Result)
+
+    async def steer(self, params: ParamsLike) -> SteerResult:
+        """``child.steer``: hand a running child a message."""
+        return decode(await self.call(wire.STEER_METHOD, _wire_params(params)), SteerResult)
+
+    async def release(self, params: ParamsLike) -> Result:
+        """``child.lease.release``: release a lease and stop its children."""
+        return decode(await self.call(wire.RELEASE_METHOD, _wire_params(params)), Result)
+
+    # --- JSON-RPC -----------------------------------------------------------------------
+
+    async def call(self, method: str, params: Any) -> msgspec.Raw:
+        """Send one request (``params``: anything msgspec encodes) and wait for its
+        answer: the raw JSON of its result."""
+        if self._ended is not None or self._closing:
+            raise errors.HostClosing(str(self._ended or "the client is closed"))
+        request_id = next(self._ids)
+        envelope = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        try:
+            frame = _encoder.encode(envelope)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise errors.MalformedInput(f"malformed params: {exc}") from exc
+        if len(frame) > rpc.MAX_FRAME_BYTES:  # the host would answer it with no id
+            raise errors.InvalidRpcRequest("invalid request: message exceeds 4 MiB")
+        future: asyncio.Future[msgspec.Raw] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            async with self._sending:
+                self._writer.write(frame + b"\n")
+                await self._writer.drain()
+            return await future
+        except OSError as exc:  # the connection broke while sending
+            raise errors.HostClosing(f"the connection to the host failed: {exc}") from exc
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _listen(self) -> None:
+        ended: errors.DelegationError = errors.HostClosing("the host closed the connection")
+        try:
+            while line := await self._reader.readline():
+                ended = self._deliver(line) or ended
+        except (OSError, ValueError) as exc:  # ValueError: a line over READ_LIMIT
+            ended = errors.HostClosing(f"the connection to the host failed: {exc}")
+        finally:
+            if self._closing:
+                ended = errors.HostClosing("the client closed before the answer")
+            self._ended = ended
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(
+                        rpc.error_from_wire(ended.rpc_code, str(ended), ended.reason)
+                    )
+            self._pending.clear()
+
+    def _deliver(self, line: bytes) -> errors.DelegationError | None:
+        """Settle the call ``line`` answers. An error for no call (a refused peer, a
+        frame the host could not read) is returned: it says why the stream ends."""
+        try:
+            answer = _answers.decode(line)
+        except (msgspec.MsgspecError, ValueError) as exc:
+            log.warning("unreadable answer: %s", exc, extra={"action": "client_bad_answer"})
+            answer = _unreadable(line, exc)
+        error = None
+        if not isinstance(answer.error, msgspec.UnsetType):
+            data = answer.error.data or {}
+            error = rpc.error_from_wire(answer.error.code, answer.error.message, data.get("reason"))
+        future = self._pending.pop(answer.id, None) if isinstance(answer.id, int) else None
+        if future is None or future.done():
+            return error
+        if error is not None:
+            future.set_exception(error)
+        elif isinstance(answer.result, msgspec.UnsetType):
+            future.set_exception(errors.InternalError("the host answered neither result nor error"))
+        else:
+            future.set_result(answer.result)
+        return None
+
+
+def _unreadable(line: bytes, exc: Exception) -> _Answer:
+    """An answer that is not the JSON-RPC shape fails its call (when its id is readable)."""
+    try:
+        request_id = _ids.decode(line).id
+    except (msgspec.MsgspecError, ValueError):
+        request_id = None
+    failure = _Failure(-32603, f"unreadable answer: {exc}", {"reason": "internal_error"})
+    return _Answer(request_id, error=failure)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _blocking(
+    method: Callable[Concatenate[Client, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[SyncClient, P], R]:
+    """The blocking form of a :class:`Client` method, run on the SyncClient's loop."""
+
+    @functools.wraps(method)
+    def call(self: SyncClient, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._run(method(self._client, *args, **kwargs))
+
+    return call
+
+
+def _opening(opener: Callable[P, Coroutine[Any, Any, Client]]) -> Callable[P, SyncClient]:
+    """A SyncClient constructor from a :class:`Client` one (``connect``, ``spawn``)."""
+
+    @functools.wraps(opener)
+    def open_client(*args: P.args, **kwargs: P.kwargs) -> SyncClient:
+        return SyncClient(lambda: opener(*args, **kwargs))
+
+    return open_client
+
+
+class SyncClient:
+    """A :class:`Client` for synchronous code: the same methods, blocking.
+
+    It runs the client on an event loop in a daemon thread of its own; ``close`` (or
+    leaving ``with``) closes the client, then ends the loop and joins the thread.
+    """
+
+    def __init__(self, opening: Callable[[], Coroutine[Any, Any, Client]]) -> None:
+        ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+        async def main() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            ready.set()
+            await self._stop.wait()
+
+        name = "delegation-client"
+        self._thread = threading.Thread(target=asyncio.run, args=(main(),), name=name, daemon=True)
+        self._thread.start()
+        ready.wait()
+        try:
+            self._client = self._run(opening())
+        except BaseException:
+            self._end_loop()
+            raise
+        self._closed = False
+
+    # SyncClient.connect(socket_path), SyncClient.spawn(args, env=…, stderr=…, cwd=…)
+    connect = staticmethod(_opening(Client.connect))
+    spawn = staticmethod(_opening(Client.spawn))
+
+    @property
+    def process(self) -> asyncio.subprocess.Process | None:
+        """The host subprocess :meth:`spawn` started (None for a socket)."""
+        return self._client.process
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the client (see :meth:`Client.close`), end the loop, join the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._run(self._client.close())
+        finally:
+            self._end_loop()
+
+    def _run(self, coroutine: Coroutine[Any, Any, R]) -> R:
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # an interrupted caller leaves no call behind
+            raise
+
+    def _end_loop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join()
+
+    register = _blocking(Client.register)
+    begin_tool = _blocking(Client.begin_tool)
+    end_tool = _blocking(Client.end_tool)
+    finish_run = _blocking(Client.finish_run)
+    start = _blocking(Client.start)
+    read = _blocking(Client.read)
+    cancel = _blocking(Client.cancel)
+    steer = _blocking(Client.steer)
+    release = _blocking(Client.release)
+    call = _blocking(Client.call)
