@@ -403,6 +403,71 @@ async def rss_growth(bench: Bench, sizes: Sizes) -> float:
     return round(grown, 1)
 
 
+_FOLLOWER = """
+import json, sys, time
+from delegation.inspect import Inspector
+with Inspector(sys.argv[1]) as inspector:
+    print("ready", flush=True)
+    for event in inspector.follow(sys.argv[2]):
+        print(json.dumps([event.sequence, time.time()]), flush=True)
+"""
+
+
+async def follow_latency(bench: Bench, sizes: Sizes) -> dict[str, dict[str, float]]:
+    """From an event's commit (its flush returning) to its arrival at a ``follow``
+    consumer: ``Engine.follow`` in the host's process, and ``Inspector.follow`` (what
+    ``delegation events --follow`` uses) in another process. Milliseconds."""
+    count = max(50, sizes.events_single // 100)
+    committed: dict[int, float] = {}
+    gate = asyncio.Event()
+
+    class Paced(Runner):
+        async def prepare(self, *args: Any) -> Run:
+            async def run(ctx: ChildContext) -> None:
+                await ctx.admit()
+                await gate.wait()
+                for _ in range(count):
+                    sequence = ctx.emit(Event(kind="text", text="tick"))
+                    await ctx.flush()
+                    committed[sequence] = time.time()
+                    await asyncio.sleep(0.01)
+
+            return run
+
+    path = bench.path()
+    engine = await bench.engine(path, Paced())
+    started = await (await _starter(engine)).start("q-follow")
+    other = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _FOLLOWER, f"sqlite:///{path}", started.conversation_id,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert other.stdout is not None
+    await other.stdout.readline()  # ready
+    here: dict[int, float] = {}
+
+    async def consume() -> None:
+        async for event in engine.follow(started.conversation_id):
+            here[event.sequence] = time.time()
+
+    consumer = asyncio.create_task(consume())
+    await asyncio.sleep(0.2)  # the other process is watching
+    gate.set()
+    await consumer
+    lines = (await other.stdout.read()).decode().splitlines()
+    await other.wait()
+    there = dict(msgspec.json.decode(line) for line in lines)
+    await engine.close()
+    return {"in_process": _latency(committed, here), "other_process": _latency(committed, there)}
+
+
+def _latency(committed: dict[int, float], arrived: dict[int, float]) -> dict[str, float]:
+    """Median and p99 in ms; an arrival before the flush returned counts as 0 (the
+    follower was woken by the very commit the emitter was still waiting on)."""
+    delays = sorted(max(0.0, arrived[s] - t) * 1000 for s, t in committed.items() if s in arrived)
+    p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))]
+    return {"median_ms": round(_median(delays), 2), "p99_ms": round(p99, 2)}
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
@@ -417,6 +482,7 @@ SCENARIOS: dict[str, Callable[[Bench, Sizes], Awaitable[Any]]] = {
     "recover_10k_s": recover,
     "expire_5k_s": expire,
     "rss_growth_mb": rss_growth,
+    "follow_latency": follow_latency,
 }
 
 
@@ -452,6 +518,12 @@ def table(report: dict[str, Any]) -> str:
             lines.append(
                 f"{name:<18} {value['engine']:>10}/s {value['raw']:>10}/s {value['ratio']:>8}"
             )
+        elif isinstance(value, dict) and "in_process" in value:
+            for where, figures in value.items():
+                lines.append(
+                    f"{name + ' ' + where:<32} median {figures['median_ms']} ms,"
+                    f" p99 {figures['p99_ms']} ms"
+                )
         elif isinstance(value, dict):
             lines.append(
                 f"{name:<18} {value['engine_ms']:>9} ms {value['raw_ms']:>9} ms {value['ratio']:>8}"

@@ -110,6 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("--follow", action="store_true", help="keep printing until it ends")
     _add_json(events)
 
+    cancel = commands.add_parser(
+        "cancel", help="cancel a child of a live host (applied within a second)"
+    )
+    _add_db(cancel)
+    cancel.add_argument("child", help="the child's conversationId")
+    cancel.add_argument("--run", help="one execution (runId); default the newest")
+    cancel.add_argument("--wait", action="store_true", help="until the child has stopped")
+    _add_json(cancel)
+
+    steer = commands.add_parser("steer", help="steer a running child of a live host")
+    _add_db(steer)
+    steer.add_argument("child", help="the child's conversationId")
+    steer.add_argument("message", help="the new heading for the child")
+    steer.add_argument("--run", help="one execution (runId); default the newest")
+    _add_json(steer)
+
     leases = commands.add_parser("leases", help="leases and tombstones")
     _add_db(leases)
     leases.add_argument("--runner", help="only this runnerId")
@@ -160,6 +176,10 @@ def _run(args: argparse.Namespace) -> int:
         return run_demo(Path(args.db), fast=args.fast)
     if args.command == "db":
         return _db(args)
+    if args.command in ("cancel", "steer"):
+        from delegation import operate
+
+        return operate.command(args, db_url(args.db))
     from delegation import show
 
     return show.command(args, db_url(args.db))

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+import msgspec
 from sqlalchemy import Connection
 
 from delegation import authority, errors, maintenance, processes, queries, service
 from delegation.clock import Clock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
+from delegation.controls import WATCH_INTERVAL_S, ControlWatcher
 from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
 from delegation.runs import ChildContext, NotResumable, Recovery, Runner
@@ -30,6 +33,7 @@ from delegation.store import processes as store_processes
 from delegation.store.database import Database
 from delegation.store.events import EventRow
 from delegation.store.steers import mark_delivered
+from delegation.watch import FileWatch, Notices
 from delegation.wire import (
     CANCEL_METHOD,
     READ_METHOD,
@@ -45,6 +49,9 @@ from delegation.wire import (
 
 log = logging.getLogger("delegation.engine")
 T = TypeVar("T")
+# What the child methods take: Params, the JSON of them, or a dict of wire names.
+ParamsLike = Params | bytes | bytearray | memoryview | str | dict[str, Any]
+_json = msgspec.json.Encoder()
 
 
 class _Local:
@@ -138,6 +145,9 @@ class Engine:
             url, synchronous=self.config.synchronous, busy_timeout_ms=self.config.busy_timeout_ms
         )
         self._local: dict[int, _Local] = {}
+        self._notices = Notices()
+        self._controls: ControlWatcher | None = None
+        self._db.on_events = self._notices.bump
         self._open = False
         self.timers = Timers(
             self.clock, self.expire_due, self._sweep, self.config.retention_sweep_s
@@ -197,13 +207,15 @@ class Engine:
             self.timers.start(loop)
             self.timers.arm(deadline)
             for item in resumable:
-                recovery = Recovery(attempt=item.attempt, last_sequence=item.last_sequence)
+                recovery = Recovery(item.attempt, item.last_sequence, item.delivered)
                 plan = service.plan_of(item.child, item.policy)
                 self._spawn(item.child, plan, recovery, item.steers)
                 log.info(
                     "child resumed",
                     extra={"action": "child_recovered", "run_id": item.child.run_id},
                 )
+            self._controls = ControlWatcher(self, FileWatch(self._db.path, WATCH_INTERVAL_S))
+            self._controls.start()  # operators' requests: those left while down first
             await asyncio.sleep(0)  # each resumed run takes its first step
 
     async def expire_due(self) -> None:
@@ -240,6 +252,10 @@ class Engine:
         if not self._open:
             return
         self._open = False
+        self._notices.close()
+        if self._controls is not None:
+            await self._controls.stop()
+            self._controls = None
         self.timers.stop()
         # Even when the database refuses these writes (then close raises), nothing of the
         # engine outlives close: the next boot settles the rest, as after a crash.
@@ -385,6 +401,34 @@ class Engine:
         limit = self.config.events_per_read
         return await self._db.read(lambda c: queries.page(c, child.id, 0, limit, strict=False))
 
+    async def steer_child(
+        self,
+        conversation_id: str,
+        message: str,
+        run_id: str | None = None,
+        request_id: str | None = None,
+    ) -> SteerResult:
+        """The host's own steer of exactly one execution, whatever its grant (an
+        operator's): queued for the running child like ``child.steer``, idempotent per
+        ``request_id`` (a fresh one if None).
+
+        Raises:
+            errors.ChildNotFound: no such child.
+            errors.BadSteer: an empty or oversized message, or an invalid request id.
+        """
+        self._require_open()
+        rid = request_id or f"host-{secrets.token_hex(8)}"
+        outcome = await self._write(
+            service.steer_exact, self.config, conversation_id, run_id, rid, message
+        )
+        self._deliver_steer(outcome)
+        return outcome.result
+
+    def _deliver_steer(self, outcome: service.SteerOutcome) -> None:
+        local = self._local.get(outcome.child_id)
+        if outcome.queued is not None and local is not None and local.ctx is not None:
+            local.ctx.deliver(*outcome.queued)
+
     async def _confirm_cancelled(self, child_id: int, waits: list[asyncio.Event]) -> None:
         await self._drain(waits, self.config.release_drain_s)
         child = await self._db.read(lambda c: queries.child_by_id(c, child_id))
@@ -394,19 +438,55 @@ class Engine:
     # --- the five methods -------------------------------------------------------------
 
     async def call(
-        self, conn: RunnerConnection, method: str, params: Params | bytes | str
+        self, conn: RunnerConnection, method: str, params: ParamsLike
     ) -> Result | SteerResult:
-        """Serve one child method; raises a :class:`DelegationError` for every refusal."""
+        """Serve one child method by its wire name (JSON-RPC dispatch); raises a
+        :class:`DelegationError` for every refusal. Typed code calls :meth:`start`,
+        :meth:`read`, :meth:`cancel`, :meth:`steer` and :meth:`release` instead."""
         self._require_open()
         handler = self._methods.get(method)
         if handler is None:
             raise errors.MethodNotFound(f"method not found: {method}")
-        if not isinstance(params, Params):
-            if not isinstance(params, bytes | bytearray | memoryview | str):
-                raise errors.MalformedInput("child params must be Params or JSON")
-            params = decode(params, Params, providers=self.config.providers)
-        result: Result | SteerResult = await handler(conn, params)
+        result: Result | SteerResult = await handler(conn, self._params(params))
         return result
+
+    async def start(self, conn: RunnerConnection, params: ParamsLike) -> Result:
+        """``child.start``: the child's Result once it is admitted (SPEC §5)."""
+        self._require_open()
+        return await self._start(conn, self._params(params))
+
+    async def read(self, conn: RunnerConnection, params: ParamsLike) -> Result:
+        """``child.read``: the page of events after ``params.after``."""
+        self._require_open()
+        return await self._read(conn, self._params(params))
+
+    async def cancel(self, conn: RunnerConnection, params: ParamsLike) -> Result:
+        """``child.cancel``: request cancellation of exactly that child."""
+        self._require_open()
+        return await self._cancel(conn, self._params(params))
+
+    async def steer(self, conn: RunnerConnection, params: ParamsLike) -> SteerResult:
+        """``child.steer``: queue a message for the running child, idempotently."""
+        self._require_open()
+        return await self._steer(conn, self._params(params))
+
+    async def release(self, conn: RunnerConnection, params: ParamsLike) -> Result:
+        """``child.lease.release``: revoke a lease and wait for its children to stop."""
+        self._require_open()
+        return await self._release(conn, self._params(params))
+
+    def _params(self, params: ParamsLike) -> Params:
+        """``Params`` from Params, its JSON, or a dict of wire names (strictly decoded)."""
+        if isinstance(params, Params):
+            return params
+        if isinstance(params, dict):
+            try:
+                params = _json.encode(params)
+            except (TypeError, msgspec.EncodeError) as exc:
+                raise errors.MalformedInput(f"malformed child input: {exc}") from None
+        if not isinstance(params, bytes | bytearray | memoryview | str):
+            raise errors.MalformedInput("child params must be Params, JSON or a dict")
+        return decode(params, Params, providers=self.config.providers)
 
     async def _start(self, conn: RunnerConnection, params: Params) -> Result:
         now = self.clock.now()
@@ -450,9 +530,7 @@ class Engine:
     async def _steer(self, conn: RunnerConnection, params: Params) -> SteerResult:
         now = self.clock.now()
         outcome = await self._db.write(lambda c: service.steer(c, self.config, conn, params, now))
-        local = self._local.get(outcome.child_id)
-        if outcome.queued is not None and local is not None and local.ctx is not None:
-            local.ctx.deliver(*outcome.queued)
+        self._deliver_steer(outcome)
         return outcome.result
 
     async def _release(self, conn: RunnerConnection, params: Params) -> Result:
@@ -507,6 +585,39 @@ class Engine:
         return await self._db.read(
             lambda c: queries.child_events(c, conversation_id, run_id, after, size)
         )
+
+    async def follow(
+        self, conversation_id: str, run_id: str | None = None, after: int = 0
+    ) -> AsyncIterator[Event]:
+        """Every committed event of an execution after ``after``, each once, in order,
+        as it commits; the iterator ends once the execution is terminal and its last
+        event was given. Woken by the commit itself: nothing polls.
+
+        Raises:
+            errors.ChildNotFound: no such execution.
+            errors.HostClosing: the engine closed while following.
+        """
+        self._require_open()
+        child = await self.get_child(conversation_id, run_id)
+        if child is None:
+            raise errors.ChildNotFound(f"child not found: {conversation_id}")
+        child_id, limit = child.id, self.config.events_per_read
+        with self._notices.following(child_id):
+            while True:
+                seen = self._notices.version(child_id)
+                page = await self._db.read(
+                    functools.partial(
+                        queries.page, child_id=child_id, after=after, limit=limit, strict=False
+                    )
+                )
+                for event in page.events:
+                    yield event
+                after = page.events[-1].sequence if page.events else after
+                if len(page.events) == limit:
+                    continue  # more are committed already
+                if page.done:
+                    return
+                await self._notices.moved(child_id, seen)
 
     async def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
         """Leases and tombstones, newest first."""
@@ -591,6 +702,7 @@ class Engine:
         while not local.suspend:
             try:
                 await self._write(service.finish, local.child_id, error, local.tracked)
+                self._notices.bump([local.child_id])
                 return
             except errors.DatabaseBusy:
                 continue
@@ -613,6 +725,7 @@ class Engine:
             waits.append(local.ended)
         if orphans:
             await self._write(service.stop_unowned, orphans)
+            self._notices.bump(orphans)
         return waits
 
     @staticmethod

@@ -12,8 +12,10 @@ from types import TracebackType
 
 from delegation import queries
 from delegation.records import ChildRecord, LeaseRecord
-from delegation.store import migrate
-from delegation.store.database import ReadOnly
+from delegation.store import controls, migrate
+from delegation.store.controls import ControlRecord
+from delegation.store.database import ReadOnly, sqlite_path
+from delegation.watch import FileWatch
 from delegation.wire import Event
 
 
@@ -21,6 +23,7 @@ class Inspector:
     """Synchronous read models over a database file: children, events, leases."""
 
     def __init__(self, url: str = "sqlite:///delegation.db") -> None:
+        self.url = url
         self._db = ReadOnly(url)
 
     def __enter__(self) -> Inspector:
@@ -76,6 +79,33 @@ class Inspector:
 
     def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
         return self._db.read(lambda c: queries.leases(c, runner_id))
+
+    def control(self, control_id: int) -> ControlRecord | None:
+        """An operator's control request (``delegation cancel``/``steer``), by id."""
+        return self._db.read(lambda c: controls.get(c, control_id))
+
+    def follow(
+        self, conversation_id: str, run_id: str | None = None, after: int = 0
+    ) -> Iterator[Event]:
+        """Every committed event after ``after`` as it commits, from any process; ends
+        once the execution is terminal. It watches the file (``PRAGMA data_version``,
+        :class:`delegation.watch.FileWatch`) and reads tables only after a commit."""
+        watch = FileWatch(sqlite_path(self.url))
+        try:
+            while True:
+                # The state first: a terminal state commits after the run's last event,
+                # so a drain that starts after seeing it cannot miss one.
+                current = self.get_child(conversation_id, run_id)
+                if current is None:
+                    return
+                for event in self.all_events(conversation_id, current.run_id, after):
+                    yield event
+                    after = event.sequence
+                if current.terminal:
+                    return
+                watch.wait_sync()
+        finally:
+            watch.close()
 
     def all_events(
         self, conversation_id: str, run_id: str | None = None, after: int = 0

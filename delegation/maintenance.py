@@ -17,8 +17,9 @@ from delegation.config import EngineConfig
 from delegation.options import ExecutionOptions
 from delegation.processes import ProcessId
 from delegation.records import ChildRecord
-from delegation.store import children, grants, processes, runners
+from delegation.store import children, controls, grants, processes, runners
 from delegation.store.children import ACTIVE, ACTIVE_TERM
+from delegation.store.controls import ControlRecord
 
 HOST_RESTARTED = "cancelled: host restarted"
 ADMISSION_INTERRUPTED = "child admission interrupted by host restart"
@@ -43,11 +44,21 @@ class Resumable:
     last_sequence: int
     steers: tuple[tuple[int, str], ...] = ()
     policy: ExecutionOptions | None = None  # its grant's: the ceiling of its options
+    delivered: tuple[str, ...] = ()  # steers handed to earlier attempts, oldest first
 
 
 def orphans(conn: Connection) -> list[ProcessId]:
     """The processes recorded by runs of earlier host instances (SPEC §10)."""
     return processes.recorded(conn)
+
+
+def pending_controls(conn: Connection) -> list[ControlRecord]:
+    """Operators' control requests not applied yet (SPEC §11)."""
+    return controls.pending(conn)
+
+
+def control_applied(conn: Connection, control_id: int, outcome: str, now: float) -> None:
+    controls.applied(conn, control_id, outcome, now)
 
 
 def expire_due(conn: Connection, now: float) -> tuple[list[int], float | None]:
@@ -156,15 +167,19 @@ def _resumables(conn: Connection, instance_id: str, now: float) -> list[Resumabl
     ).all()
     found = {child.id: child for child in children.by_state(conn, "admitted")}
     queued: dict[int, list[tuple[int, str]]] = {}
-    for child_id, steer_id, message in conn.execute(
+    delivered: dict[int, list[str]] = {}
+    for child_id, steer_id, message, handed in conn.execute(
         text(
-            "SELECT s.child_id, s.id, s.message FROM steers s"
+            "SELECT s.child_id, s.id, s.message, s.delivered_at IS NOT NULL FROM steers s"
             f" WHERE s.child_id IN (SELECT id FROM {ACTIVE}"
             f" WHERE {ACTIVE_TERM} AND state = 'admitted')"
-            " AND s.outcome = 'injected' AND s.delivered_at IS NULL ORDER BY s.id"
+            " AND s.outcome = 'injected' ORDER BY s.id"
         )
     ):
-        queued.setdefault(child_id, []).append((steer_id, message))
+        if handed:
+            delivered.setdefault(child_id, []).append(message)
+        else:
+            queued.setdefault(child_id, []).append((steer_id, message))
     policies = {
         child_id: _policy.decode(raw)
         for child_id, raw in conn.execute(
@@ -189,6 +204,7 @@ def _resumables(conn: Connection, instance_id: str, now: float) -> list[Resumabl
             int(row.last),
             tuple(queued.get(row.id, ())),
             policies.get(row.id),
+            tuple(delivered.get(row.id, ())),
         )
         for row in rows
     ]

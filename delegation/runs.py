@@ -31,6 +31,9 @@ class Recovery:
 
     attempt: int  # 1 for the first resume
     last_sequence: int  # the last committed event: the engine's recovery event
+    # Every steer message handed to earlier attempts, oldest first: the heading a
+    # resumed run was steered to (those not yet handed over are delivered anew).
+    delivered_steers: tuple[str, ...] = ()
 
 
 class NotResumable(Exception):

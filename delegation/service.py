@@ -308,10 +308,34 @@ def steer(
 ) -> SteerOutcome:
     """Record a steer receipt, idempotently, and queue it for a running child."""
     child = locate_child(conn, rconn, params, now, steer=True)
-    message = params.message
-    if not valid_id(params.request_id) or blank(message) or len(message) > cfg.max_steer_chars:
+    return _record_steer(conn, cfg, child, params.request_id, params.message, now)
+
+
+def steer_exact(
+    conn: Connection,
+    cfg: EngineConfig,
+    conversation_id: str,
+    run_id: str | None,
+    request_id: str,
+    message: str,
+    now: float,
+) -> SteerOutcome:
+    """The host's own steer of one execution, whatever its grant (an operator's):
+    idempotent per requestId like ``child.steer``."""
+    return _record_steer(conn, cfg, _exact(conn, conversation_id, run_id), request_id, message, now)
+
+
+def _record_steer(
+    conn: Connection,
+    cfg: EngineConfig,
+    child: ChildRecord,
+    request_id: str,
+    message: str,
+    now: float,
+) -> SteerOutcome:
+    if not valid_id(request_id) or blank(message) or len(message) > cfg.max_steer_chars:
         raise errors.BadSteer()
-    stored = steers.receipt(conn, child.id, params.request_id)
+    stored = steers.receipt(conn, child.id, request_id)
     if stored is not None:
         if stored[0] != message:
             raise errors.SteerRequestIdReused()
@@ -324,7 +348,7 @@ def steer(
     else:
         result = SteerResult(outcome=STEER_PROMPT_REQUIRED, reason=STEER_NO_RUNNING_TURN)
     steer_id = steers.insert_receipt(
-        conn, child.id, params.request_id, message, result.outcome, result.reason, now
+        conn, child.id, request_id, message, result.outcome, result.reason, now
     )
     return SteerOutcome(result, child.id, (steer_id, message) if live else None)
 
@@ -491,6 +515,17 @@ def finish_run(
     return RunEnded(affected, child.id)
 
 
+def _exact(conn: Connection, conversation_id: str, run_id: str | None) -> ChildRecord:
+    """One execution by its ids, for the host's own calls (no grant involved)."""
+    authority.require_ids(conversation_id=conversation_id, **({"run_id": run_id} if run_id else {}))
+    child = children.find(conn, conversation_id, run_id)
+    if child is None:
+        if children.was_purged(conn, None, conversation_id, run_id):
+            raise errors.ChildPurged()
+        raise errors.ChildNotFound(f"child not found: {conversation_id}")
+    return child
+
+
 def cancel_exact(
     conn: Connection, conversation_id: str, run_id: str | None, reason: str, now: float
 ) -> ChildRecord:
@@ -502,12 +537,7 @@ def cancel_exact(
         errors.InvalidId: an id is not a valid ID.
         errors.ChildPurged, errors.ChildNotFound: there is no such child (any more).
     """
-    authority.require_ids(conversation_id=conversation_id, **({"run_id": run_id} if run_id else {}))
-    child = children.find(conn, conversation_id, run_id)
-    if child is None:
-        if children.was_purged(conn, None, conversation_id, run_id):
-            raise errors.ChildPurged()
-        raise errors.ChildNotFound(f"child not found: {conversation_id}")
+    child = _exact(conn, conversation_id, run_id)
     if not child.terminal:
         children.request_cancel(conn, [child.id], now, reason)
         child = children.get(conn, child.id) or child

@@ -35,7 +35,6 @@ from delegation.records import ChildRecord, LeaseRecord
 from delegation.store import migrate
 from delegation.wire import Event
 
-POLL_S = 0.2
 RECENT_EVENTS = 5
 _FIELDS = ("text", "tool_name", "input", "tool_output", "error")
 # C0, DEL and C1 controls (ESC, BEL, CSI U+009B...), line and paragraph separators,
@@ -157,17 +156,27 @@ def _events(inspector: Inspector, args: argparse.Namespace) -> int:
     if record is None:
         return _missing(args)
     emit = _json_line if args.json else _human_line()
-    after: int = args.after
-    while True:
-        # Read the state first: a terminal state commits after the run's last event,
-        # so a drain that starts after seeing it cannot miss one.
-        current = inspector.get_child(record.conversation_id, record.run_id)
-        for event in inspector.all_events(record.conversation_id, record.run_id, after):
+    if not args.follow:
+        for event in inspector.all_events(record.conversation_id, record.run_id, args.after):
             emit(event)
-            after = event.sequence
-        if not args.follow or current is None or current.terminal:
-            return 0
-        time.sleep(POLL_S)
+        return 0
+    for event in inspector.follow(record.conversation_id, record.run_id, args.after):
+        emit(event)
+    final = inspector.get_child(record.conversation_id, record.run_id)
+    if final is not None:
+        _ended(final, args.json)
+    return 0
+
+
+def _ended(record: ChildRecord, as_json: bool) -> None:
+    """How a followed execution ended: its last line."""
+    if as_json:
+        end = {"state": record.state, "error": record.error, "output": record.output}
+        sys.stdout.write(json.dumps({"end": end}) + "\n")
+        sys.stdout.flush()
+        return
+    how = f"{record.state}: {record.error}" if record.error else record.state
+    _console().print(Text(f"-- {printable(how)}", style="bold"))
 
 
 def event_line(event: Event) -> Text:

@@ -29,7 +29,7 @@ def test_quick_bench_prints_one_json_line_with_every_scenario() -> None:
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1
     report = json.loads(lines[0])
-    assert set(report) == {*RATIOS, "read_page", *NUMBERS, "machine"}
+    assert set(report) == {*RATIOS, "read_page", *NUMBERS, "follow_latency", "machine"}
     for name in RATIOS:
         figures = report[name]
         assert set(figures) == {"engine", "raw", "ratio"}
@@ -45,6 +45,12 @@ def test_quick_bench_prints_one_json_line_with_every_scenario() -> None:
     assert report["recover_10k_s"] > 0
     assert report["expire_5k_s"] > 0
     assert {"cores", "python", "sqlite"} <= set(report["machine"])
+    # From commit to a follow consumer, in the host's process and in another one.
+    latency = report["follow_latency"]
+    assert set(latency) == {"in_process", "other_process"}
+    for figures in latency.values():
+        assert set(figures) == {"median_ms", "p99_ms"}
+        assert 0 <= figures["median_ms"] <= figures["p99_ms"]
 
 
 def test_bench_table_for_people() -> None:

@@ -299,9 +299,11 @@ async def test_events_follow_streams_json_lines_until_the_child_ends(
     gate.set()
     rest, err = await asyncio.wait_for(follower.communicate(), 15)
     assert follower.returncode == 0, err
-    events = [first, *(json.loads(line) for line in rest.decode().splitlines())]
-    assert [e["sequence"] for e in events] == list(range(1, 8))
-    assert events[-1] == {"sequence": 7, "kind": "result", "text": "finished"}
+    *lines, last = [first, *(json.loads(line) for line in rest.decode().splitlines())]
+    assert [e["sequence"] for e in lines] == list(range(1, 8))
+    assert lines[-1] == {"sequence": 7, "kind": "result", "text": "finished"}
+    # It ends by saying how the child ended.
+    assert last == {"end": {"state": "done", "error": "", "output": "finished"}}
     record = await harness.engine.get_child(child)
     assert record is not None and record.state == "done"
 

@@ -183,7 +183,10 @@ async def test_graceful_close_resumes_a_leased_child_that_is_steered_to_completi
             e for e in await h.engine.events(conversation_id) if e.kind == "recovery"
         ]
         assert len(recovery_events) == 1
-        assert prepared.recovery == Recovery(attempt=1, last_sequence=recovery_events[0].sequence)
+        # The steer taken before the close is history; the queued one is delivered anew.
+        assert prepared.recovery == Recovery(
+            attempt=1, last_sequence=recovery_events[0].sequence, delivered_steers=("hold",)
+        )
         assert prepared.identity.conversation_id == conversation_id
         assert prepared.identity.run_id == started.run_id
         record = await until_state(h.engine, conversation_id, "running")

@@ -47,6 +47,9 @@ class ScriptedRunner:
             if recovery is not None:
                 ctx.emit(Event(kind="text", text=f"picking up after step {done} of {steps}"))
             heading = request.message
+            if recovery is not None and recovery.delivered_steers:
+                # The heading an earlier attempt was steered to survives the restart.
+                heading = recovery.delivered_steers[-1]
             for step in range(done + 1, steps + 1):
                 for steer in ctx.take_steers():
                     heading = steer

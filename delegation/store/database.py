@@ -170,6 +170,9 @@ class Database:
         self._read_engine: Engine | None = None
         self._reader: Connection | None = None
         self._lock: HostLock | None = None
+        # Called on the loop's thread with the ids of children whose events a batch
+        # committed: what wakes ``Engine.follow`` without polling.
+        self.on_events: Callable[[set[int]], None] | None = None
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -408,19 +411,30 @@ class Database:
                         self._conn = None
                         return  # stopping, and nothing left to commit
                     self._busy = True
+                committed = False
                 try:
-                    self._commit_batch(conn, batch)
+                    committed = self._commit_batch(conn, batch)
                 finally:
                     with self._cond:
                         self._busy = False
                 self._deliver(batch.jobs, inline=False)
+                if committed and batch.events and self.on_events is not None:
+                    self._announce({row.child_id for row in batch.events})
 
-    def _commit_batch(self, conn: Connection, batch: _Queue, *, begun: bool = False) -> None:
+    def _announce(self, child_ids: set[int]) -> None:
+        """Tell the loop which children have new committed events (see ``on_events``)."""
+        hook, loop = self.on_events, self._loop
+        if hook is not None and loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody follows
+                loop.call_soon_threadsafe(hook, child_ids)
+
+    def _commit_batch(self, conn: Connection, batch: _Queue, *, begun: bool = False) -> bool:
         """Commit one batch. Jobs run without savepoints: a job that refuses does so
         before writing, which ``total_changes`` confirms. Only when a job fails after
         writing is the batch undone and run again, each job in its own savepoint.
 
         ``begun``: the caller already holds the write lock (``BEGIN IMMEDIATE``).
+        Returns whether the batch committed.
         """
         try:
             if not begun:
@@ -431,6 +445,7 @@ class Database:
                 if begun:  # inline: the loop must not wait for the lock a second time
                     raise
                 self._transaction(conn, batch, savepoints=True, begun=False)
+            return True
         except _Redo:
             raise
         except Exception as exc:
@@ -451,6 +466,7 @@ class Database:
                         self._queue.events[:0] = batch.events
                 if not isinstance(failure, errors.DatabaseBusy):  # busy already waited
                     time.sleep(_RETRY_PAUSE_S)
+            return False
 
     def _synchronous(self, conn: Connection, batch: _Queue) -> None:
         """Set the sync level ``batch`` needs (SQLite takes it only between transactions):
@@ -681,3 +697,37 @@ def upgrade_file(url: str, *, apply: bool) -> tuple[str | None, str | None]:
     finally:
         engine.dispose()
         lock.release()
+
+
+def write_once(url: str, fn: Callable[[Connection], T], *, busy_timeout_ms: int = 5000) -> T:
+    """Run ``fn`` in one short write transaction on an existing database at head, beside
+    a live host if there is one (an operator's control request): no lock is taken, no
+    migration is run, and SQLite's own locking orders the write with the host's.
+
+    Raises:
+        errors.StoreError: no database there, or busy past the timeout.
+        errors.SchemaMismatch: not a delegation database at this code's schema.
+    """
+    path = sqlite_path(url)
+    if not path.is_file():
+        raise errors.StoreError(f"no delegation database at {path}")
+    engine = _make_engine(
+        url,
+        begin="BEGIN IMMEDIATE",
+        pragmas={"busy_timeout": str(busy_timeout_ms), "foreign_keys": "ON"},
+        pool_size=1,
+    )
+    try:
+        with engine.connect() as conn, conn.begin():
+            migrate.check(conn)
+            if migrate.current(conn) != migrate.head():
+                raise errors.SchemaMismatch(
+                    f"{path} is at an older schema; run `delegation db upgrade` first"
+                )
+            return fn(conn)
+    except errors.DelegationError:
+        raise
+    except Exception as exc:
+        raise translate(exc) from exc
+    finally:
+        engine.dispose()

@@ -237,6 +237,25 @@ processes = Table(
     CheckConstraint("pid > 0", name="pid_positive"),
 )
 
+# An operator's cancel or steer from another process (``delegation cancel``): the host
+# that owns the file applies it within a second, or the next one at boot (SPEC §11).
+controls = Table(
+    "controls",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("conversation_id", Text, nullable=False),
+    Column("run_id", Text),
+    Column("action", Text, nullable=False),
+    Column("message", Text, nullable=False, server_default=text("''")),
+    Column("request_id", Text, nullable=False, server_default=text("''")),
+    Column("created_at", REAL, nullable=False),
+    Column("applied_at", REAL),
+    Column("outcome", Text),  # JSON: what applying it did
+    CheckConstraint("action IN ('cancel', 'steer')", name="action"),
+    CheckConstraint("(applied_at IS NULL) = (outcome IS NULL)", name="applied_has_outcome"),
+)
+Index("ix_controls_pending", controls.c.id, sqlite_where=controls.c.applied_at.is_(None))
+
 # Children purged after retention, remembered for one more period so that a handle to
 # one gets a clear "purged" answer rather than "not owned".
 purged = Table(

@@ -1,0 +1,100 @@
+"""Operator control from another process (SPEC §11), on the host's side.
+
+``delegation cancel`` and ``delegation steer`` record a control request in the
+database; the host that owns the file watches it (``PRAGMA data_version``, see
+:class:`delegation.watch.FileWatch`), applies each pending request as its own
+``cancel_child`` / ``steer_child``, and records what happened. A host that was not
+running applies them at its next boot. Applying twice is harmless: a cancel of a
+finished child returns it unchanged, and a steer's request id makes it idempotent, so
+a host that dies between applying and recording does no harm by applying again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from delegation import errors, maintenance
+from delegation.store.controls import ControlRecord
+from delegation.watch import FileWatch
+
+if TYPE_CHECKING:
+    from delegation.engine import Engine
+
+log = logging.getLogger("delegation.controls")
+
+OPERATOR_CANCELLED = "cancelled by operator"
+WATCH_INTERVAL_S = 0.1  # well inside the 1 s an operator may wait
+
+
+class ControlWatcher:
+    """Applies the operators' control requests of one engine's database."""
+
+    def __init__(self, engine: Engine, watch: FileWatch) -> None:
+        self._engine = engine
+        self._watch = watch
+        self._task: asyncio.Task[None] | None = None
+        self._applying: set[int] = set()
+        self._running: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="delegation-controls")
+
+    async def stop(self) -> None:
+        """Stop watching; requests being applied are cancelled (applied again at boot)."""
+        tasks = [t for t in (self._task, *self._running) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watch.close()
+
+    async def _loop(self) -> None:
+        await self._apply_pending()  # left by operators while no host ran
+        while True:
+            await self._watch.wait()
+            await self._apply_pending()
+
+    async def _apply_pending(self) -> None:
+        try:
+            pending = await self._engine._db.read(maintenance.pending_controls)
+        except errors.DelegationError as exc:  # a busy or closing store: next change
+            log.warning("control requests not read: %s", exc, extra={"action": "controls_unread"})
+            return
+        for control in pending:
+            if control.id in self._applying:
+                continue
+            self._applying.add(control.id)
+            task = asyncio.create_task(self._apply(control))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _apply(self, control: ControlRecord) -> None:
+        try:
+            outcome = await self._outcome(control)
+            await self._engine._write(maintenance.control_applied, control.id, json.dumps(outcome))
+            log.info(
+                "control request applied",
+                extra={"action": "control_applied", "control": control.action, **outcome},
+            )
+        except errors.DelegationError as exc:
+            log.warning("control request not recorded: %s", exc, extra={"action": "control_failed"})
+        finally:
+            self._applying.discard(control.id)
+
+    async def _outcome(self, control: ControlRecord) -> dict[str, Any]:
+        engine = self._engine
+        try:
+            if control.action == "cancel":
+                result = await engine.cancel_child(
+                    control.conversation_id, control.run_id, reason=OPERATOR_CANCELLED
+                )
+                return {"runId": result.run_id, "state": "cancelled" if result.cancelled
+                        else "done", "error": result.error}  # fmt: skip
+            steered = await engine.steer_child(
+                control.conversation_id, control.message, control.run_id, control.request_id
+            )
+            return {"outcome": steered.outcome, "reason": steered.reason}
+        except errors.DelegationError as exc:
+            return {"failure": str(exc), "failureReason": exc.reason}

@@ -1,0 +1,67 @@
+"""Control requests: an operator's cancel or steer, recorded by another process and
+applied by the host that owns the database (SPEC §11)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection
+
+from delegation.store import run
+
+ACTIONS = ("cancel", "steer")
+_FIELDS = (
+    "id, conversation_id, run_id, action, message, request_id, created_at, applied_at, outcome"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRecord:
+    id: int
+    conversation_id: str
+    run_id: str | None
+    action: str
+    message: str
+    request_id: str
+    created_at: float
+    applied_at: float | None
+    outcome: str | None  # JSON, once applied
+
+
+def submit(
+    conn: Connection,
+    conversation_id: str,
+    run_id: str | None,
+    action: str,
+    message: str,
+    request_id: str,
+    now: float,
+) -> int:
+    cursor = run(
+        conn,
+        "INSERT INTO controls (conversation_id, run_id, action, message, request_id, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (conversation_id, run_id, action, message, request_id, now),
+    )
+    return int(cursor.lastrowid or 0)
+
+
+def pending(conn: Connection) -> list[ControlRecord]:
+    """Control requests not applied yet, oldest first (through ix_controls_pending)."""
+    rows = run(
+        conn, f"SELECT {_FIELDS} FROM controls WHERE applied_at IS NULL ORDER BY id"
+    ).fetchall()
+    return [ControlRecord(*row) for row in rows]
+
+
+def get(conn: Connection, control_id: int) -> ControlRecord | None:
+    row = run(conn, f"SELECT {_FIELDS} FROM controls WHERE id = ?", (control_id,)).fetchone()
+    return None if row is None else ControlRecord(*row)
+
+
+def applied(conn: Connection, control_id: int, outcome: str, now: float) -> None:
+    run(
+        conn,
+        "UPDATE controls SET applied_at = ?, outcome = ? WHERE id = ? AND applied_at IS NULL",
+        (now, outcome, control_id),
+    )

@@ -1,0 +1,126 @@
+"""Being told that something committed, instead of asking again and again (SPEC §11).
+
+* :class:`Notices`: in-process wake-ups. The store announces the children whose events
+  a batch committed, and the engine the children that ended; a follower waits for its
+  child's version to move. Nothing polls: a follower sleeps until the commit itself
+  wakes it.
+* :class:`FileWatch`: across processes on SQLite. ``PRAGMA data_version`` on one open
+  read-only connection changes whenever another connection commits to the file; asking
+  it is a few microseconds and reads no table, so a watcher asks it every
+  ``interval`` seconds and reads tables only when it moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from delegation import errors
+
+
+class _Watch:
+    __slots__ = ("changed", "count", "version")
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.count = 0
+        self.changed = asyncio.Event()
+
+
+class Notices:
+    """Versions of the children someone follows, bumped on each commit that concerns them."""
+
+    def __init__(self) -> None:
+        self._watches: dict[int, _Watch] = {}
+        self._closed = False
+
+    def version(self, child_id: int) -> int:
+        watch = self._watches.get(child_id)
+        return 0 if watch is None else watch.version
+
+    def bump(self, child_ids: Iterable[int]) -> None:
+        """Something of these children committed (only followed ones are kept)."""
+        for child_id in child_ids:
+            watch = self._watches.get(child_id)
+            if watch is not None:
+                watch.version += 1
+                watch.changed.set()
+
+    def close(self) -> None:
+        """The engine closes: every follower wakes (and finds the store closed)."""
+        self._closed = True
+        for watch in self._watches.values():
+            watch.changed.set()
+
+    @contextlib.contextmanager
+    def following(self, child_id: int) -> Iterator[None]:
+        """Keep ``child_id``'s version while the block runs."""
+        watch = self._watches.setdefault(child_id, _Watch())
+        watch.count += 1
+        try:
+            yield
+        finally:
+            watch.count -= 1
+            if not watch.count:
+                del self._watches[child_id]
+
+    async def moved(self, child_id: int, since: int) -> None:
+        """Return once ``child_id``'s version differs from ``since``.
+
+        Raises:
+            errors.HostClosing: the engine closed meanwhile.
+        """
+        watch = self._watches[child_id]
+        while watch.version == since:
+            if self._closed:
+                raise errors.HostClosing("the host closed while following the child")
+            watch.changed.clear()
+            await watch.changed.wait()
+        if self._closed:
+            raise errors.HostClosing("the host closed while following the child")
+
+
+class FileWatch:
+    """Notices of commits to a SQLite file by other connections (other processes too)."""
+
+    def __init__(self, path: Path | str, interval: float = 0.05) -> None:
+        self.interval = interval
+        uri = Path(path).resolve().as_uri() + "?mode=ro"
+        self._conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        self._version = self._read()
+
+    def _read(self) -> int:
+        (version,) = self._conn.execute("PRAGMA data_version").fetchone()
+        return int(version)
+
+    def changed(self) -> bool:
+        """Whether another connection committed since the last call (or since open)."""
+        version = self._read()
+        moved, self._version = version != self._version, version
+        return moved
+
+    def wait_sync(self, timeout: float | None = None) -> bool:
+        """Like :meth:`wait`, blocking (for the synchronous inspection tools)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.changed():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(self.interval)
+        return True
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Sleep until a commit happened (True) or ``timeout`` passed (False)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self.changed():
+            if deadline is not None and loop.time() >= deadline:
+                return False
+            await asyncio.sleep(self.interval)
+        return True
+
+    def close(self) -> None:
+        self._conn.close()
