@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from sqlalchemy import create_engine
 from delegation import Engine, EngineConfig
 from delegation.clock import ManualClock
 from delegation.store import migrate
+from tests import postgres
 from tests.support import Harness, ScriptRunner, open_harness
 
 
@@ -73,3 +75,28 @@ async def engine(
 @pytest.fixture
 async def harness(engine: Engine, runner: ScriptRunner, workspace: Path) -> Harness:
     return await open_harness(engine, runner, workspace)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A real PostgreSQL server for this test session (see tests/postgres.py)."""
+    server = postgres.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A new, empty database on the session's server, dropped after the test."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        yield postgres_server.rsplit("/", 1)[0] + f"/{name}"
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()

@@ -119,6 +119,9 @@ def test_no_copy_of_a_child_survives_its_hosts_kill(place: Path) -> None:
         assert processes_with(grand) == [old_grand], "a grandchild outlives the host"
         asyncio.run(_resume_and_count(db, conversation, old_grand, old_child))
     finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
         for pid in processes_with(conversation):
             os.kill(pid, signal.SIGKILL)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     REAL,
+    BigInteger,
     CheckConstraint,
     Column,
     ForeignKey,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     Text,
     text,
 )
+from sqlalchemy.dialects import postgresql
 
 # Stable constraint names, so migrations can refer to (and batch-alter) them.
 NAMING_CONVENTION = {
@@ -32,14 +34,19 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
+# Epoch seconds need double precision on PostgreSQL (its REAL has 4 bytes); the wire's
+# uint64 integers (generations, sequences) its BIGINT. SQLite's DDL is unchanged.
+TIME = REAL().with_variant(postgresql.DOUBLE_PRECISION(), "postgresql")
+BIG = Integer().with_variant(BigInteger(), "postgresql")
+
 STATES = "('prepared', 'admitted', 'running', 'done', 'cancelled')"
 
 host_instances = Table(
     "host_instances",
     metadata,
     Column("id", Text, primary_key=True),
-    Column("started_at", REAL, nullable=False),
-    Column("closed_at", REAL),
+    Column("started_at", TIME, nullable=False),
+    Column("closed_at", TIME),
 )
 
 # One row per runner: which connection is current, and with which generation.
@@ -48,9 +55,9 @@ runners = Table(
     metadata,
     Column("runner_id", Text, primary_key=True),
     Column("host_instance_id", Text, nullable=False),
-    Column("generation", Integer, nullable=False),
+    Column("generation", BIG, nullable=False),
     Column("connection_id", Text),  # NULL: no live connection
-    Column("updated_at", REAL, nullable=False),
+    Column("updated_at", TIME, nullable=False),
     CheckConstraint("generation >= 1", name="generation_positive"),
 )
 
@@ -59,11 +66,11 @@ connections = Table(
     metadata,
     Column("id", Text, primary_key=True),
     Column("runner_id", Text, ForeignKey("runners.runner_id"), nullable=False),
-    Column("generation", Integer, nullable=False),
+    Column("generation", BIG, nullable=False),
     Column("host_instance_id", Text, nullable=False),  # the runner's
     Column("engine_instance_id", Text, ForeignKey("host_instances.id"), nullable=False),
-    Column("opened_at", REAL, nullable=False),
-    Column("closed_at", REAL),
+    Column("opened_at", TIME, nullable=False),
+    Column("closed_at", TIME),
     CheckConstraint("generation >= 1", name="generation_positive"),
 )
 
@@ -87,11 +94,11 @@ grants = Table(
     Column("presets", LargeBinary),
     Column("generations", Text),  # the presets' generations, for release ownership
     Column("depth", Integer, nullable=False, server_default=text("1")),
-    Column("created_at", REAL, nullable=False),
-    Column("expires_at", REAL),
-    Column("closed_at", REAL),
-    Column("activated_at", REAL),
-    Column("revoked_at", REAL),
+    Column("created_at", TIME, nullable=False),
+    Column("expires_at", TIME),
+    Column("closed_at", TIME),
+    Column("activated_at", TIME),
+    Column("revoked_at", TIME),
     Column("revoke_reason", Text),
     Column("policy", LargeBinary),  # the parent run's ExecutionOptions; NULL: no ceiling
     CheckConstraint("kind IN ('tool', 'lease')", name="kind"),
@@ -116,6 +123,7 @@ Index(
     grants.c.lease_id,
     unique=True,
     sqlite_where=grants.c.kind == "lease",
+    postgresql_where=grants.c.kind == "lease",
 )
 Index("ix_grants_tool_call", grants.c.run_id, grants.c.tool_call_id)
 Index("ix_grants_connection", grants.c.connection_id)
@@ -135,7 +143,7 @@ children = Table(
     Column("parent_run_id", Text, nullable=False),
     Column("extension_id", Text, nullable=False),
     Column("profile", Text, nullable=False),
-    Column("generation", Integer, nullable=False),
+    Column("generation", BIG, nullable=False),
     Column("request", LargeBinary, nullable=False),
     Column("preset", LargeBinary, nullable=False),
     Column("cwd", Text, nullable=False),
@@ -143,15 +151,15 @@ children = Table(
     Column("followup", Integer, nullable=False, server_default=text("0")),
     Column("state", Text, nullable=False),
     Column("engine_instance_id", Text, ForeignKey("host_instances.id")),
-    Column("cancel_requested_at", REAL),
+    Column("cancel_requested_at", TIME),
     Column("cancel_reason", Text),
     Column("error", Text, nullable=False, server_default=text("''")),
     Column("output", Text, nullable=False, server_default=text("''")),
     Column("recovery_attempts", Integer, nullable=False, server_default=text("0")),
-    Column("created_at", REAL, nullable=False),
-    Column("updated_at", REAL, nullable=False),
-    Column("admitted_at", REAL),
-    Column("finished_at", REAL),
+    Column("created_at", TIME, nullable=False),
+    Column("updated_at", TIME, nullable=False),
+    Column("admitted_at", TIME),
+    Column("finished_at", TIME),
     # The live tool grant that authorized the start: a first admission under a lease
     # cannot outlive it (SPEC §3.5).
     Column("origin_grant_id", Text),
@@ -182,6 +190,7 @@ Index(
     children.c.conversation_id,
     unique=True,
     sqlite_where=children.c.state.in_(["prepared", "admitted", "running"]),
+    postgresql_where=children.c.state.in_(["prepared", "admitted", "running"]),
 )
 # No index on state alone: a start would write an entry and its admission move it.
 # Queries for unfinished children by state go through ix_children_one_active, which
@@ -193,6 +202,7 @@ Index(
     children.c.runner_id,
     children.c.lease_id,
     sqlite_where=children.c.lease_id.is_not(None),
+    postgresql_where=children.c.lease_id.is_not(None),
 )
 Index("ix_children_parent_run", children.c.parent_run_id)
 
@@ -201,7 +211,7 @@ events = Table(
     "events",
     metadata,
     Column("child_id", Integer, ForeignKey("children.id", ondelete="CASCADE"), primary_key=True),
-    Column("sequence", Integer, primary_key=True),
+    Column("sequence", BIG, primary_key=True),
     Column("body", LargeBinary, nullable=False),
     CheckConstraint("sequence >= 1", name="sequence_positive"),
     sqlite_with_rowid=False,
@@ -217,8 +227,8 @@ steers = Table(
     Column("message", Text, nullable=False),
     Column("outcome", Text, nullable=False),
     Column("reason", Text, nullable=False, server_default=text("''")),
-    Column("created_at", REAL, nullable=False),
-    Column("delivered_at", REAL),
+    Column("created_at", TIME, nullable=False),
+    Column("delivered_at", TIME),
     CheckConstraint("outcome IN ('injected', 'promptRequired')", name="outcome"),
     CheckConstraint("outcome = 'injected' OR delivered_at IS NULL", name="only_injected_delivered"),
 )
@@ -231,9 +241,9 @@ processes = Table(
     metadata,
     Column("child_id", Integer, ForeignKey("children.id", ondelete="CASCADE"), primary_key=True),
     Column("pid", Integer, nullable=False),
-    Column("start_ticks", Integer, nullable=False),
+    Column("start_ticks", BIG, nullable=False),
     Column("boot_id", Text, nullable=False),
-    Column("recorded_at", REAL, nullable=False),
+    Column("recorded_at", TIME, nullable=False),
     CheckConstraint("pid > 0", name="pid_positive"),
 )
 
@@ -248,13 +258,18 @@ controls = Table(
     Column("action", Text, nullable=False),
     Column("message", Text, nullable=False, server_default=text("''")),
     Column("request_id", Text, nullable=False, server_default=text("''")),
-    Column("created_at", REAL, nullable=False),
-    Column("applied_at", REAL),
+    Column("created_at", TIME, nullable=False),
+    Column("applied_at", TIME),
     Column("outcome", Text),  # JSON: what applying it did
     CheckConstraint("action IN ('cancel', 'steer')", name="action"),
     CheckConstraint("(applied_at IS NULL) = (outcome IS NULL)", name="applied_has_outcome"),
 )
-Index("ix_controls_pending", controls.c.id, sqlite_where=controls.c.applied_at.is_(None))
+Index(
+    "ix_controls_pending",
+    controls.c.id,
+    sqlite_where=controls.c.applied_at.is_(None),
+    postgresql_where=controls.c.applied_at.is_(None),
+)
 
 # Children purged after retention, remembered for one more period so that a handle to
 # one gets a clear "purged" answer rather than "not owned".
@@ -265,12 +280,18 @@ purged = Table(
     Column("conversation_id", Text, nullable=False),
     Column("grant_id", Text),
     Column("lease_id", Text),
-    Column("purged_at", REAL, nullable=False),
+    Column("purged_at", TIME, nullable=False),
 )
 Index("ix_purged_grant_conversation", purged.c.grant_id, purged.c.conversation_id)
-Index("ix_grants_expiry", grants.c.expires_at, sqlite_where=grants.c.revoked_at.is_(None))
+Index(
+    "ix_grants_expiry",
+    grants.c.expires_at,
+    sqlite_where=grants.c.revoked_at.is_(None),
+    postgresql_where=grants.c.revoked_at.is_(None),
+)
 Index(
     "ix_children_finished",
     children.c.finished_at,
     sqlite_where=children.c.finished_at.is_not(None),
+    postgresql_where=children.c.finished_at.is_not(None),
 )

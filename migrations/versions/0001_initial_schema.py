@@ -11,6 +11,12 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
+
+# Both dialects: epoch seconds need double precision on PostgreSQL (its REAL is 4 bytes),
+# and uint64 wire integers (generations, sequences) its BIGINT; SQLite's DDL is unchanged.
+TIME = sa.REAL().with_variant(postgresql.DOUBLE_PRECISION(), "postgresql")
+BIG = sa.Integer().with_variant(sa.BigInteger(), "postgresql")
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -22,17 +28,17 @@ def upgrade() -> None:
     op.create_table(
         "host_instances",
         sa.Column("id", sa.Text(), nullable=False),
-        sa.Column("started_at", sa.REAL(), nullable=False),
-        sa.Column("closed_at", sa.REAL(), nullable=True),
+        sa.Column("started_at", TIME, nullable=False),
+        sa.Column("closed_at", TIME, nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_host_instances")),
     )
     op.create_table(
         "runners",
         sa.Column("runner_id", sa.Text(), nullable=False),
         sa.Column("host_instance_id", sa.Text(), nullable=False),
-        sa.Column("generation", sa.Integer(), nullable=False),
+        sa.Column("generation", BIG, nullable=False),
         sa.Column("connection_id", sa.Text(), nullable=True),
-        sa.Column("updated_at", sa.REAL(), nullable=False),
+        sa.Column("updated_at", TIME, nullable=False),
         sa.CheckConstraint("generation >= 1", name=op.f("ck_runners_generation_positive")),
         sa.PrimaryKeyConstraint("runner_id", name=op.f("pk_runners")),
     )
@@ -40,11 +46,11 @@ def upgrade() -> None:
         "connections",
         sa.Column("id", sa.Text(), nullable=False),
         sa.Column("runner_id", sa.Text(), nullable=False),
-        sa.Column("generation", sa.Integer(), nullable=False),
+        sa.Column("generation", BIG, nullable=False),
         sa.Column("host_instance_id", sa.Text(), nullable=False),
         sa.Column("engine_instance_id", sa.Text(), nullable=False),
-        sa.Column("opened_at", sa.REAL(), nullable=False),
-        sa.Column("closed_at", sa.REAL(), nullable=True),
+        sa.Column("opened_at", TIME, nullable=False),
+        sa.Column("closed_at", TIME, nullable=True),
         sa.CheckConstraint("generation >= 1", name=op.f("ck_connections_generation_positive")),
         sa.ForeignKeyConstraint(
             ["engine_instance_id"],
@@ -73,11 +79,11 @@ def upgrade() -> None:
         sa.Column("presets", sa.LargeBinary(), nullable=True),
         sa.Column("generations", sa.Text(), nullable=True),
         sa.Column("depth", sa.Integer(), server_default=sa.text("1"), nullable=False),
-        sa.Column("created_at", sa.REAL(), nullable=False),
-        sa.Column("expires_at", sa.REAL(), nullable=True),
-        sa.Column("closed_at", sa.REAL(), nullable=True),
-        sa.Column("activated_at", sa.REAL(), nullable=True),
-        sa.Column("revoked_at", sa.REAL(), nullable=True),
+        sa.Column("created_at", TIME, nullable=False),
+        sa.Column("expires_at", TIME, nullable=True),
+        sa.Column("closed_at", TIME, nullable=True),
+        sa.Column("activated_at", TIME, nullable=True),
+        sa.Column("revoked_at", TIME, nullable=True),
         sa.Column("revoke_reason", sa.Text(), nullable=True),
         sa.CheckConstraint(
             "kind = 'lease' OR (run_id IS NOT NULL AND tool_call_id IS NOT NULL AND connection_id IS NOT NULL AND presets IS NOT NULL)",
@@ -115,6 +121,7 @@ def upgrade() -> None:
             ["runner_id", "lease_id"],
             unique=True,
             sqlite_where=sa.text("kind = 'lease'"),
+            postgresql_where=sa.text("kind = 'lease'"),
         )
         batch_op.create_index("ix_grants_tool_call", ["run_id", "tool_call_id"], unique=False)
 
@@ -132,7 +139,7 @@ def upgrade() -> None:
         sa.Column("parent_run_id", sa.Text(), nullable=False),
         sa.Column("extension_id", sa.Text(), nullable=False),
         sa.Column("profile", sa.Text(), nullable=False),
-        sa.Column("generation", sa.Integer(), nullable=False),
+        sa.Column("generation", BIG, nullable=False),
         sa.Column("request", sa.LargeBinary(), nullable=False),
         sa.Column("preset", sa.LargeBinary(), nullable=False),
         sa.Column("cwd", sa.Text(), nullable=False),
@@ -140,15 +147,15 @@ def upgrade() -> None:
         sa.Column("followup", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("state", sa.Text(), nullable=False),
         sa.Column("engine_instance_id", sa.Text(), nullable=True),
-        sa.Column("cancel_requested_at", sa.REAL(), nullable=True),
+        sa.Column("cancel_requested_at", TIME, nullable=True),
         sa.Column("cancel_reason", sa.Text(), nullable=True),
         sa.Column("error", sa.Text(), server_default=sa.text("('')"), nullable=False),
         sa.Column("output", sa.Text(), server_default=sa.text("('')"), nullable=False),
         sa.Column("recovery_attempts", sa.Integer(), server_default=sa.text("0"), nullable=False),
-        sa.Column("created_at", sa.REAL(), nullable=False),
-        sa.Column("updated_at", sa.REAL(), nullable=False),
-        sa.Column("admitted_at", sa.REAL(), nullable=True),
-        sa.Column("finished_at", sa.REAL(), nullable=True),
+        sa.Column("created_at", TIME, nullable=False),
+        sa.Column("updated_at", TIME, nullable=False),
+        sa.Column("admitted_at", TIME, nullable=True),
+        sa.Column("finished_at", TIME, nullable=True),
         sa.CheckConstraint(
             "(state IN ('done', 'cancelled')) = (finished_at IS NOT NULL)",
             name=op.f("ck_children_finished_iff_terminal"),
@@ -201,6 +208,7 @@ def upgrade() -> None:
             ["conversation_id"],
             unique=True,
             sqlite_where=sa.text("state IN ('prepared', 'admitted', 'running')"),
+            postgresql_where=sa.text("state IN ('prepared', 'admitted', 'running')"),
         )
         batch_op.create_index("ix_children_parent_run", ["parent_run_id"], unique=False)
         batch_op.create_index("ix_children_state", ["state"], unique=False)
@@ -208,7 +216,7 @@ def upgrade() -> None:
     op.create_table(
         "events",
         sa.Column("child_id", sa.Integer(), nullable=False),
-        sa.Column("sequence", sa.Integer(), nullable=False),
+        sa.Column("sequence", BIG, nullable=False),
         sa.Column("body", sa.LargeBinary(), nullable=False),
         sa.CheckConstraint("sequence >= 1", name=op.f("ck_events_sequence_positive")),
         sa.ForeignKeyConstraint(
@@ -228,8 +236,8 @@ def upgrade() -> None:
         sa.Column("message", sa.Text(), nullable=False),
         sa.Column("outcome", sa.Text(), nullable=False),
         sa.Column("reason", sa.Text(), server_default=sa.text("('')"), nullable=False),
-        sa.Column("created_at", sa.REAL(), nullable=False),
-        sa.Column("delivered_at", sa.REAL(), nullable=True),
+        sa.Column("created_at", TIME, nullable=False),
+        sa.Column("delivered_at", TIME, nullable=True),
         sa.CheckConstraint(
             "outcome = 'injected' OR delivered_at IS NULL",
             name=op.f("ck_steers_only_injected_delivered"),
@@ -261,6 +269,7 @@ def downgrade() -> None:
         batch_op.drop_index(
             "ix_children_one_active",
             sqlite_where=sa.text("state IN ('prepared', 'admitted', 'running')"),
+            postgresql_where=sa.text("state IN ('prepared', 'admitted', 'running')"),
         )
         batch_op.drop_index("ix_children_lease")
         batch_op.drop_index("ix_children_grant_request")
@@ -269,7 +278,11 @@ def downgrade() -> None:
     op.drop_table("children")
     with op.batch_alter_table("grants", schema=None) as batch_op:
         batch_op.drop_index("ix_grants_tool_call")
-        batch_op.drop_index("ix_grants_runner_lease", sqlite_where=sa.text("kind = 'lease'"))
+        batch_op.drop_index(
+            "ix_grants_runner_lease",
+            sqlite_where=sa.text("kind = 'lease'"),
+            postgresql_where=sa.text("kind = 'lease'"),
+        )
         batch_op.drop_index("ix_grants_connection")
 
     op.drop_table("grants")

@@ -29,18 +29,28 @@ def upgrade() -> None:
             ["runner_id", "lease_id"],
             unique=False,
             sqlite_where=sa.text("lease_id IS NOT NULL"),
+            postgresql_where=sa.text("lease_id IS NOT NULL"),
         )
         batch_op.create_index(
             "ix_children_finished",
             ["finished_at"],
             unique=False,
             sqlite_where=sa.text("finished_at IS NOT NULL"),
+            postgresql_where=sa.text("finished_at IS NOT NULL"),
         )
 
 
 def downgrade() -> None:
     with op.batch_alter_table("children", schema=None) as batch_op:
-        batch_op.drop_index("ix_children_finished", sqlite_where=sa.text("finished_at IS NOT NULL"))
-        batch_op.drop_index("ix_children_lease", sqlite_where=sa.text("lease_id IS NOT NULL"))
+        batch_op.drop_index(
+            "ix_children_finished",
+            sqlite_where=sa.text("finished_at IS NOT NULL"),
+            postgresql_where=sa.text("finished_at IS NOT NULL"),
+        )
+        batch_op.drop_index(
+            "ix_children_lease",
+            sqlite_where=sa.text("lease_id IS NOT NULL"),
+            postgresql_where=sa.text("lease_id IS NOT NULL"),
+        )
         batch_op.create_index("ix_children_finished", ["finished_at"], unique=False)
         batch_op.create_index("ix_children_lease", ["runner_id", "lease_id"], unique=False)

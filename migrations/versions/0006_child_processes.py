@@ -11,6 +11,12 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
+
+# Both dialects: epoch seconds need double precision on PostgreSQL (its REAL is 4 bytes),
+# and uint64 wire integers (generations, sequences) its BIGINT; SQLite's DDL is unchanged.
+TIME = sa.REAL().with_variant(postgresql.DOUBLE_PRECISION(), "postgresql")
+BIG = sa.Integer().with_variant(sa.BigInteger(), "postgresql")
 
 revision: str = "0006"
 down_revision: str | None = "0005"
@@ -24,9 +30,9 @@ def upgrade() -> None:
         "processes",
         sa.Column("child_id", sa.Integer(), nullable=False),
         sa.Column("pid", sa.Integer(), nullable=False),
-        sa.Column("start_ticks", sa.Integer(), nullable=False),
+        sa.Column("start_ticks", BIG, nullable=False),
         sa.Column("boot_id", sa.Text(), nullable=False),
-        sa.Column("recorded_at", sa.REAL(), nullable=False),
+        sa.Column("recorded_at", TIME, nullable=False),
         sa.CheckConstraint("pid > 0", name=op.f("ck_processes_pid_positive")),
         sa.ForeignKeyConstraint(
             ["child_id"],

@@ -11,6 +11,12 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
+
+# Both dialects: epoch seconds need double precision on PostgreSQL (its REAL is 4 bytes),
+# and uint64 wire integers (generations, sequences) its BIGINT; SQLite's DDL is unchanged.
+TIME = sa.REAL().with_variant(postgresql.DOUBLE_PRECISION(), "postgresql")
+BIG = sa.Integer().with_variant(sa.BigInteger(), "postgresql")
 
 revision: str = "0007"
 down_revision: str | None = "0006"
@@ -27,8 +33,8 @@ def upgrade() -> None:
         sa.Column("action", sa.Text(), nullable=False),
         sa.Column("message", sa.Text(), server_default=sa.text("''"), nullable=False),
         sa.Column("request_id", sa.Text(), server_default=sa.text("''"), nullable=False),
-        sa.Column("created_at", sa.REAL(), nullable=False),
-        sa.Column("applied_at", sa.REAL(), nullable=True),
+        sa.Column("created_at", TIME, nullable=False),
+        sa.Column("applied_at", TIME, nullable=True),
         sa.Column("outcome", sa.Text(), nullable=True),
         sa.CheckConstraint("action IN ('cancel', 'steer')", name=op.f("ck_controls_action")),
         sa.CheckConstraint(
@@ -39,11 +45,19 @@ def upgrade() -> None:
     # A host asks for the pending ones after every commit it sees: only they are indexed.
     with op.batch_alter_table("controls", schema=None) as batch_op:
         batch_op.create_index(
-            "ix_controls_pending", ["id"], unique=False, sqlite_where=sa.text("applied_at IS NULL")
+            "ix_controls_pending",
+            ["id"],
+            unique=False,
+            sqlite_where=sa.text("applied_at IS NULL"),
+            postgresql_where=sa.text("applied_at IS NULL"),
         )
 
 
 def downgrade() -> None:
     with op.batch_alter_table("controls", schema=None) as batch_op:
-        batch_op.drop_index("ix_controls_pending", sqlite_where=sa.text("applied_at IS NULL"))
+        batch_op.drop_index(
+            "ix_controls_pending",
+            sqlite_where=sa.text("applied_at IS NULL"),
+            postgresql_where=sa.text("applied_at IS NULL"),
+        )
     op.drop_table("controls")
