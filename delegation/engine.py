@@ -182,7 +182,18 @@ class Engine:
         """Open (and migrate) the database, take over from the previous host instance,
         arm the lease timer and resume the children this host owns (SPEC §7)."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._db.open, loop)
+        opening = loop.run_in_executor(None, self._db.open, loop)
+        try:
+            await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # The thread goes on and may yet lock and open the file: give it back then,
+            # or this process would hold the file with no engine to close it.
+            def give_back(done: asyncio.Future[None]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    self._db.close()  # on the loop's thread; the writer is idle
+
+            opening.add_done_callback(give_back)
+            raise
         protect = getattr(self._runner, "protect_paths", None)
         if callable(protect):  # a runner that starts processes keeps them off the file
             protect([str(self._db.path.parent)])

@@ -37,6 +37,7 @@ from delegation.serve_io import (
     SocketOutbox,
     ThreadOutbox,
     allowed_peer,
+    check_socket_path,
     frames,
     open_stdin,
     remove_stale_socket,
@@ -394,7 +395,9 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if socket_path is not None:
-        remove_stale_socket(socket_path)  # before the engine opens: a refusal changes nothing
+        # Refused before the engine opens, but removed only once it holds the database:
+        # a host refused with host_conflict must not unlink the live host's socket.
+        check_socket_path(socket_path)
     async with engine:
         log.info("serving", extra={"action": "serve_started"})
         if socket_path is not None:

@@ -204,16 +204,23 @@ def allowed_peer(sock: socket.socket | None, allowed_uid: int) -> bool:
         return False
 
 
-def remove_stale_socket(path: str) -> None:
-    """Remove a socket a previous host left at ``path``; never remove anything else
-    (a mistyped ``--socket`` naming the database must not delete it)."""
+def check_socket_path(path: str) -> bool:
+    """Whether a socket is at ``path``; anything else there is refused (a mistyped
+    ``--socket`` naming the database must not delete it). Changes nothing."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
-        return
+        return False
     if not stat.S_ISSOCK(mode):
         raise FileExistsError(f"{path} exists and is not a socket; not replacing it")
-    os.unlink(path)
+    return True
+
+
+def remove_stale_socket(path: str) -> None:
+    """Remove a socket a previous host left at ``path``; never remove anything else.
+    Call it only while holding the database: before, the socket may be a live host's."""
+    if check_socket_path(path):
+        os.unlink(path)
 
 
 def _write_all(fd: int, data: bytes) -> None:

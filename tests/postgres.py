@@ -70,9 +70,7 @@ def start() -> Server:
         return Server(given, lambda: None)
     bin_dir = binaries()
     if bin_dir is None:
-        raise RuntimeError(
-            "no PostgreSQL server: install Debian's postgresql-15 or set " + ENV
-        )
+        raise RuntimeError("no PostgreSQL server: install Debian's postgresql-15 or set " + ENV)
     root = Path(tempfile.mkdtemp(prefix="delegation-pg-"))
     demote = _as_user()
     if demote is not None:
@@ -88,8 +86,7 @@ def start() -> Server:
             env=env, **run,  # type: ignore[arg-type]
         )  # fmt: skip
         options = (
-            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=on"
-            " -c max_connections=200"
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=200"
         )
         subprocess.run(
             [str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-o", options,

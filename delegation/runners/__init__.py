@@ -30,7 +30,10 @@ def load_runner(spec: str, config: Path | None = None) -> Runner:
         raise ValueError(f"runner must be scripted, command or module:attr, not {spec!r}")
     found: Any = getattr(importlib.import_module(module_name), attr)
     if config is not None:
-        return found.from_file(config)  # type: ignore[no-any-return]
+        try:
+            return found.from_file(config)  # type: ignore[no-any-return]
+        except TypeError as exc:  # an unknown or misspelt setting
+            raise ValueError(f"{config}: {exc}") from exc
     is_runner = hasattr(found, "prepare") and not isinstance(found, type)
     if not is_runner and not callable(found):
         raise ValueError(f"{spec!r} is not a runner: it has no prepare()")

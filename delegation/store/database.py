@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError
@@ -88,7 +89,12 @@ def sqlite_path(url: str) -> Path:
     prefix = "sqlite:///"
     if not url.startswith(prefix) or url[len(prefix) :] in ("", ":memory:"):
         raise ValueError("delegation needs a SQLite file URL such as sqlite:///delegation.db")
-    return Path(url[len(prefix) :].split("?", 1)[0])
+    path, _, query = url[len(prefix) :].partition("?")
+    # With uri=true SQLite opens the file a "file:" URI names, not this path: the host
+    # lock would be taken on another file (a second host on a live one).
+    if "uri" in {key.lower() for key in parse_qs(query, keep_blank_values=True)}:
+        raise ValueError("delegation needs a plain SQLite file URL, not a file: URI")
+    return Path(path)
 
 
 def _make_engine(
@@ -196,6 +202,7 @@ class Database:
         self._lock = HostLock.acquire(self.path)
         try:
             check_file(self.url)
+            self._lock.restrict_modes()  # only now: another application's file keeps its mode
         except BaseException:
             self.close()
             raise
@@ -227,8 +234,10 @@ class Database:
                     migrate.upgrade(conn)
                 finally:
                     raw.execute("PRAGMA busy_timeout=0")
-        except Exception as exc:
+        except BaseException as exc:
             self.close()
+            if not isinstance(exc, Exception):
+                raise
             raise translate(exc) from exc
         self._stopping = False
         self._dispatching, self._queue = False, _Queue()  # nothing of an earlier opening
@@ -244,11 +253,20 @@ class Database:
         """
         await asyncio.get_running_loop().run_in_executor(None, self._stop_writer)
         self._close_readers()
+        self._release_lock()
 
     def close(self) -> None:
         """Like :meth:`aclose`, blocking; call it on the loop's thread."""
         self._stop_writer()
         self._close_readers()
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        # Last, once no connection of ours is open: closing the lock's descriptor drops
+        # the POSIX locks SQLite holds on the file in this process.
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _stop_writer(self) -> None:
         with self._cond:
@@ -260,9 +278,6 @@ class Database:
         if self._write_engine is not None:
             self._write_engine.dispose()
             self._write_engine = None
-        if self._lock is not None:  # last: the file is given back once nothing writes
-            self._lock.release()
-            self._lock = None
 
     def _close_readers(self) -> None:
         # The read connection belongs to the loop's thread: closing it from another
@@ -684,9 +699,11 @@ def upgrade_file(url: str, *, apply: bool) -> tuple[str | None, str | None]:
         current = ReadOnly.read_once(url, _checked_revision)
         return current, current
     lock = HostLock.acquire(sqlite_path(url))  # never beside a live host
-    engine = create_engine(url)
+    engine: Engine | None = None
     try:
         check_file(url)
+        lock.restrict_modes()
+        engine = create_engine(url)
         with engine.connect() as conn:
             conn.exec_driver_sql("PRAGMA journal_mode=WAL")
             before = migrate.current(conn)
@@ -695,7 +712,8 @@ def upgrade_file(url: str, *, apply: bool) -> tuple[str | None, str | None]:
     except Exception as exc:
         raise translate(exc) from exc
     finally:
-        engine.dispose()
+        if engine is not None:
+            engine.dispose()
         lock.release()
 
 

@@ -21,6 +21,8 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
+import threading
 from pathlib import Path
 
 from delegation import errors
@@ -29,20 +31,29 @@ from delegation import errors
 FILE_MODE = 0o600
 _SIDE_FILES = ("-wal", "-shm", "-journal")
 
+# The files this process holds, by (device, inode). Closing *any* descriptor of a file
+# drops every POSIX lock the process holds on it, SQLite's included: a refused second
+# open in this process must never close a descriptor of a file a live engine here uses.
+_HELD: dict[tuple[int, int], HostLock] = {}
+_HELD_GUARD = threading.Lock()
+
 
 class HostLock:
     """The exclusive lock of one host on one database file."""
 
-    def __init__(self, fd: int, path: Path) -> None:
+    def __init__(self, fd: int, path: Path, key: tuple[int, int]) -> None:
         self._fd: int | None = fd
         self.path = path
+        self._key = key
+        self._parked: list[int] = []  # refused opens of this file in this process
 
     @classmethod
     def acquire(cls, path: Path) -> HostLock:
         """Create the file (mode 0600) if it is missing and lock it exclusively.
 
-        Nothing else is changed before the lock is held: a refused host has written no
-        byte, created no file (the file existed) and changed no mode.
+        Nothing else is changed: a refused host has written no byte, created no file
+        (the file existed) and changed no mode; modes are restricted by
+        :meth:`restrict_modes`, once the file is known to be ours.
 
         Raises:
             errors.HostConflict: another live host holds the file.
@@ -51,27 +62,41 @@ class HostLock:
         if not path.parent.is_dir():
             raise errors.StoreError(f"database directory {path.parent} does not exist")
         fd = _open(path)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise errors.HostConflict() from None
-            raise errors.StoreError(f"cannot lock {path}: {exc.strerror}") from exc
-        lock = cls(fd, path)
-        lock._restrict_modes()
+        with _HELD_GUARD:
+            info = os.fstat(fd)
+            key = (info.st_dev, info.st_ino)
+            holder = _HELD.get(key)
+            if holder is not None:  # a live engine of this process: never close this fd now
+                holder._parked.append(fd)
+                raise errors.HostConflict()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)  # another process holds it: nothing of ours uses the file
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise errors.HostConflict() from None
+                raise errors.StoreError(f"cannot lock {path}: {exc.strerror}") from exc
+            lock = _HELD[key] = cls(fd, path, key)
         return lock
 
     def release(self) -> None:
-        """Give the file back (closing the descriptor releases the lock)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        """Give the file back (closing the descriptor releases the lock); call it once
+        nothing of this host uses the file any more."""
+        with _HELD_GUARD:
+            fd, self._fd = self._fd, None
+            if fd is None:
+                return
+            if _HELD.get(self._key) is self:
+                del _HELD[self._key]
+            parked, self._parked = self._parked, []
+        for descriptor in (*parked, fd):
+            os.close(descriptor)
 
-    def _restrict_modes(self) -> None:
+    def restrict_modes(self) -> None:
         """Take group and other access away from a file an older version (or another
         tool) created under a permissive umask; SQLite gives its -wal and -shm the
-        database file's mode when it creates them."""
+        database file's mode when it creates them. Call it only once the file is known
+        to be a delegation database: another application's file keeps its mode."""
         assert self._fd is not None
         if os.fstat(self._fd).st_mode & 0o077:
             with contextlib.suppress(OSError):  # not ours to chmod: it stays readable
@@ -79,7 +104,8 @@ class HostLock:
         for suffix in _SIDE_FILES:
             side = Path(f"{self.path}{suffix}")
             with contextlib.suppress(OSError):
-                if side.stat().st_mode & 0o077:
+                info = side.lstat()  # a symlink's target is not ours to chmod
+                if stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
                     side.chmod(FILE_MODE)
 
 

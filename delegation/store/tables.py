@@ -22,6 +22,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.types import TypeEngine
 
 # Stable constraint names, so migrations can refer to (and batch-alter) them.
 NAMING_CONVENTION = {
@@ -36,8 +37,8 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 # Epoch seconds need double precision on PostgreSQL (its REAL has 4 bytes); the wire's
 # uint64 integers (generations, sequences) its BIGINT. SQLite's DDL is unchanged.
-TIME = REAL().with_variant(postgresql.DOUBLE_PRECISION(), "postgresql")
-BIG = Integer().with_variant(BigInteger(), "postgresql")
+TIME: TypeEngine[float] = REAL().with_variant(postgresql.DOUBLE_PRECISION(), "postgresql")
+BIG: TypeEngine[int] = Integer().with_variant(BigInteger(), "postgresql")
 
 STATES = "('prepared', 'admitted', 'running', 'done', 'cancelled')"
 
