@@ -18,7 +18,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import msgspec
-from sqlalchemy import Connection
 
 from delegation import authority, errors, maintenance, processes, queries, service
 from delegation.clock import Clock, SystemClock
@@ -29,6 +28,7 @@ from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
 from delegation.runs import ChildContext, NotResumable, Recovery, Runner
 from delegation.scheduler import Timers
+from delegation.store import Connection
 from delegation.store import processes as store_processes
 from delegation.store.database import Database
 from delegation.store.events import EventRow

@@ -9,13 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from sqlalchemy import Connection, func, select
 
 from delegation import errors
 from delegation.records import ChildRecord, LeaseRecord
-from delegation.store import children, events
-from delegation.store.tables import children as children_table
-from delegation.store.tables import grants as grants_table
+from delegation.store import Connection, children, events, grants
 from delegation.wire import Event, Result
 
 _events = msgspec.json.Decoder(list[Event])
@@ -78,33 +75,9 @@ def child_events(
 
 
 def active_under_lease(conn: Connection, runner_id: str, lease_id: str) -> list[int]:
-    return children.active_ids(
-        conn, children_table.c.runner_id == runner_id, children_table.c.lease_id == lease_id
-    )
+    return children.active_under_lease(conn, runner_id, lease_id)
 
 
 def leases(conn: Connection, runner_id: str | None = None) -> list[LeaseRecord]:
     """Live leases and tombstones, newest first, with how many children each holds."""
-    count = (
-        select(func.count()).where(children_table.c.grant_id == grants_table.c.id).scalar_subquery()
-    )
-    query = select(grants_table, count.label("children")).where(grants_table.c.kind == "lease")
-    if runner_id is not None:
-        query = query.where(grants_table.c.runner_id == runner_id)
-    rows = conn.execute(query.order_by(grants_table.c.created_at.desc()))
-    return [
-        LeaseRecord(
-            lease_id=row.lease_id,
-            runner_id=row.runner_id,
-            extension_id=row.extension_id,
-            run_id=row.run_id,
-            conversation_id=row.conversation_id,
-            created_at=row.created_at,
-            expires_at=row.expires_at,
-            activated_at=row.activated_at,
-            revoked_at=row.revoked_at,
-            revoke_reason=row.revoke_reason,
-            children=row.children,
-        )
-        for row in rows
-    ]
+    return grants.leases_with_counts(conn, runner_id)

@@ -143,3 +143,16 @@ class LeaseRecord:
     revoked_at: float | None
     revoke_reason: str | None
     children: int
+
+
+@dataclass(frozen=True, slots=True)
+class Resumable:
+    """A child of a live lease to run again: its recovery event is committed and it is
+    ``running`` under the new host instance; ``steers`` were queued and not delivered."""
+
+    child: ChildRecord
+    attempt: int
+    last_sequence: int
+    steers: tuple[tuple[int, str], ...] = ()
+    policy: ExecutionOptions | None = None  # its grant's: the ceiling of its options
+    delivered: tuple[str, ...] = ()  # steers handed to earlier attempts, oldest first

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import msgspec
 from msgspec import UNSET
-from sqlalchemy import Connection
 
 from delegation import authority, errors
 from delegation._struct import I64_MAX, blank
@@ -25,7 +24,7 @@ from delegation.config import EngineConfig
 from delegation.machine import State, Trigger
 from delegation.options import ExecutionOptions, effective_options
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection
-from delegation.store import children, grants, processes, runners, steers
+from delegation.store import Connection, children, grants, processes, runners, steers
 from delegation.wire import (
     STEER_INJECTED,
     STEER_NO_RUNNING_TURN,

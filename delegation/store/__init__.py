@@ -8,6 +8,8 @@ from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection
 
+__all__ = ["IN_LIST_MAX", "Connection", "chunks", "dbapi", "run"]
+
 T = TypeVar("T")
 
 # Ids bound into one ``IN (...)`` list at most: SQLite refuses a statement with more

@@ -243,6 +243,11 @@ def active_ids(conn: Connection, *conditions: Any) -> list[int]:
     return list(conn.execute(query).scalars())
 
 
+def active_under_lease(conn: Connection, runner_id: str, lease_id: str) -> list[int]:
+    """The unfinished children a runner started under a leaseId."""
+    return active_ids(conn, children.c.runner_id == runner_id, children.c.lease_id == lease_id)
+
+
 def active_of_grants(conn: Connection, grant_ids: Iterable[str]) -> list[int]:
     return [
         child_id

@@ -12,8 +12,9 @@ import msgspec
 from sqlalchemy import Connection, func, insert, select, update
 
 from delegation.options import ExecutionOptions
-from delegation.records import GrantRecord, RunnerRecord
+from delegation.records import GrantRecord, LeaseRecord, RunnerRecord
 from delegation.store import chunks, run, runners
+from delegation.store.tables import children as children_table
 from delegation.store.tables import grants
 from delegation.wire import Preset
 
@@ -309,3 +310,28 @@ def leases_of_run(conn: Connection, run_id: str, runner_id: str | None = None) -
 
 def leases_of_runner(conn: Connection, runner_id: str) -> list[str]:
     return live_leases(conn, grants.c.runner_id == runner_id)
+
+
+def leases_with_counts(conn: Connection, runner_id: str | None = None) -> list[LeaseRecord]:
+    """Live leases and tombstones, newest first, with how many children each holds."""
+    count = select(func.count()).where(children_table.c.grant_id == grants.c.id).scalar_subquery()
+    query = select(grants, count.label("children")).where(grants.c.kind == "lease")
+    if runner_id is not None:
+        query = query.where(grants.c.runner_id == runner_id)
+    rows = conn.execute(query.order_by(grants.c.created_at.desc()))
+    return [
+        LeaseRecord(
+            lease_id=row.lease_id,
+            runner_id=row.runner_id,
+            extension_id=row.extension_id,
+            run_id=row.run_id,
+            conversation_id=row.conversation_id,
+            created_at=row.created_at,
+            expires_at=row.expires_at,
+            activated_at=row.activated_at,
+            revoked_at=row.revoked_at,
+            revoke_reason=row.revoke_reason,
+            children=row.children,
+        )
+        for row in rows
+    ]

@@ -1,0 +1,196 @@
+"""The set-based SQL of the engine's own use cases: boot reconciliation, lease expiry
+and retention (SPEC §7). :mod:`delegation.maintenance` orders them; each statement
+acts on every row it concerns at once, so a boot stays fast with thousands of children.
+"""
+
+from __future__ import annotations
+
+import msgspec
+from sqlalchemy import Connection, text
+
+from delegation.options import ExecutionOptions
+from delegation.records import Resumable
+from delegation.store import children
+from delegation.store.children import ACTIVE, ACTIVE_TERM
+
+_policy = msgspec.json.Decoder(ExecutionOptions)
+_DUE = "kind = 'lease' AND revoked_at IS NULL AND expires_at < :now"
+_LIVE_LEASE_CHILDREN = (
+    "SELECT c.id FROM children c JOIN grants g ON g.id = c.grant_id"
+    " WHERE g.kind = 'lease' AND g.revoked_at IS NULL AND g.expires_at >= :now"
+)
+
+
+def end_unadmitted(conn: Connection, error: str, now: float) -> None:
+    """Children never admitted end: cancelled if asked to, else done with ``error``."""
+    for statement in (
+        f"UPDATE {ACTIVE} SET state = 'cancelled', error = cancel_reason, finished_at = :now,"
+        f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'prepared'"
+        " AND cancel_requested_at IS NOT NULL",
+        f"UPDATE {ACTIVE} SET state = 'done', error = :error, finished_at = :now,"
+        f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'prepared'",
+    ):
+        conn.execute(text(statement), {"now": now, "error": error})
+
+
+def close_other_instances(conn: Connection, instance_id: str, now: float) -> None:
+    conn.execute(
+        text("UPDATE host_instances SET closed_at = :now WHERE closed_at IS NULL AND id != :me"),
+        {"now": now, "me": instance_id},
+    )
+
+
+def settle_for_resume(
+    conn: Connection, max_attempts: int, interrupted: str, recovery_text: str, now: float
+) -> None:
+    """After a restart: finish the cancelled, suspend the running, end what cannot be
+    resumed (no live lease, or resumed ``max_attempts`` times), and commit a
+    ``recovery`` event for every child left to resume."""
+    statements = (
+        # Asked to cancel, and nothing runs them any more.
+        f"UPDATE {ACTIVE} SET state = 'cancelled', error = cancel_reason, finished_at = :now,"
+        f" updated_at = :now WHERE {ACTIVE_TERM} AND state IN ('admitted', 'running')"
+        " AND cancel_requested_at IS NOT NULL",
+        # Their host instance is gone.
+        f"UPDATE {ACTIVE} SET state = 'admitted', updated_at = :now"
+        f" WHERE {ACTIVE_TERM} AND state = 'running'",
+        # Not under a live lease, or resumed too often: interrupted for good.
+        f"UPDATE {ACTIVE} SET state = 'done', error = :interrupted, finished_at = :now,"
+        f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'admitted'"
+        f" AND (id NOT IN ({_LIVE_LEASE_CHILDREN}) OR recovery_attempts >= :max)",
+        f"UPDATE {ACTIVE} SET recovery_attempts = recovery_attempts + 1"
+        f" WHERE {ACTIVE_TERM} AND state = 'admitted'",
+        "INSERT INTO events (child_id, sequence, body)"
+        " SELECT id, seq, CAST(json_object('sequence', seq, 'kind', 'recovery',"
+        " 'text', :recovery_text || ' (attempt ' || recovery_attempts || ')') AS BLOB)"
+        " FROM (SELECT id, recovery_attempts, COALESCE((SELECT MAX(sequence) FROM events e"
+        f" WHERE e.child_id = children.id), 0) + 1 AS seq FROM {ACTIVE}"
+        f" WHERE {ACTIVE_TERM} AND state = 'admitted')",
+    )
+    values = {
+        "now": now,
+        "max": max_attempts,
+        "interrupted": interrupted,
+        "recovery_text": recovery_text,
+    }
+    for statement in statements:
+        conn.execute(text(statement), {k: v for k, v in values.items() if f":{k}" in statement})
+
+
+def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], float | None]:
+    """Expire every lease past its deadline: cancel its children, remove the lease.
+
+    A lease is live at exactly ``expires_at`` and expired one tick after. Returns the
+    children whose cancellation was requested and the next deadline, if any.
+    """
+    under_due = f"grant_id IN (SELECT id FROM grants WHERE {_DUE})"
+    affected = children.active_ids(conn, text(under_due).bindparams(now=now))
+    if affected:
+        conn.execute(
+            text(
+                "UPDATE children SET cancel_requested_at = :now, cancel_reason = :reason,"
+                " updated_at = :now WHERE state IN ('prepared', 'admitted', 'running')"
+                f" AND cancel_requested_at IS NULL AND {under_due}"
+            ),
+            {"now": now, "reason": reason},
+        )
+    conn.execute(text(f"DELETE FROM grants WHERE {_DUE}"), {"now": now})
+    return affected, next_deadline(conn)
+
+
+def next_deadline(conn: Connection) -> float | None:
+    value = conn.execute(
+        text("SELECT MIN(expires_at) FROM grants WHERE kind = 'lease' AND revoked_at IS NULL")
+    ).scalar()
+    return None if value is None else float(value)
+
+
+def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable]:
+    """Every admitted child left, set running under this instance in one statement."""
+    rows = conn.execute(
+        text(
+            "SELECT id, recovery_attempts, (SELECT MAX(sequence) FROM events e"
+            f" WHERE e.child_id = children.id) AS last FROM {ACTIVE}"
+            f" WHERE {ACTIVE_TERM} AND state = 'admitted' ORDER BY id"
+        )
+    ).all()
+    found = {child.id: child for child in children.by_state(conn, "admitted")}
+    queued: dict[int, list[tuple[int, str]]] = {}
+    delivered: dict[int, list[str]] = {}
+    for child_id, steer_id, message, handed in conn.execute(
+        text(
+            "SELECT s.child_id, s.id, s.message, s.delivered_at IS NOT NULL FROM steers s"
+            f" WHERE s.child_id IN (SELECT id FROM {ACTIVE}"
+            f" WHERE {ACTIVE_TERM} AND state = 'admitted')"
+            " AND s.outcome = 'injected' ORDER BY s.id"
+        )
+    ):
+        if handed:
+            delivered.setdefault(child_id, []).append(message)
+        else:
+            queued.setdefault(child_id, []).append((steer_id, message))
+    policies = {
+        child_id: _policy.decode(raw)
+        for child_id, raw in conn.execute(
+            text(
+                "SELECT c.id, g.policy FROM grants g JOIN"
+                f" (SELECT id, grant_id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND state = 'admitted')"
+                " c ON g.id = c.grant_id WHERE g.policy IS NOT NULL"
+            )
+        )
+    }
+    conn.execute(
+        text(
+            f"UPDATE {ACTIVE} SET state = 'running', engine_instance_id = :me,"
+            f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'admitted'"
+        ),
+        {"me": instance_id, "now": now},
+    )
+    return [
+        Resumable(
+            found[row.id],
+            row.recovery_attempts,
+            int(row.last),
+            tuple(queued.get(row.id, ())),
+            policies.get(row.id),
+            tuple(delivered.get(row.id, ())),
+        )
+        for row in rows
+    ]
+
+
+def purge(conn: Connection, retention_s: float, now: float, batch: int = 1000) -> int:
+    """Delete up to ``batch`` finished children older than the retention period, with
+    their events and steers, and the tombstones, grants and connections nothing needs.
+
+    Purged children are remembered (ids only) for one more period. Returns how many
+    children were purged; call again while it returns ``batch``.
+    """
+    p = {"cutoff": now - retention_s, "now": now, "batch": batch}
+    # Only a finished child has finished_at (CHECK finished_iff_terminal). Naming the
+    # states too made SQLite pick the state index and sort every finished child, each
+    # batch: quadratic in a large purge. This walks ix_children_finished in order.
+    chosen = "SELECT id FROM children WHERE finished_at < :cutoff ORDER BY finished_at LIMIT :batch"
+    conn.execute(
+        text(
+            "INSERT OR REPLACE INTO purged (run_id, conversation_id, grant_id, lease_id, purged_at)"
+            f" SELECT run_id, conversation_id, grant_id, lease_id, :now FROM children"
+            f" WHERE id IN ({chosen})"
+        ),
+        p,
+    )
+    count = conn.execute(text(f"DELETE FROM children WHERE id IN ({chosen})"), p).rowcount
+    for statement in (
+        "DELETE FROM purged WHERE purged_at < :cutoff",
+        "DELETE FROM grants WHERE ((kind = 'lease' AND revoked_at < :cutoff)"
+        " OR (kind = 'tool' AND closed_at < :cutoff))"
+        " AND NOT EXISTS (SELECT 1 FROM children c WHERE c.grant_id = grants.id)",
+        "DELETE FROM connections WHERE closed_at < :cutoff"
+        " AND NOT EXISTS (SELECT 1 FROM grants g WHERE g.connection_id = connections.id)",
+        "DELETE FROM host_instances AS h WHERE closed_at < :cutoff"
+        " AND NOT EXISTS (SELECT 1 FROM connections c WHERE c.engine_instance_id = h.id)"
+        " AND NOT EXISTS (SELECT 1 FROM grants g WHERE g.engine_instance_id = h.id)"
+        " AND NOT EXISTS (SELECT 1 FROM children c WHERE c.engine_instance_id = h.id)",
+    ):
+        conn.execute(text(statement), {"cutoff": p["cutoff"]})
+    return int(count)
