@@ -13,8 +13,20 @@ from sqlalchemy import create_engine
 from delegation import Engine, EngineConfig
 from delegation.clock import ManualClock
 from delegation.store import migrate
-from tests import postgres
+from tests import postgres, rows
 from tests.support import Harness, ScriptRunner, open_harness
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "sqlite_only: uses SQLite itself (its files, locks, PRAGMAs or stdlib driver), not"
+        " the store's interface, so it runs on SQLite only",
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    rows.dispose()  # the engines tests.rows read through
 
 
 @pytest.fixture(scope="session")

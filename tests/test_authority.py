@@ -15,9 +15,7 @@ import asyncio
 import dataclasses
 import json
 import math
-import sqlite3
 from collections.abc import Awaitable, Callable, Mapping
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +63,7 @@ from delegation.errors import (
     StaleConnection,
     SteerNotOwned,
 )
+from tests import rows
 from tests.support import PRESET, Harness
 
 NOT_OWNED = "child requires active tool ownership or an unexpired retained lease"
@@ -95,17 +94,10 @@ CHILD_METHODS = (READ_METHOD, CANCEL_METHOD, STEER_METHOD)
 # --- the database, seen from outside ------------------------------------------------
 
 
-def snapshot(db_path: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, through a separate read-only stdlib connection."""
-    uri = db_path.resolve().as_uri() + "?mode=ro"
-    with closing(sqlite3.connect(uri, uri=True)) as con:
-        names = [
-            row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        ]
-        return {
-            name: sorted(con.execute(f'SELECT * FROM "{name}"').fetchall(), key=repr)
-            for name in sorted(names)
-        }
+def snapshot(db: Path | str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, through a separate read-only connection: ``db`` is a
+    SQLite file's path or a database's URL."""
+    return rows.snapshot(rows.url_of(db) if isinstance(db, Path) else db)
 
 
 # --- runs ---------------------------------------------------------------------------

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from delegation import bench
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,6 +18,7 @@ RATIOS = ("start_seq", "start_concurrent", "events_100", "events_1")
 NUMBERS = ("recover_10k_s", "expire_5k_s", "rss_growth_mb")
 
 
+@pytest.mark.sqlite_only  # the bench on SQLite, beside its raw sqlite3 baseline
 def test_quick_bench_prints_one_json_line_with_every_scenario() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "delegation.bench", "--quick", "--json"],
@@ -53,6 +56,7 @@ def test_quick_bench_prints_one_json_line_with_every_scenario() -> None:
         assert 0 <= figures["median_ms"] <= figures["p99_ms"]
 
 
+@pytest.mark.sqlite_only  # the bench on SQLite, beside its raw sqlite3 baseline
 def test_bench_table_for_people() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "delegation.bench", "--quick", "--only", "events_1"],

@@ -395,6 +395,7 @@ def test_missing_database_is_a_clear_error_and_is_not_created(cli: Cli, tmp_path
     assert not missing.parent.exists()
 
 
+@pytest.mark.sqlite_only  # an empty SQLite file, made by the stdlib driver
 async def test_a_file_without_the_schema_is_refused(cli: Cli, tmp_path: Path) -> None:
     bare = tmp_path / "bare.db"
     sqlite3.connect(bare).close()

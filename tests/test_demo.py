@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+from tests import rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,11 +29,10 @@ def test_demo_runs_and_the_leased_child_survives_the_crash(tmp_path: Path) -> No
     after_kill = proc.stdout.split("kill -9 the host", 1)[1]
     assert "thinking about durability first" in after_kill
     assert "finished 12 steps on durability first" in after_kill
-    db = tmp_path / "delegation.db"
-    with sqlite3.connect(db) as conn:
-        states = dict(conn.execute("SELECT request_id LIKE 'bg-%', state FROM children"))
-        recoveries = conn.execute(
-            'SELECT COUNT(*) FROM events WHERE CAST(body AS TEXT) LIKE \'%"kind":"recovery"%\''
-        ).fetchone()
+    db = rows.url_of(tmp_path / "delegation.db")
+    states = dict(rows.rows(db, "SELECT request_id LIKE 'bg-%', state FROM children"))
+    recoveries = rows.scalar(
+        db, 'SELECT COUNT(*) FROM events WHERE CAST(body AS TEXT) LIKE \'%"kind":"recovery"%\''
+    )
     assert states == {1: "done", 0: "cancelled"}
-    assert recoveries == (1,)
+    assert recoveries == 1

@@ -43,6 +43,7 @@ from delegation import (
 from delegation.cli import main
 from delegation.clock import ManualClock
 from delegation.store.database import Database
+from tests import rows as read
 from tests.support import Harness, Prepared, Script, ScriptRunner, hold
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,16 +63,12 @@ def config() -> EngineConfig:
 
 def rows(db_path: Path, sql: str) -> list[tuple[Any, ...]]:
     """A query through a separate read-only connection (a WAL reader: never blocked)."""
-    with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as conn:
-        return conn.execute(sql).fetchall()
+    return read.rows(read.url_of(db_path), sql)
 
 
 def dump(db_path: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table."""
-    tables = [
-        name for (name,) in rows(db_path, "SELECT name FROM sqlite_master WHERE type='table'")
-    ]
-    return {table: sorted(rows(db_path, f"SELECT * FROM {table}"), key=repr) for table in tables}
+    return read.snapshot(read.url_of(db_path))
 
 
 def fingerprint(db_path: Path) -> tuple[str, str]:
@@ -206,6 +203,7 @@ async def busy(call: Awaitable[Any]) -> errors.DatabaseBusy:
     return error
 
 
+@pytest.mark.sqlite_only  # another process holds SQLite's write lock
 async def test_a_held_write_lock_fails_calls_as_busy_and_writes_nothing(
     harness: Harness, db_path: Path
 ) -> None:
@@ -275,6 +273,7 @@ async def test_a_held_write_lock_fails_calls_as_busy_and_writes_nothing(
     assert rows(db_path, "SELECT COUNT(*) FROM children") == [(3,)]
 
 
+@pytest.mark.sqlite_only  # another process holds SQLite's write lock
 async def test_a_run_that_ends_while_the_lock_is_held_is_recorded_once_it_is_free(
     harness: Harness, db_path: Path
 ) -> None:
@@ -293,6 +292,7 @@ async def test_a_run_that_ends_while_the_lock_is_held_is_recorded_once_it_is_fre
     assert [(e.sequence, e.text) for e in events] == [(1, "working"), (2, "finished")]
 
 
+@pytest.mark.sqlite_only  # another process holds SQLite's write lock
 @needs_proc
 async def test_close_while_the_lock_is_held_is_bounded_and_leaves_nothing_behind(
     harness: Harness, db_path: Path, db_url: str, clock: ManualClock, leftovers: Leftovers
@@ -423,6 +423,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
 
 
+@pytest.mark.sqlite_only  # a SQLite file that cannot grow; PRAGMA checks
 async def test_a_full_disk_is_a_clear_error_at_the_call_and_no_damage(
     db_path: Path, workspace: Path
 ) -> None:
@@ -545,6 +546,7 @@ REFUSED: dict[str, tuple[Callable[[Path, Path], Path], type[DelegationError], st
 }
 
 
+@pytest.mark.sqlite_only  # files built and corrupted through sqlite3
 @needs_proc
 @pytest.mark.parametrize("kind", REFUSED)
 async def test_a_file_the_engine_cannot_use_is_refused_at_open_untouched(
@@ -565,6 +567,7 @@ async def test_a_file_the_engine_cannot_use_is_refused_at_open_untouched(
     assert runner.prepared == []
 
 
+@pytest.mark.sqlite_only  # the stdlib driver's SQLite version
 async def test_an_sqlite_older_than_3_35_5_is_refused_at_open_untouched(
     tmp_path: Path, template_db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -583,6 +586,7 @@ async def test_an_sqlite_older_than_3_35_5_is_refused_at_open_untouched(
     assert fingerprint(path) == before
 
 
+@pytest.mark.sqlite_only  # SQLite's journal mode
 async def test_a_file_sqlite_will_not_keep_in_wal_mode_is_refused_at_open(
     db_path: Path,
 ) -> None:
@@ -599,6 +603,7 @@ async def test_a_file_sqlite_will_not_keep_in_wal_mode_is_refused_at_open(
     assert not any(t.name == "delegation-writer" for t in threading.enumerate())
 
 
+@pytest.mark.sqlite_only  # the file is changed through sqlite3
 def test_a_newer_schema_is_explained_by_the_cli_and_left_alone(
     tmp_path: Path, template_db: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -613,6 +618,7 @@ def test_a_newer_schema_is_explained_by_the_cli_and_left_alone(
     assert fingerprint(path) == before
 
 
+@pytest.mark.sqlite_only  # another application's SQLite file
 def test_a_foreign_file_is_not_migrated_by_the_cli(
     tmp_path: Path, template_db: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -673,6 +679,7 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
+@pytest.mark.sqlite_only  # a read-only SQLite file
 @pytest.mark.skipif(
     os.geteuid() == 0 and sys.platform != "linux",
     reason="as root, the probe gives up CAP_DAC_OVERRIDE, a Linux capability",
@@ -930,6 +937,7 @@ async def test_a_run_that_swallows_cancellation_still_ends_cancelled(
 # --- after close, nothing is left ------------------------------------------------------------
 
 
+@pytest.mark.sqlite_only  # the SQLite file's descriptors; PRAGMA integrity_check
 @needs_proc
 async def test_close_leaves_no_task_thread_timer_or_open_file(
     harness: Harness, db_path: Path, leftovers: Leftovers
@@ -961,6 +969,7 @@ async def test_close_leaves_no_task_thread_timer_or_open_file(
         await harness.start("q-late")
 
 
+@pytest.mark.sqlite_only  # a SQLite file corrupted through sqlite3
 @needs_proc
 async def test_a_failed_open_leaves_nothing_behind_and_a_good_open_still_works(
     tmp_path: Path, template_db: Path, leftovers: Leftovers

@@ -19,7 +19,7 @@
 3. A refused call changes nothing: Hypothesis draws broken or unauthorized params
    for the five methods against a scene on a real, migrated SQLite file; whenever
    the engine refuses, ``prepare`` was not called and every row of every table,
-   read through a separate sqlite3 connection, is as it was.
+   read through a separate read-only connection, is as it was.
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sqlite3
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +63,7 @@ from delegation._struct import I64_MAX, I64_MIN, U64_MAX, WireStruct
 from delegation.clock import ManualClock
 from delegation.serve import Register, RunFinish, Session, ToolBegin, ToolEnd
 from delegation.wire import METHODS
+from tests import rows
 from tests.support import HUGE_NUMBERS, PRESET, Harness, ScriptRunner, hold
 from tests.test_properties import WIRE_TYPES
 
@@ -804,15 +803,10 @@ def test_a_huge_last_line_without_newline_ends_the_session_cleanly(host: Host) -
 # --- 3. a refused call changes nothing ----------------------------------------------
 
 
-def snapshot(db_path: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, through a separate read-only stdlib connection."""
-    uri = db_path.resolve().as_uri() + "?mode=ro"
-    with closing(sqlite3.connect(uri, uri=True)) as con:
-        names = [row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        return {
-            name: sorted(con.execute(f'SELECT * FROM "{name}"').fetchall(), key=repr)
-            for name in sorted(names)
-        }
+def snapshot(db: Path | str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, through a separate read-only connection: ``db`` is a
+    SQLite file's path or a database's URL."""
+    return rows.snapshot(rows.url_of(db) if isinstance(db, Path) else db)
 
 
 async def settled(db_path: Path) -> dict[str, list[tuple[Any, ...]]]:

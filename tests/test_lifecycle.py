@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from delegation import (
     errors,
 )
 from delegation.clock import ManualClock
+from tests.rows import rows
 from tests.support import PRESET, Harness, Script, ScriptRunner, finish_after_admit, hold
 
 LEASE = "lease-1"
@@ -773,7 +773,7 @@ async def test_reads_racing_a_graceful_close_are_refused_never_crash(
 
 
 async def test_registering_or_opening_a_tool_while_the_engine_closes_is_refused(
-    harness: Harness, db_path: Path
+    harness: Harness, db_url: str
 ) -> None:
     """Found by the soak: a runner registering while the engine closed was committed
     after the close had ended this instance's connections, so that connection (and tool
@@ -795,9 +795,9 @@ async def test_registering_or_opening_a_tool_while_the_engine_closes_is_refused(
             )
     finally:
         await closing
-    with sqlite3.connect(db_path) as conn:
-        left = conn.execute(
-            "SELECT (SELECT COUNT(*) FROM connections WHERE closed_at IS NULL),"
-            " (SELECT COUNT(*) FROM grants WHERE kind = 'tool' AND closed_at IS NULL)"
-        ).fetchone()
-    assert left == (0, 0)
+    left = rows(
+        db_url,
+        "SELECT (SELECT COUNT(*) FROM connections WHERE closed_at IS NULL),"
+        " (SELECT COUNT(*) FROM grants WHERE kind = 'tool' AND closed_at IS NULL)",
+    )
+    assert left == [(0, 0)]

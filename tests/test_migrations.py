@@ -37,6 +37,11 @@ from delegation.store import children, migrate
 from delegation.store.tables import NAMING_CONVENTION, metadata
 from tests.support import ScriptRunner, hold, open_harness
 
+# The SQLite side of the migrations, through SQLite itself: its DDL in sqlite_master, raw
+# SQL through the stdlib driver, its PRAGMAs and query plans (PostgreSQL's side is
+# tests/test_postgres_schema.py).
+pytestmark = pytest.mark.sqlite_only
+
 # --- helpers: a fresh file, and the schema as sqlite_master holds it ----------------------
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +30,7 @@ from delegation import (
     errors,
 )
 from delegation.clock import ManualClock
+from tests.rows import scalar, url_of
 from tests.support import Harness, Script, ScriptRunner, finish_after_admit, open_harness
 
 LEASE = "lease-1"
@@ -113,9 +113,8 @@ def assert_gap_free(sequences: list[int]) -> None:
 
 
 def rows(db_path: Path, table: str, child_id: int) -> int:
-    with contextlib.closing(sqlite3.connect(db_path)) as db:
-        (count,) = db.execute(f"SELECT COUNT(*) FROM {table} WHERE child_id = ?", (child_id,))
-        return int(count[0])
+    sql = f"SELECT COUNT(*) FROM {table} WHERE child_id = :child_id"
+    return int(scalar(url_of(db_path), sql, {"child_id": child_id}))
 
 
 # --- graceful close, then resume -----------------------------------------------------

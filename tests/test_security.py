@@ -28,12 +28,10 @@ import json
 import os
 import shutil
 import socket
-import sqlite3
 import stat
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +54,7 @@ from delegation.clock import ManualClock
 from delegation.runners.command import DEFAULT_ENV_ALLOW, CommandRunner
 from delegation.runs import Run
 from delegation.serve import CHUNK, serve_socket
+from tests import rows
 from tests.support import PRESET, Harness, ScriptRunner, open_harness
 from tests.test_authority import snapshot
 from tests.test_command_runner import hosted, script, texts
@@ -68,9 +67,7 @@ SECRET_NAMES = ("apiKey", "token", "credentials")
 
 
 def count_rows(db_path: Path, table: str) -> int:
-    uri = db_path.resolve().as_uri() + "?mode=ro"
-    with closing(sqlite3.connect(uri, uri=True)) as con:
-        return int(con.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0])
+    return int(rows.scalar(rows.url_of(db_path), f'SELECT COUNT(*) FROM "{table}"'))
 
 
 async def connect_when_listening(path: Path) -> Client:

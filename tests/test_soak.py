@@ -90,7 +90,8 @@ def kinds(found: list[str]) -> set[str]:
 
 
 def broken(db_path: Path, name: str, *statements: str) -> Path:
-    """A copy of the database with ``statements`` applied behind the engine's back."""
+    """A copy of the database with ``statements`` applied behind the engine's back
+    (SQLite's backup and ``ignore_check_constraints``: written, so not tests.rows)."""
     path = db_path.with_name(f"{name}.db")
     with sqlite3.connect(db_path) as source, sqlite3.connect(path) as copy:
         source.backup(copy)
@@ -101,6 +102,7 @@ def broken(db_path: Path, name: str, *statements: str) -> Path:
     return path
 
 
+@pytest.mark.sqlite_only  # the checker reads a SQLite file; the breaks are made through sqlite3
 async def test_the_checker_reports_each_broken_invariant(harness: Harness, db_path: Path) -> None:
     async def three_events(ctx: ChildContext) -> None:
         await ctx.admit()

@@ -15,11 +15,11 @@ from delegation import errors
 from delegation.store import children, dbapi, grants, steers
 from delegation.store.database import Database
 from delegation.store.events import EventRow
+from tests.rows import rows, url_of
 
 
 def instances(path: Path) -> set[str]:
-    with sqlite3.connect(path) as conn:
-        return {row[0] for row in conn.execute("SELECT id FROM host_instances")}
+    return {row[0] for row in rows(url_of(path), "SELECT id FROM host_instances")}
 
 
 def insert(name: str, *, then: BaseException | None = None):  # type: ignore[no-untyped-def]
@@ -74,6 +74,7 @@ async def test_concurrent_jobs_share_commits(database: Database, db_path: Path) 
     assert instances(db_path) == set(names)
 
 
+@pytest.mark.sqlite_only  # the child is inserted behind the engine's back, through sqlite3
 async def test_an_answer_comes_only_after_commit(database: Database, db_path: Path) -> None:
     await database.write(insert("owner"))
     with sqlite3.connect(db_path) as conn:
@@ -88,8 +89,7 @@ async def test_an_answer_comes_only_after_commit(database: Database, db_path: Pa
     for sequence in range(1, 51):
         database.append_event(EventRow(child, sequence, b'{"kind":"text"}', None))
     await database.barrier()
-    with sqlite3.connect(db_path) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM events").fetchone() == (50,)
+    assert rows(url_of(db_path), "SELECT COUNT(*) FROM events") == [(50,)]
 
 
 # --- the commit hook: what must follow a commit, whoever still waits for it ------------
@@ -185,6 +185,7 @@ async def test_only_a_batch_nobody_was_answered_for_skips_the_disk_sync(
     assert (await database.write(where_and_how))[1] == FULL
 
 
+@pytest.mark.sqlite_only  # another connection holds SQLite's write lock
 async def test_the_loop_never_waits_for_another_process_holding_the_write_lock(
     db_path: Path,
 ) -> None:
@@ -208,6 +209,7 @@ async def test_the_loop_never_waits_for_another_process_holding_the_write_lock(
         db.close()
 
 
+@pytest.mark.sqlite_only  # SQLite's bind limit; the children are inserted through sqlite3
 async def test_set_operations_take_more_ids_than_sqlite_binds_in_one_statement(
     database: Database, db_path: Path
 ) -> None:
@@ -233,13 +235,13 @@ async def test_set_operations_take_more_ids_than_sqlite_binds_in_one_statement(
     await database.write(lambda c: grants.revoke_leases(c, grant_ids, 5.0, "why"))
     assert await database.write(lambda c: grants.tools_of_connections(c, grant_ids)) == []
     await database.write(lambda c: steers.mark_delivered(c, ids, 5.0))
-    with sqlite3.connect(db_path) as conn:
-        assert conn.execute(
-            "SELECT COUNT(*) FROM children"
-            " WHERE cancel_requested_at = 5.0 AND cancel_reason = 'why'"
-        ).fetchone() == (count,)
+    assert rows(
+        url_of(db_path),
+        "SELECT COUNT(*) FROM children WHERE cancel_requested_at = 5.0 AND cancel_reason = 'why'",
+    ) == [(count,)]
 
 
+@pytest.mark.sqlite_only  # a deferred SQLite PRAGMA; another sqlite3 connection then writes
 async def test_a_commit_that_fails_gives_the_write_lock_back(
     database: Database, db_path: Path
 ) -> None:
@@ -270,6 +272,7 @@ async def test_an_event_a_constraint_refuses_does_not_fail_every_later_batch(
     assert instances(db_path) == {"later"}
 
 
+@pytest.mark.sqlite_only  # another connection takes SQLite's write lock
 async def test_an_inline_job_that_fails_after_writing_is_redone_off_the_loop(
     db_path: Path,
 ) -> None:

@@ -1,0 +1,87 @@
+"""Rows of a delegation database, read from outside the engine, on either store.
+
+The tests look at what the engine committed through these helpers, given the database's
+SQLAlchemy URL (``sqlite:///PATH`` or ``postgresql+psycopg://…``), never through a
+store's own driver, so the same test can read either store (SPEC §12).
+
+Reading never writes and never disturbs a live host: a SQLite file is opened read-only
+(``mode=ro``: a WAL reader, never blocked by a writer, and never the last connection to
+checkpoint and remove a live host's WAL); a PostgreSQL connection is a read-only one.
+Connections are not pooled, so none is left open between calls; the engines themselves
+are cached per URL and disposed of at the end of the session (``dispose``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, inspect, make_url, text
+from sqlalchemy.pool import NullPool
+
+Row = tuple[Any, ...]
+
+_engines: dict[str, Engine] = {}
+
+
+def url_of(db_path: Path) -> str:
+    """The URL of a SQLite file (as the ``db_url`` fixture spells it)."""
+    return f"sqlite:///{db_path}"
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def _engine(url: str) -> Engine:
+    engine = _engines.get(url)
+    if engine is None:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            if not parsed.database or parsed.database == ":memory:":
+                raise ValueError(f"not a SQLite file: {url}")
+            uri = Path(parsed.database).resolve().as_uri() + "?mode=ro"
+            engine = create_engine(
+                "sqlite://",
+                creator=lambda: sqlite3.connect(uri, uri=True),
+                poolclass=NullPool,
+            )
+        else:
+            engine = create_engine(
+                url, poolclass=NullPool, execution_options={"postgresql_readonly": True}
+            )
+        _engines[url] = engine
+    return engine
+
+
+def rows(url: str, sql: str, params: Mapping[str, Any] | None = None) -> list[Row]:
+    """Every row ``sql`` selects (bind parameters are named: ``:name``)."""
+    with _engine(url).connect() as conn:
+        return [tuple(row) for row in conn.execute(text(sql), dict(params or {}))]
+
+
+def scalar(url: str, sql: str, params: Mapping[str, Any] | None = None) -> Any:
+    """The first column of the one row ``sql`` selects."""
+    ((value, *_),) = rows(url, sql, params)
+    return value
+
+
+def snapshot(url: str) -> dict[str, list[Row]]:
+    """Every row of every table (of the application and of Alembic), each sorted."""
+    with _engine(url).connect() as conn:
+        names = sorted(inspect(conn).get_table_names())
+        return {
+            name: sorted(
+                (tuple(row) for row in conn.exec_driver_sql(f'SELECT * FROM "{name}"')), key=repr
+            )
+            for name in names
+        }
+
+
+def dispose() -> None:
+    """Dispose of every cached engine (the end of the test session)."""
+    while _engines:
+        _, engine = _engines.popitem()
+        engine.dispose()
