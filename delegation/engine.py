@@ -35,11 +35,7 @@ from delegation.store.events import EventRow
 from delegation.store.steers import mark_delivered
 from delegation.watch import FileWatch, Notices
 from delegation.wire import (
-    CANCEL_METHOD,
-    READ_METHOD,
-    RELEASE_METHOD,
-    START_METHOD,
-    STEER_METHOD,
+    CHILD_METHODS,
     Event,
     Params,
     Preset,
@@ -152,13 +148,6 @@ class Engine:
         self.timers = Timers(
             self.clock, self.expire_due, self._sweep, self.config.retention_sweep_s
         )
-        self._methods: dict[str, Callable[[RunnerConnection, Params], Awaitable[Any]]] = {
-            START_METHOD: self._start,
-            READ_METHOD: self._read,
-            CANCEL_METHOD: self._cancel,
-            STEER_METHOD: self._steer,
-            RELEASE_METHOD: self._release,
-        }
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -454,12 +443,12 @@ class Engine:
         """Serve one child method by its wire name (JSON-RPC dispatch); raises a
         :class:`DelegationError` for every refusal. Typed code calls :meth:`start`,
         :meth:`read`, :meth:`cancel`, :meth:`steer` and :meth:`release` instead."""
-        self._require_open()
-        handler = self._methods.get(method)
-        if handler is None:
+        name = CHILD_METHODS.get(method)
+        if name is None:
             raise errors.MethodNotFound(f"method not found: {method}")
-        result: Result | SteerResult = await handler(conn, self._params(params))
-        return result
+        handler: Callable[[RunnerConnection, ParamsLike], Awaitable[Result | SteerResult]]
+        handler = getattr(self, name)
+        return await handler(conn, params)
 
     async def start(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.start``: the child's Result once it is admitted (SPEC §5)."""

@@ -7,7 +7,8 @@ others are always written. Wire types never import persistence.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -21,13 +22,18 @@ READ_METHOD = "child.read"
 CANCEL_METHOD = "child.cancel"
 STEER_METHOD = "child.steer"
 RELEASE_METHOD = "child.lease.release"
-METHODS: tuple[str, ...] = (
-    START_METHOD,
-    READ_METHOD,
-    CANCEL_METHOD,
-    STEER_METHOD,
-    RELEASE_METHOD,
+# The one method table: each child method's wire name and the name of the Engine's
+# typed method that serves it (``engine.call`` and ``serve`` dispatch through it).
+CHILD_METHODS: Mapping[str, str] = MappingProxyType(
+    {
+        START_METHOD: "start",
+        READ_METHOD: "read",
+        CANCEL_METHOD: "cancel",
+        STEER_METHOD: "steer",
+        RELEASE_METHOD: "release",
+    }
 )
+METHODS: tuple[str, ...] = tuple(CHILD_METHODS)
 
 MAX_ID_BYTES = 128
 MAX_MESSAGE_BYTES = 512 * 1024
