@@ -302,9 +302,11 @@ class Client:
         if not isinstance(answer.error, msgspec.UnsetType):
             data = answer.error.data or {}
             error = rpc.error_from_wire(answer.error.code, answer.error.message, data.get("reason"))
+        if answer.id is None:
+            return error  # for no call: why the stream ends
         future = self._pending.pop(answer.id, None) if isinstance(answer.id, int) else None
         if future is None or future.done():
-            return error
+            return None  # the answer to a call its caller gave up: nobody's business
         if error is not None:
             future.set_exception(error)
         elif isinstance(answer.result, msgspec.UnsetType):

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("delegation.controls")
 
-OPERATOR_CANCELLED = "cancelled by operator"
+OPERATOR_CANCELLED = maintenance.OPERATOR_CANCELLED
 WATCH_INTERVAL_S = 0.1  # well inside the 1 s an operator may wait
 
 
@@ -72,6 +72,9 @@ class ControlWatcher:
 
     async def _apply(self, control: ControlRecord) -> None:
         try:
+            if control.action == "cancel":
+                await self._cancel(control)
+                return
             outcome = await self._outcome(control)
             await self._engine._write(maintenance.control_applied, control.id, json.dumps(outcome))
             log.info(
@@ -79,20 +82,25 @@ class ControlWatcher:
                 extra={"action": "control_applied", "control": control.action, **outcome},
             )
         except errors.DelegationError as exc:
-            log.warning("control request not recorded: %s", exc, extra={"action": "control_failed"})
+            log.warning("control request not applied: %s", exc, extra={"action": "control_failed"})
         finally:
             self._applying.discard(control.id)
 
-    async def _outcome(self, control: ControlRecord) -> dict[str, Any]:
+    async def _cancel(self, control: ControlRecord) -> None:
+        """Request the cancellation and record it applied at once (the operator learns
+        within a second that the host has it), then stop the child as ``cancel_child``
+        does, however long it takes to stop."""
         engine = self._engine
+        child = await engine._write(maintenance.apply_cancel, control)
+        log.info(
+            "control request applied", extra={"action": "control_applied", "control": "cancel"}
+        )
+        if child is not None and not child.terminal:
+            await engine.cancel_child(child.conversation_id, child.run_id, OPERATOR_CANCELLED)
+
+    async def _outcome(self, control: ControlRecord) -> dict[str, Any]:
         try:
-            if control.action == "cancel":
-                result = await engine.cancel_child(
-                    control.conversation_id, control.run_id, reason=OPERATOR_CANCELLED
-                )
-                return {"runId": result.run_id, "state": "cancelled" if result.cancelled
-                        else "done", "error": result.error}  # fmt: skip
-            steered = await engine.steer_child(
+            steered = await self._engine.steer_child(
                 control.conversation_id, control.message, control.run_id, control.request_id
             )
             return {"outcome": steered.outcome, "reason": steered.reason}

@@ -264,16 +264,19 @@ class Engine:
                 affected = await self._write(service.shutdown, self.instance_id)
                 await self._drain(await self._stop(affected), self.config.release_drain_s)
             finally:
-                await self._suspend_runs()
+                reaped = await self._suspend_runs()
+            if reaped:  # their processes are reaped: no record may outlive them
+                await self._write(_forget_processes, reaped)
             await self._write(service.close_instance, self.instance_id)
         finally:
             await self._db.aclose()
 
-    async def _suspend_runs(self) -> None:
+    async def _suspend_runs(self) -> list[int]:
         """Stop every local run without a state change; leased ones resume at next boot.
 
         A run that ignores its cancellation is waited for ``release_drain_s`` at most:
         close goes on without it (its later writes are refused), as a crash would.
+        Returns the children whose recorded process ended with their stopped run.
         """
         running = list(self._local.values())
         for local in running:
@@ -282,7 +285,7 @@ class Engine:
                 local.task.cancel()
         tasks = [lo.task for lo in running if lo.task is not None]
         if not tasks:
-            return
+            return []
         _, stuck = await asyncio.wait(tasks, timeout=self.config.release_drain_s)
         if stuck:
             log.warning(
@@ -290,6 +293,7 @@ class Engine:
                 len(stuck),
                 extra={"action": "child_runs_stuck_at_close"},
             )
+        return [lo.child_id for lo in running if lo.tracked and lo.task in tasks and lo.task.done()]
 
     def _require_open(self) -> None:
         # Closing counts as closed: a connection or tool call opened after close() ended
@@ -769,6 +773,11 @@ class Engine:
             return fn(conn, *args, now)
 
         return await self._db.submit(job, committed=committed)
+
+
+def _forget_processes(conn: Connection, child_ids: list[int], now: float) -> None:
+    for child_id in child_ids:
+        store_processes.forget(conn, child_id)
 
 
 def _kill_orphans(recorded: Sequence[processes.ProcessId]) -> None:

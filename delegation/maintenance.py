@@ -8,17 +8,20 @@ to the engine.
 
 from __future__ import annotations
 
-from delegation import service
+import json
+
+from delegation import errors, service
 from delegation.config import EngineConfig
 from delegation.processes import ProcessId
-from delegation.records import Resumable
-from delegation.store import Connection, controls, grants, lifecycle, processes, runners
+from delegation.records import ChildRecord, Resumable
+from delegation.store import Connection, children, controls, grants, lifecycle, processes, runners
 from delegation.store.controls import ControlRecord
 
 HOST_RESTARTED = "cancelled: host restarted"
 ADMISSION_INTERRUPTED = "child admission interrupted by host restart"
 INTERRUPTED = "child interrupted by host restart"
 RECOVERY_TEXT = "resumed after host restart"
+OPERATOR_CANCELLED = "cancelled by operator"
 
 
 def orphans(conn: Connection) -> list[ProcessId]:
@@ -33,6 +36,27 @@ def pending_controls(conn: Connection) -> list[ControlRecord]:
 
 def control_applied(conn: Connection, control_id: int, outcome: str, now: float) -> None:
     controls.applied(conn, control_id, outcome, now)
+
+
+def apply_cancel(conn: Connection, control: ControlRecord, now: float) -> ChildRecord | None:
+    """An operator's cancel: request the cancellation durably and record the control
+    applied, in one transaction (applied twice, it changes nothing). Returns the child
+    (None when there is no such child), which is yet to be stopped if not terminal."""
+    try:
+        child = service.cancel_exact(
+            conn, control.conversation_id, control.run_id, OPERATOR_CANCELLED, now
+        )
+    except errors.DelegationError as exc:
+        failure = {"failure": str(exc), "failureReason": exc.reason}
+        controls.applied(conn, control.id, json.dumps(failure), now)
+        return None
+    controls.applied(conn, control.id, json.dumps(_cancel_outcome(child)), now)
+    return child
+
+
+def _cancel_outcome(child: ChildRecord) -> dict[str, str]:
+    state = child.state if child.terminal else "cancelling"
+    return {"runId": child.run_id, "state": state, "error": child.error}
 
 
 def expire_due(conn: Connection, now: float) -> tuple[list[int], float | None]:
@@ -67,6 +91,13 @@ def reconcile(
     """
     service.boot(conn, instance_id, now)
     processes.forget_all(conn)  # killed by the engine before this boot (see orphans)
+    # Operators' cancels left while no host ran: requested now, so nothing they name
+    # is resumed (a resumed command would run again from its start first).
+    cancelled = [
+        (control.id, child.id)
+        for control in controls.pending(conn)
+        if control.action == "cancel" and (child := apply_cancel(conn, control, now)) is not None
+    ]
     # First the never-admitted: the restart, not what it ends below, interrupted them.
     # A cancellation requested before the restart still wins.
     lifecycle.end_unadmitted(conn, ADMISSION_INTERRUPTED, now)
@@ -79,4 +110,7 @@ def reconcile(
     expired, _ = expire_due(conn, now)
     stopping += expired
     lifecycle.settle_for_resume(conn, cfg.max_recovery_attempts, INTERRUPTED, RECOVERY_TEXT, now)
+    for control_id, child_id in cancelled:  # what the cancels came to
+        if (child := children.get(conn, child_id)) is not None:
+            controls.set_outcome(conn, control_id, json.dumps(_cancel_outcome(child)))
     return stopping, lifecycle.resumables(conn, instance_id, now)

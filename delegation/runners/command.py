@@ -232,6 +232,9 @@ class CommandRun:
                 raise CommandFailed(str(exc)) from None
             env = {**self.env, "TMPDIR": tmpdir}
             process = await _spawn(argv, env, go_read)
+        except BaseException:
+            os.close(go_write)  # no launcher waits on it
+            raise
         finally:
             os.close(go_read)
         finished = False

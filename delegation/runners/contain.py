@@ -64,7 +64,8 @@ _AUDIT_ARCH_I386 = 0x40000003  # x86_64 runs i386 code too: its socket calls are
 _I386_SOCKETCALL, _I386_SOCKET = 102, 359
 _X32_BIT = 0x40000000
 _AF_UNIX = 1
-_EACCES = 13
+_EACCES, _ENOSYS = 13, 38
+_IO_URING_SETUP = 425  # the same number on x86_64, i386 and aarch64
 
 
 def _libc() -> ctypes.CDLL:
@@ -151,8 +152,10 @@ def _allow(libc: ctypes.CDLL, add: int, ruleset: int, path: str, access: int) ->
 
 
 def no_unix_sockets(libc: ctypes.CDLL) -> bool:
-    """Refuse ``socket(AF_UNIX, ...)`` to this process and all it starts (seccomp).
-    Returns False on an architecture this filter does not know."""
+    """Refuse ``socket(AF_UNIX, ...)`` to this process and all it starts (seccomp), and
+    ``io_uring_setup``, whose ``IORING_OP_SOCKET`` makes sockets no filter sees; a
+    foreign architecture (other than i386 on x86_64) is killed. Returns False on an
+    architecture this filter does not know."""
     machine = platform.machine()
     if machine not in _AUDIT_ARCH:
         return False
@@ -162,19 +165,23 @@ def no_unix_sockets(libc: ctypes.CDLL) -> bool:
         ("jeq", _AUDIT_ARCH[machine], "", "other"),
         ("ld", nr, "", ""),
         ("jge", _X32_BIT, "deny", ""),  # x32 system calls
+        ("jeq", _IO_URING_SETUP, "nosys", ""),
         ("jeq", _SOCKET_NR[machine], "", "allow"),
         ("ld", arg0, "", ""),
         ("jeq", _AF_UNIX, "deny", "allow"),
-        ("jeq", _AUDIT_ARCH_I386, "", "allow"),  # "other": the arch is still loaded
+        ("other:jeq", _AUDIT_ARCH_I386 if machine == "x86_64" else 0, "", "kill"),
         ("ld", nr, "", ""),
         ("jeq", _I386_SOCKETCALL, "deny", ""),  # its arguments are behind a pointer
+        ("jeq", _IO_URING_SETUP, "nosys", ""),
         ("jeq", _I386_SOCKET, "", "allow"),
         ("ld", arg0, "", ""),
         ("jeq", _AF_UNIX, "deny", "allow"),
-        ("ret", 0x7FFF0000, "", ""),  # "allow": SECCOMP_RET_ALLOW
-        ("ret", 0x00050000 | _EACCES, "", ""),  # "deny": SECCOMP_RET_ERRNO | EACCES
+        ("allow:ret", 0x7FFF0000, "", ""),  # SECCOMP_RET_ALLOW
+        ("deny:ret", 0x00050000 | _EACCES, "", ""),  # SECCOMP_RET_ERRNO | EACCES
+        ("nosys:ret", 0x00050000 | _ENOSYS, "", ""),  # no io_uring: programs fall back
+        ("kill:ret", 0x80000000, "", ""),  # SECCOMP_RET_KILL_PROCESS (e.g. arm32 compat)
     ]
-    filters = _assemble(program, {"other": 7, "allow": 13, "deny": 14})
+    filters = _assemble(program)
     buffer = ctypes.create_string_buffer(filters, len(filters))
     # struct sock_fprog { unsigned short len; struct sock_filter *filter; }
     prog = struct.pack("@HP", len(program), ctypes.addressof(buffer))  # native alignment
@@ -186,14 +193,15 @@ def no_unix_sockets(libc: ctypes.CDLL) -> bool:
     return True
 
 
-def _assemble(program: list[tuple[str, int, str, str]], labels: dict[str, int]) -> bytes:
-    """Classic BPF from (op, k, jump if true, jump if false); "" falls through."""
+def _assemble(program: list[tuple[str, int, str, str]]) -> bytes:
+    """Classic BPF from ("[label:]op", k, jump if true, jump if false); "" falls through."""
     codes = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "ret": 0x06}  # LD|W|ABS, JMP|K, RET|K
+    labels = {op.split(":")[0]: pc for pc, (op, *_) in enumerate(program) if ":" in op}
     out = b""
     for pc, (op, k, if_true, if_false) in enumerate(program):
         jt = labels[if_true] - pc - 1 if if_true else 0
         jf = labels[if_false] - pc - 1 if if_false else 0
-        out += struct.pack("=HBBI", codes[op], jt, jf, k)
+        out += struct.pack("=HBBI", codes[op.split(":")[-1]], jt, jf, k)
     return out
 
 
@@ -214,7 +222,10 @@ def main(argv: list[str]) -> None:
     tie_to_parent(libc, spec["parent"])
     enter(spec["cwd"])
     if spec.get("landlock", True):
-        landlock(libc, spec["read_write"], spec["read_only"])
+        # The cwd's rule is for the directory checked above, which "." is whatever its
+        # path leads to now: reopening the path would follow a symlink swapped in since.
+        writable = ["." if path == spec["cwd"] else path for path in spec["read_write"]]
+        landlock(libc, writable, spec["read_only"])
     if spec.get("seccomp", True) and not no_unix_sockets(libc):
         refuse(f"no socket filter for this architecture ({platform.machine()})")
     wait_go(spec["go_fd"])

@@ -65,3 +65,7 @@ def applied(conn: Connection, control_id: int, outcome: str, now: float) -> None
         "UPDATE controls SET applied_at = ?, outcome = ? WHERE id = ? AND applied_at IS NULL",
         (now, outcome, control_id),
     )
+
+
+def set_outcome(conn: Connection, control_id: int, outcome: str) -> None:
+    run(conn, "UPDATE controls SET outcome = ? WHERE id = ?", (outcome, control_id))
