@@ -32,6 +32,7 @@ from delegation.store import Connection
 from delegation.store import processes as store_processes
 from delegation.store.database import Database
 from delegation.store.events import EventRow
+from delegation.store.interface import Store
 from delegation.store.steers import mark_delivered
 from delegation.watch import FileWatch, Notices
 from delegation.wire import (
@@ -137,7 +138,7 @@ class Engine:
         self.clock: Clock = clock or SystemClock()
         self.instance_id = ""
         self._runner = runner
-        self._db = Database(
+        self._db: Store = Database(
             url, synchronous=self.config.synchronous, busy_timeout_ms=self.config.busy_timeout_ms
         )
         self._local: dict[int, _Local] = {}

@@ -1,0 +1,80 @@
+"""What a store must do for the engine (SPEC §12): the one interface every store keeps.
+
+The engine reaches its database only through a :class:`Store`; use cases are plain
+functions ``fn(conn) -> T`` that the store runs inside a transaction of its own, using
+the store's named operations (``delegation.store.children``, ``grants`` …). Today's
+implementation is :class:`delegation.store.database.Database` (SQLite); a PostgreSQL
+one keeps the same contract.
+
+The guarantees a store gives, and the engine relies on:
+
+* **Transactions.** ``submit``/``write`` run ``fn`` in a write transaction. A job that
+  raises has written nothing (its neighbours in the same batch are not undone), and
+  its exception is what the caller gets. Jobs run in the order they were queued.
+* **Answers are commits.** A ``submit`` future resolves only after the transaction
+  holding its job committed durably (``durable=False``: durable against a crash of the
+  process, made durable to the disk by the next durable commit, which always comes
+  before anyone is answered). ``committed`` hooks run on the event loop's thread as
+  the commit is known, before the future resolves, even if nobody awaits it.
+* **Events.** ``append_event`` never blocks; an event commits in the next batch, with
+  or before any job queued after it (``barrier`` is therefore a flush). An event a
+  failed batch could not commit is kept for the next one (never a gap), unless the
+  store is closing.
+* **Reads** see committed data only: ``read`` one consistent snapshot, ``read_now``
+  the newest commit per statement. Reads never wait for the writer.
+* **Notices.** ``on_events``, if set, is called on the loop's thread with the ids of
+  the children whose events a batch committed, after the commit.
+* **Ownership.** ``open`` takes the database for this host (SQLite: the file's lock;
+  refused with ``HostConflict`` while another host holds it), migrates it to the
+  head revision, and refuses what it must not touch (``SchemaMismatch``); ``aclose``
+  commits what is queued and gives everything back (connections, threads, the lock).
+* **Errors** are domain errors only: ``DatabaseBusy`` (retry), ``StoreError``,
+  ``SchemaMismatch``, ``HostConflict``; never a driver's exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import Connection
+
+from delegation.store.events import EventRow
+
+T = TypeVar("T")
+
+
+class Store(Protocol):
+    """The engine's database: batched writes, committed reads, notices (see above)."""
+
+    url: str
+    path: Path  # the file, for a store that has one (the host lock, the file watch)
+    on_events: Callable[[set[int]], None] | None
+
+    def open(self, loop: asyncio.AbstractEventLoop) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def submit(
+        self,
+        fn: Callable[[Connection], T],
+        *,
+        durable: bool = True,
+        committed: Callable[[T], None] | None = None,
+    ) -> asyncio.Future[T]: ...
+
+    async def write(self, fn: Callable[[Connection], T]) -> T: ...
+
+    def write_nowait(self, fn: Callable[[Connection], Any]) -> None: ...
+
+    async def barrier(self) -> None: ...
+
+    def append_event(self, row: EventRow) -> None: ...
+
+    async def read(self, fn: Callable[[Connection], T]) -> T: ...
+
+    async def read_now(self, fn: Callable[[Connection], T]) -> T: ...
