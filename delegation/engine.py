@@ -448,12 +448,14 @@ class Engine:
         """Serve one child method by its wire name (JSON-RPC dispatch); raises a
         :class:`DelegationError` for every refusal. Typed code calls :meth:`start`,
         :meth:`read`, :meth:`cancel`, :meth:`steer` and :meth:`release` instead."""
+        self._require_open()
         name = CHILD_METHODS.get(method)
         if name is None:
             raise errors.MethodNotFound(f"method not found: {method}")
-        handler: Callable[[RunnerConnection, ParamsLike], Awaitable[Result | SteerResult]]
-        handler = getattr(self, name)
-        return await handler(conn, params)
+        # The typed method's own body (``_start`` for ``start``): one await less per call.
+        handler: Callable[[RunnerConnection, Params], Awaitable[Result | SteerResult]]
+        handler = getattr(self, f"_{name}")
+        return await handler(conn, self._params(params))
 
     async def start(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.start``: the child's Result once it is admitted (SPEC §5)."""

@@ -7,6 +7,7 @@ others are always written. Wire types never import persistence.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
@@ -50,9 +51,14 @@ def valid_id(value: str) -> bool:
     """
     if not isinstance(value, str) or value in ("", ".", ".."):
         return False
-    if utf8_len(value) > MAX_ID_BYTES or "/" in value or "\\" in value:
+    # At most 4 bytes a character: a short id needs no encoding to be measured.
+    if len(value) * 4 > MAX_ID_BYTES and utf8_len(value) > MAX_ID_BYTES:
         return False
-    return not any(ch <= " " or ch == "\x7f" for ch in value)
+    return _ID_FORBIDDEN.search(value) is None
+
+
+# Separators, controls and space, DEL: what an id may not hold (every call checks ids).
+_ID_FORBIDDEN = re.compile(r"[\x00-\x20\x7f/\\]")
 
 
 def _validate_options(options: ExecutionOptions | UnsetType, providers: Iterable[str]) -> None:
