@@ -350,3 +350,14 @@ def test_random_trigger_sequences_follow_the_model(conn: Connection) -> None:
         ChildLifecycle,
         settings=settings(max_examples=50, stateful_step_count=20, deadline=None, database=None),
     )
+
+
+def test_boot_statements_fire_only_transitions_of_the_table() -> None:
+    """The set-based boot statements take their target states from the table, and a
+    statement that would move a child along a missing transition cannot be built."""
+    from delegation.store import lifecycle
+
+    assert lifecycle._fire(Trigger.SUSPEND, ["running"]) == "state = 'admitted'"
+    assert lifecycle._fire(Trigger.STOP, ["admitted", "running"]) == "state = 'cancelled'"
+    with pytest.raises(ValueError, match="suspend cannot fire"):
+        lifecycle._fire(Trigger.SUSPEND, ["prepared"])

@@ -8,12 +8,29 @@ from __future__ import annotations
 import msgspec
 from sqlalchemy import Connection, text
 
+from delegation.machine import State, Trigger, sources, target
 from delegation.options import ExecutionOptions
 from delegation.records import Resumable
 from delegation.store import children
 from delegation.store.children import ACTIVE, ACTIVE_TERM
 
 _policy = msgspec.json.Decoder(ExecutionOptions)
+PREPARED, ADMITTED, RUNNING = State.PREPARED.value, State.ADMITTED.value, State.RUNNING.value
+
+
+def _fire(trigger: Trigger, among: list[str]) -> str:
+    """``state = <target>`` for firing ``trigger`` from the states ``among``, taken from
+    the state table (:mod:`delegation.machine`): a boot statement cannot move a child
+    along a transition the table does not have.
+
+    Raises:
+        ValueError: ``trigger`` cannot fire from one of ``among``.
+    """
+    if not {State(name) for name in among} <= sources(trigger):
+        raise ValueError(f"{trigger.value} cannot fire from {among}")
+    return f"state = '{target(trigger).value}'"
+
+
 _DUE = "kind = 'lease' AND revoked_at IS NULL AND expires_at < :now"
 _LIVE_LEASE_CHILDREN = (
     "SELECT c.id FROM children c JOIN grants g ON g.id = c.grant_id"
@@ -24,11 +41,11 @@ _LIVE_LEASE_CHILDREN = (
 def end_unadmitted(conn: Connection, error: str, now: float) -> None:
     """Children never admitted end: cancelled if asked to, else done with ``error``."""
     for statement in (
-        f"UPDATE {ACTIVE} SET state = 'cancelled', error = cancel_reason, finished_at = :now,"
-        f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'prepared'"
+        f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [PREPARED])}, error = cancel_reason,"
+        f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{PREPARED}'"
         " AND cancel_requested_at IS NOT NULL",
-        f"UPDATE {ACTIVE} SET state = 'done', error = :error, finished_at = :now,"
-        f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'prepared'",
+        f"UPDATE {ACTIVE} SET {_fire(Trigger.FINISH, [PREPARED])}, error = :error,"
+        f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{PREPARED}'",
     ):
         conn.execute(text(statement), {"now": now, "error": error})
 
@@ -48,24 +65,25 @@ def settle_for_resume(
     ``recovery`` event for every child left to resume."""
     statements = (
         # Asked to cancel, and nothing runs them any more.
-        f"UPDATE {ACTIVE} SET state = 'cancelled', error = cancel_reason, finished_at = :now,"
-        f" updated_at = :now WHERE {ACTIVE_TERM} AND state IN ('admitted', 'running')"
+        f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [ADMITTED, RUNNING])}, error = cancel_reason,"
+        f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM}"
+        f" AND state IN ('{ADMITTED}', '{RUNNING}')"
         " AND cancel_requested_at IS NOT NULL",
         # Their host instance is gone.
-        f"UPDATE {ACTIVE} SET state = 'admitted', updated_at = :now"
-        f" WHERE {ACTIVE_TERM} AND state = 'running'",
+        f"UPDATE {ACTIVE} SET {_fire(Trigger.SUSPEND, [RUNNING])}, updated_at = :now"
+        f" WHERE {ACTIVE_TERM} AND state = '{RUNNING}'",
         # Not under a live lease, or resumed too often: interrupted for good.
-        f"UPDATE {ACTIVE} SET state = 'done', error = :interrupted, finished_at = :now,"
-        f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'admitted'"
+        f"UPDATE {ACTIVE} SET {_fire(Trigger.FINISH, [ADMITTED])}, error = :interrupted,"
+        f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'"
         f" AND (id NOT IN ({_LIVE_LEASE_CHILDREN}) OR recovery_attempts >= :max)",
         f"UPDATE {ACTIVE} SET recovery_attempts = recovery_attempts + 1"
-        f" WHERE {ACTIVE_TERM} AND state = 'admitted'",
+        f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'",
         "INSERT INTO events (child_id, sequence, body)"
         " SELECT id, seq, CAST(json_object('sequence', seq, 'kind', 'recovery',"
         " 'text', :recovery_text || ' (attempt ' || recovery_attempts || ')') AS BLOB)"
         " FROM (SELECT id, recovery_attempts, COALESCE((SELECT MAX(sequence) FROM events e"
         f" WHERE e.child_id = children.id), 0) + 1 AS seq FROM {ACTIVE}"
-        f" WHERE {ACTIVE_TERM} AND state = 'admitted')",
+        f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}')",
     )
     values = {
         "now": now,
@@ -89,7 +107,7 @@ def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], fl
         conn.execute(
             text(
                 "UPDATE children SET cancel_requested_at = :now, cancel_reason = :reason,"
-                " updated_at = :now WHERE state IN ('prepared', 'admitted', 'running')"
+                f" updated_at = :now WHERE {ACTIVE_TERM}"
                 f" AND cancel_requested_at IS NULL AND {under_due}"
             ),
             {"now": now, "reason": reason},
@@ -111,7 +129,7 @@ def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable
         text(
             "SELECT id, recovery_attempts, (SELECT MAX(sequence) FROM events e"
             f" WHERE e.child_id = children.id) AS last FROM {ACTIVE}"
-            f" WHERE {ACTIVE_TERM} AND state = 'admitted' ORDER BY id"
+            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' ORDER BY id"
         )
     ).all()
     found = {child.id: child for child in children.by_state(conn, "admitted")}
@@ -121,7 +139,7 @@ def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable
         text(
             "SELECT s.child_id, s.id, s.message, s.delivered_at IS NOT NULL FROM steers s"
             f" WHERE s.child_id IN (SELECT id FROM {ACTIVE}"
-            f" WHERE {ACTIVE_TERM} AND state = 'admitted')"
+            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}')"
             " AND s.outcome = 'injected' ORDER BY s.id"
         )
     ):
@@ -134,15 +152,15 @@ def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable
         for child_id, raw in conn.execute(
             text(
                 "SELECT c.id, g.policy FROM grants g JOIN"
-                f" (SELECT id, grant_id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND state = 'admitted')"
+                f" (SELECT id, grant_id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND state = '{ADMITTED}')"
                 " c ON g.id = c.grant_id WHERE g.policy IS NOT NULL"
             )
         )
     }
     conn.execute(
         text(
-            f"UPDATE {ACTIVE} SET state = 'running', engine_instance_id = :me,"
-            f" updated_at = :now WHERE {ACTIVE_TERM} AND state = 'admitted'"
+            f"UPDATE {ACTIVE} SET {_fire(Trigger.RUN, [ADMITTED])}, engine_instance_id = :me,"
+            f" updated_at = :now WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'"
         ),
         {"me": instance_id, "now": now},
     )
