@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterable
 
 from delegation import errors
+from delegation.options import wire_name
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection, RunnerRecord
 from delegation.wire import Params, Preset, Request, valid_id
 
@@ -28,7 +29,7 @@ def check_ids(params: Params) -> None:
         if value and not valid_id(value):
             if name == "lease_id":
                 raise errors.BadLeaseId()
-            raise errors.InvalidId(f"child {_wire_name(name)} must be a valid ID")
+            raise errors.InvalidId(f"child {wire_name(name)} must be a valid ID")
     request = params.request
     if not isinstance(request, Request):  # UNSET: no request
         return
@@ -47,12 +48,7 @@ def require_ids(**ids: str) -> None:
     """
     for name, value in ids.items():
         if not valid_id(value):
-            raise errors.InvalidId(f"{_wire_name(name)} must be a valid ID")
-
-
-def _wire_name(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.capitalize() for part in rest)
+            raise errors.InvalidId(f"{wire_name(name)} must be a valid ID")
 
 
 def check_connection(runner: RunnerRecord | None, conn: RunnerConnection) -> None:

@@ -44,7 +44,8 @@ _MODEL_CHOICES = (
 )
 
 
-def _camel(name: str) -> str:
+def wire_name(name: str) -> str:
+    """The wire (camelCase) name of a snake_case attribute: ``tool_call_id`` -> ``toolCallId``."""
     head, *rest = name.split("_")
     return head + "".join(part.capitalize() for part in rest)
 
@@ -76,18 +77,20 @@ class ExecutionOptions(WireStruct, frozen=True):
             value = getattr(self, name)
             if value is not UNSET and (blank(value) or has_nul(value)):
                 raise errors.InvalidOptions(
-                    f"execution option {_camel(name)} must be nonempty and contain no NUL"
+                    f"execution option {wire_name(name)} must be nonempty and contain no NUL"
                 )
         if self.provider is not UNSET and self.provider not in tuple(providers):
             raise errors.InvalidOptions(f"unsupported execution provider {self.provider!r}")
         for name in _POSITIVE_FIELDS:
             value = getattr(self, name)
             if value is not UNSET and value <= 0:
-                raise errors.InvalidOptions(f"execution option {_camel(name)} must be positive")
+                raise errors.InvalidOptions(f"execution option {wire_name(name)} must be positive")
         for name in _NON_NEGATIVE_FIELDS:
             value = getattr(self, name)
             if value is not UNSET and value < 0:
-                raise errors.InvalidOptions(f"execution option {_camel(name)} must not be negative")
+                raise errors.InvalidOptions(
+                    f"execution option {wire_name(name)} must not be negative"
+                )
         effort = self.reasoning_effort
         if effort is not UNSET and effort.strip().lower() not in REASONING_EFFORTS:
             raise errors.InvalidOptions(f"unsupported reasoning effort {effort!r}")
@@ -95,7 +98,7 @@ class ExecutionOptions(WireStruct, frozen=True):
             entries = getattr(self, name)
             if entries is not UNSET and any(blank(e) or has_nul(e) for e in entries):
                 raise errors.InvalidOptions(
-                    f"execution option {_camel(name)} contains an empty or invalid entry"
+                    f"execution option {wire_name(name)} contains an empty or invalid entry"
                 )
 
     def tools_disabled(self) -> bool:
@@ -146,7 +149,7 @@ class ExecutionOptions(WireStruct, frozen=True):
             mine, theirs = getattr(self, name), getattr(parent, name)
             if mine is not UNSET and theirs is not UNSET and mine > theirs:
                 raise errors.TokenLimitRaised(
-                    f"child {_camel(name)} exceeds the parent's {_camel(name)}"
+                    f"child {wire_name(name)} exceeds the parent's {wire_name(name)}"
                 )
         limit = parent.max_turns
         turns = self.max_turns
