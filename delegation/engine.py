@@ -142,9 +142,8 @@ class Engine:
             url, synchronous=self.config.synchronous, busy_timeout_ms=self.config.busy_timeout_ms
         )
         self._local: dict[int, _Local] = {}
-        self._notices = Notices()
+        self._notices = Notices(self._announced)
         self._controls: ControlWatcher | None = None
-        self._db.on_events = self._notices.bump
         self._open = False
         self.timers = Timers(
             self.clock, self.expire_due, self._sweep, self.config.retention_sweep_s
@@ -592,6 +591,11 @@ class Engine:
         return await self._db.read(
             lambda c: queries.child_events(c, conversation_id, run_id, after, size)
         )
+
+    def _announced(self, wanted: bool) -> None:
+        """The store announces committed events only while a child is followed: a
+        batch then wakes the loop once more, which no one should pay for unasked."""
+        self._db.on_events = self._notices.bump if wanted else None
 
     async def follow(
         self, conversation_id: str, run_id: str | None = None, after: int = 0

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from delegation import errors
@@ -34,9 +34,12 @@ class _Watch:
 class Notices:
     """Versions of the children someone follows, bumped on each commit that concerns them."""
 
-    def __init__(self) -> None:
+    def __init__(self, listen: Callable[[bool], None] | None = None) -> None:
         self._watches: dict[int, _Watch] = {}
         self._closed = False
+        # Told True when the first child is followed and False when the last one no
+        # longer is: nobody following, nothing need be announced (the commit path).
+        self._listen = listen
 
     def version(self, child_id: int) -> int:
         watch = self._watches.get(child_id)
@@ -59,6 +62,8 @@ class Notices:
     @contextlib.contextmanager
     def following(self, child_id: int) -> Iterator[None]:
         """Keep ``child_id``'s version while the block runs."""
+        if not self._watches and self._listen is not None:
+            self._listen(True)
         watch = self._watches.setdefault(child_id, _Watch())
         watch.count += 1
         try:
@@ -67,6 +72,8 @@ class Notices:
             watch.count -= 1
             if not watch.count:
                 del self._watches[child_id]
+                if not self._watches and self._listen is not None:
+                    self._listen(False)
 
     async def moved(self, child_id: int, since: int) -> None:
         """Return once ``child_id``'s version differs from ``since``.

@@ -81,14 +81,18 @@ async def test_follow_gives_every_committed_event_once_in_order_then_ends(
         async for event in harness.engine.follow(child.conversation_id):
             seen.append(event)
 
+    store = harness.engine._db
+    assert store.on_events is None, "nobody follows: the store announces nothing"
     follower = asyncio.create_task(consume())
     while len(seen) < 50:
         await asyncio.sleep(0.01)
     assert not follower.done(), "it waits for more while the child runs"
+    assert store.on_events is not None
     gate.set()
     await asyncio.wait_for(follower, 10)
     assert [e.sequence for e in seen] == list(range(1, 302))
     assert seen[-1].text == "end"
+    assert store.on_events is None, "the last follower gone, announcements stop"
     later = [e.sequence async for e in harness.engine.follow(child.conversation_id, after=299)]
     assert later == [300, 301], "a finished child: the rest, then the end"
     with pytest.raises(errors.ChildNotFound):
