@@ -10,6 +10,7 @@ host applies it at boot; the command says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import secrets
 import sys
@@ -20,6 +21,7 @@ from delegation.inspect import Inspector
 from delegation.records import ChildRecord
 from delegation.show import printable
 from delegation.store import controls
+from delegation.store.controls import ControlRecord
 from delegation.store.database import sqlite_path, write_once
 from delegation.watch import FileWatch
 
@@ -57,36 +59,33 @@ def command(args: argparse.Namespace, url: str) -> int:
         return _report(args, child, {"applied": True, **outcome})
 
 
-def _wait_applied(inspector: Inspector, url: str, control_id: int) -> Any:
-    watch = FileWatch(sqlite_path(url), interval=0.02)
-    deadline = time.monotonic() + APPLY_TIMEOUT_S
-    try:
-        while True:
-            control = inspector.control(control_id)
-            if control is not None and control.applied_at is not None:
-                return control
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            watch.wait_sync(left)
-    finally:
-        watch.close()
+def _wait_applied(inspector: Inspector, url: str, control_id: int) -> ControlRecord | None:
+    """The control once a host applied it, or None after ``APPLY_TIMEOUT_S``."""
+    found: list[ControlRecord] = []
+
+    def applied() -> bool:
+        control = inspector.control(control_id)
+        if control is not None and control.applied_at is not None:
+            found.append(control)
+        return bool(found)
+
+    with contextlib.closing(FileWatch(sqlite_path(url), interval=0.02)) as watch:
+        watch.until(applied, APPLY_TIMEOUT_S)
+    return found[0] if found else None
 
 
 def _wait_ended(inspector: Inspector, url: str, child: ChildRecord) -> dict[str, Any]:
     """Wait (as long as it takes) until the execution is terminal; its state and error."""
-    watch = FileWatch(sqlite_path(url))
-    try:
-        while True:
-            record = inspector.get_child(child.conversation_id, child.run_id)
-            if record is None or record.terminal:
-                break
-            watch.wait_sync()
-    finally:
-        watch.close()
-    if record is None:
-        return {}
-    return {"state": record.state, "error": record.error}
+    last: list[ChildRecord | None] = []
+
+    def ended() -> bool:
+        last[:] = [inspector.get_child(child.conversation_id, child.run_id)]
+        return last[0] is None or last[0].terminal
+
+    with contextlib.closing(FileWatch(sqlite_path(url))) as watch:
+        watch.until(ended)
+    record = last[0]
+    return {} if record is None else {"state": record.state, "error": record.error}
 
 
 def _report(args: argparse.Namespace, child: ChildRecord, outcome: dict[str, Any]) -> int:

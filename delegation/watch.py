@@ -119,6 +119,17 @@ class FileWatch:
             time.sleep(self.interval)
         return True
 
+    def until(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Ask ``done`` now and after each commit until it says so (True), or until
+        ``timeout`` passes (False): tables are read only when something committed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self.wait_sync(left)
+        return True
+
     async def wait(self, timeout: float | None = None) -> bool:
         """Sleep until a commit happened (True) or ``timeout`` passed (False)."""
         loop = asyncio.get_running_loop()
