@@ -23,8 +23,18 @@ from delegation.config import EngineConfig
 MAX_SOCKET_PATH = 107
 
 
-def db_url(path: str) -> str:
-    return f"sqlite:///{Path(path).expanduser().resolve()}"
+def db_url(where: str) -> str:
+    """``--db``: a SQLite file's path, or a database URL (``sqlite:///PATH``,
+    ``postgresql+psycopg://USER@HOST/DB``).
+
+    Raises:
+        ValueError: a URL of no store delegation has.
+    """
+    if "://" in where:
+        from delegation.store.stores import normalize
+
+        return normalize(where)
+    return f"sqlite:///{Path(where).expanduser().resolve()}"
 
 
 def positive_seconds(text: str) -> float:
@@ -51,7 +61,10 @@ def positive_int(text: str) -> int:
 
 def _add_db(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--db", default="./delegation.db", help="database file (default ./delegation.db)"
+        "--db",
+        default="./delegation.db",
+        help="database file, or a URL such as postgresql+psycopg://user@host/db"
+        " (default ./delegation.db)",
     )
 
 
@@ -168,21 +181,25 @@ class _ActionFormatter(logging.Formatter):
 
 
 def _run(args: argparse.Namespace) -> int:
+    try:
+        args.url = db_url(args.db)
+    except ValueError as exc:
+        return _usage(f"--db {args.db}: {exc}")
     if args.command == "serve":
         return _serve(args)
     if args.command == "demo":
         from delegation.demo import run_demo
 
-        return run_demo(Path(args.db), fast=args.fast)
+        return run_demo(args.url, fast=args.fast)
     if args.command == "db":
         return _db(args)
     if args.command in ("cancel", "steer"):
         from delegation import operate
 
-        return operate.command(args, db_url(args.db))
+        return operate.command(args, args.url)
     from delegation import show
 
-    return show.command(args, db_url(args.db))
+    return show.command(args, args.url)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -201,7 +218,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = EngineConfig()
     if args.lease_lifetime is not None:
         config = EngineConfig(lease_lifetime_s=args.lease_lifetime)
-    engine = Engine(db_url(args.db), runner=runner, config=config)
+    engine = Engine(args.url, runner=runner, config=config)
     try:
         asyncio.run(
             serve(
@@ -221,8 +238,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_paths(args: argparse.Namespace) -> str | None:
     """Why the paths given to ``serve`` cannot work, or None."""
-    database = Path(args.db).expanduser()
-    if not database.parent.is_dir():
+    from delegation.store.stores import file_of
+
+    database = file_of(args.url)
+    if database is None:  # a database server: it answers for itself when the engine opens
+        pass
+    elif not database.parent.is_dir():
         return f"--db {args.db}: no directory {database.parent}"
     if database.is_dir():
         return f"--db {args.db} is a directory"
@@ -243,9 +264,9 @@ def _usage(message: str) -> int:
 
 
 def _db(args: argparse.Namespace) -> int:
-    from delegation.store.database import upgrade_file
+    from delegation.store.stores import upgrade
 
-    before, after = upgrade_file(db_url(args.db), apply=args.db_command == "upgrade")
+    before, after = upgrade(args.url, apply=args.db_command == "upgrade")
     if args.db_command == "upgrade":
         print(f"upgraded {before or 'empty'} -> {after}")
     else:

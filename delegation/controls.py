@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from delegation import errors, maintenance
 from delegation.store.controls import ControlRecord
-from delegation.watch import FileWatch
+from delegation.watch import Watch
 
 if TYPE_CHECKING:
     from delegation.engine import Engine
@@ -32,7 +32,7 @@ WATCH_INTERVAL_S = 0.1  # well inside the 1 s an operator may wait
 class ControlWatcher:
     """Applies the operators' control requests of one engine's database."""
 
-    def __init__(self, engine: Engine, watch: FileWatch) -> None:
+    def __init__(self, engine: Engine, watch: Watch) -> None:
         self._engine = engine
         self._watch = watch
         self._task: asyncio.Task[None] | None = None

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from delegation.client import Client
 from delegation.errors import DelegationError
+from delegation.store.stores import shown
 from delegation.wire import Event, Preset, Result
 
 console = Console(highlight=False)
@@ -34,11 +35,11 @@ class DemoFailed(Exception):
     pass
 
 
-async def open_host(db: Path, log: Path, steps_delay: float) -> Client:
+async def open_host(db: str, log: Path, steps_delay: float) -> Client:
     """A ``delegation serve --stdio`` subprocess with the scripted runner, and a client."""
     env = {**os.environ, "DELEGATION_SCRIPTED_DELAY": str(steps_delay)}
     with log.open("ab") as stderr:
-        return await Client.spawn(["--db", str(db), "--runner", "scripted"], env=env, stderr=stderr)
+        return await Client.spawn(["--db", db, "--runner", "scripted"], env=env, stderr=stderr)
 
 
 async def kill(host: Client) -> None:
@@ -78,7 +79,7 @@ async def follow(
         await asyncio.sleep(0.15)
 
 
-async def tour(db: Path, log: Path, fast: bool) -> None:
+async def tour(db: str, log: Path, fast: bool) -> None:
     delay = 0.15 if fast else 0.4
     tag = f"{int(time.time())}"
     run, conv, ext, lease = f"demo-run-{tag}", f"demo-conv-{tag}", "demo-ext", f"lease-{tag}"
@@ -86,7 +87,7 @@ async def tour(db: Path, log: Path, fast: bool) -> None:
     preset = Preset(name="scripted", extension_id=ext, generation=1)
     workspace = str(Path.cwd())
 
-    say(f"starting a host on [bold]{db}[/bold] (scripted runner)")
+    say(f"starting a host on [bold]{shown(db)}[/bold] (scripted runner)")
     async with await open_host(db, log, delay) as host:
         registered = await host.register("demo", "host-1")
         say(f"runner registered: connection generation {registered.generation}")
@@ -140,24 +141,25 @@ async def tour(db: Path, log: Path, fast: bool) -> None:
     say(f"leased child [bold green]finished after the crash[/bold green]: {final.output}")
     say(f"its event log: {len(events)} events, 1..{len(events)} without a gap, "
         f"{sum(e.kind == 'recovery' for e in events)} recovery event")  # fmt: skip
-    say(f"look around: [bold]delegation children --db {db}[/bold], "
-        f"[bold]delegation events {bg.conversation_id} --db {db}[/bold]")  # fmt: skip
+    where = shown(db).removeprefix("sqlite:///")
+    say(f"look around: [bold]delegation children --db {where}[/bold], "
+        f"[bold]delegation events {bg.conversation_id} --db {where}[/bold]")  # fmt: skip
 
 
-def all_events(db: Path, conversation_id: str) -> list[Event]:
+def all_events(db: str, conversation_id: str) -> list[Event]:
     from delegation.inspect import Inspector
 
-    with Inspector(f"sqlite:///{db.resolve()}") as inspector:
+    with Inspector(db) as inspector:
         return list(inspector.all_events(conversation_id))
 
 
-def run_demo(db: Path, *, fast: bool = False) -> int:
-    """Run the tour; 0 when every claim it shows held."""
+def run_demo(db: str, *, fast: bool = False) -> int:
+    """Run the tour on the database at URL ``db``; 0 when every claim it shows held."""
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "host.log"
         started = time.monotonic()
         try:
-            asyncio.run(asyncio.wait_for(tour(db.resolve(), log, fast), TOUR_TIMEOUT_S))
+            asyncio.run(asyncio.wait_for(tour(db, log, fast), TOUR_TIMEOUT_S))
         except (DemoFailed, DelegationError, TimeoutError) as exc:
             console.print(f"[bold red]demo failed:[/bold red] {exc}")
             with contextlib.suppress(OSError):

@@ -30,11 +30,11 @@ from delegation.runs import ChildContext, NotResumable, Recovery, Runner
 from delegation.scheduler import Timers
 from delegation.store import Connection
 from delegation.store import processes as store_processes
-from delegation.store.database import Database
 from delegation.store.events import EventRow
 from delegation.store.interface import Store
 from delegation.store.steers import mark_delivered
-from delegation.watch import FileWatch, Notices
+from delegation.store.stores import open_store
+from delegation.watch import Notices
 from delegation.wire import (
     CHILD_METHODS,
     Event,
@@ -124,7 +124,9 @@ class _Local:
 
 
 class Engine:
-    """Durable child runs on SQLite. Use as ``async with Engine(url, runner=...) as engine``."""
+    """Durable child runs on SQLite or PostgreSQL.
+
+    Use as ``async with Engine(url, runner=...) as engine``."""
 
     def __init__(
         self,
@@ -138,7 +140,7 @@ class Engine:
         self.clock: Clock = clock or SystemClock()
         self.instance_id = ""
         self._runner = runner
-        self._db: Store = Database(
+        self._db: Store = open_store(
             url, synchronous=self.config.synchronous, busy_timeout_ms=self.config.busy_timeout_ms
         )
         self._local: dict[int, _Local] = {}
@@ -185,7 +187,7 @@ class Engine:
             raise
         protect = getattr(self._runner, "protect_paths", None)
         if callable(protect):  # a runner that starts processes keeps them off the file
-            protect([str(self._db.path.parent)])
+            protect(self._db.protected_paths())
         self.instance_id = f"h-{secrets.token_hex(16)}"
         with _collector_paused():
             try:
@@ -214,7 +216,7 @@ class Engine:
                     "child resumed",
                     extra={"action": "child_recovered", "run_id": item.child.run_id},
                 )
-            self._controls = ControlWatcher(self, FileWatch(self._db.path, WATCH_INTERVAL_S))
+            self._controls = ControlWatcher(self, self._db.watch(WATCH_INTERVAL_S))
             self._controls.start()  # operators' requests: those left while down first
             await asyncio.sleep(0)  # each resumed run takes its first step
 

@@ -1,8 +1,8 @@
 """Read-only inspection of a delegation database, for people and scripts (the CLI).
 
 Opening an :class:`Engine` would take the database over as a new host instance;
-an :class:`Inspector` only reads, through SQLite's read-only mode, so it is safe to
-use while a host is running on the same file.
+an :class:`Inspector` only reads (SQLite's read-only mode; PostgreSQL's read-only
+snapshots), so it is safe to use while a host is running on the same database.
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from types import TracebackType
 
 from delegation import queries
 from delegation.records import ChildRecord, LeaseRecord
-from delegation.store import controls, migrate
+from delegation.store import controls, migrate, stores
 from delegation.store.controls import ControlRecord
-from delegation.store.database import ReadOnly, sqlite_path
-from delegation.watch import FileWatch
 from delegation.wire import Event
 
 
@@ -24,7 +22,7 @@ class Inspector:
 
     def __init__(self, url: str = "sqlite:///delegation.db") -> None:
         self.url = url
-        self._db = ReadOnly(url)
+        self._db = stores.reader(url)
 
     def __enter__(self) -> Inspector:
         return self
@@ -88,9 +86,10 @@ class Inspector:
         self, conversation_id: str, run_id: str | None = None, after: int = 0
     ) -> Iterator[Event]:
         """Every committed event after ``after`` as it commits, from any process; ends
-        once the execution is terminal. It watches the file (``PRAGMA data_version``,
-        :class:`delegation.watch.FileWatch`) and reads tables only after a commit."""
-        watch = FileWatch(sqlite_path(self.url))
+        once the execution is terminal. It watches the database for commits (SQLite:
+        ``PRAGMA data_version``; PostgreSQL: ``LISTEN``, see :mod:`delegation.watch`)
+        and reads tables only after one."""
+        watch = stores.open_watch(self.url, 0.05)
         try:
             while True:
                 # The state first: a terminal state commits after the run's last event,

@@ -22,8 +22,7 @@ from delegation.records import ChildRecord
 from delegation.show import printable
 from delegation.store import controls
 from delegation.store.controls import ControlRecord
-from delegation.store.database import sqlite_path, write_once
-from delegation.watch import FileWatch
+from delegation.store.stores import open_watch, write_once
 
 APPLY_TIMEOUT_S = 3.0  # a live host applies within about 0.1 s
 
@@ -69,7 +68,7 @@ def _wait_applied(inspector: Inspector, url: str, control_id: int) -> ControlRec
             found.append(control)
         return bool(found)
 
-    with contextlib.closing(FileWatch(sqlite_path(url), interval=0.02)) as watch:
+    with contextlib.closing(open_watch(url, 0.02)) as watch:
         watch.until(applied, APPLY_TIMEOUT_S)
     return found[0] if found else None
 
@@ -82,7 +81,7 @@ def _wait_ended(inspector: Inspector, url: str, child: ChildRecord) -> dict[str,
         last[:] = [inspector.get_child(child.conversation_id, child.run_id)]
         return last[0] is None or last[0].terminal
 
-    with contextlib.closing(FileWatch(sqlite_path(url))) as watch:
+    with contextlib.closing(open_watch(url, 0.05)) as watch:
         watch.until(ended)
     record = last[0]
     return {} if record is None else {"state": record.state, "error": record.error}

@@ -4,7 +4,9 @@
   a batch committed, and the engine the children that ended; a follower waits for its
   child's version to move. Nothing polls: a follower sleeps until the commit itself
   wakes it.
-* :class:`FileWatch`: across processes on SQLite. ``PRAGMA data_version`` on one open
+* :class:`Watch`: across processes, for any store (PostgreSQL's is
+  :class:`delegation.store.postgres.PostgresWatch`, ``LISTEN``/``NOTIFY``).
+  :class:`FileWatch` is SQLite's. ``PRAGMA data_version`` on one open
   read-only connection changes whenever another connection commits to the file; asking
   it is a few microseconds and reads no table, so a watcher asks it every
   ``interval`` seconds and reads tables only when it moved.
@@ -91,24 +93,18 @@ class Notices:
             raise errors.HostClosing("the host closed while following the child")
 
 
-class FileWatch:
-    """Notices of commits to a SQLite file by other connections (other processes too)."""
+class Watch:
+    """Notices of commits by other connections (other processes too): a store's own
+    kind answers :meth:`changed`, and the waiting is the same for every store."""
 
-    def __init__(self, path: Path | str, interval: float = 0.05) -> None:
-        self.interval = interval
-        uri = Path(path).resolve().as_uri() + "?mode=ro"
-        self._conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        self._version = self._read()
-
-    def _read(self) -> int:
-        (version,) = self._conn.execute("PRAGMA data_version").fetchone()
-        return int(version)
+    interval: float = 0.05  # seconds between two questions to :meth:`changed`
 
     def changed(self) -> bool:
         """Whether another connection committed since the last call (or since open)."""
-        version = self._read()
-        moved, self._version = version != self._version, version
-        return moved
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
     def wait_sync(self, timeout: float | None = None) -> bool:
         """Like :meth:`wait`, blocking (for the synchronous inspection tools)."""
@@ -139,6 +135,25 @@ class FileWatch:
                 return False
             await asyncio.sleep(self.interval)
         return True
+
+
+class FileWatch(Watch):
+    """Commits to a SQLite file, seen through ``PRAGMA data_version``."""
+
+    def __init__(self, path: Path | str, interval: float = 0.05) -> None:
+        self.interval = interval
+        uri = Path(path).resolve().as_uri() + "?mode=ro"
+        self._conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        self._version = self._read()
+
+    def _read(self) -> int:
+        (version,) = self._conn.execute("PRAGMA data_version").fetchone()
+        return int(version)
+
+    def changed(self) -> bool:
+        version = self._read()
+        moved, self._version = version != self._version, version
+        return moved
 
     def close(self) -> None:
         self._conn.close()

@@ -1,7 +1,17 @@
-"""Fixtures: a template database migrated once per session and copied per test."""
+"""Fixtures: a template database migrated once per session and copied per test.
+
+Every test that takes ``db_url`` (or an ``engine``/``harness`` built on it) runs twice:
+on a SQLite file (``[sqlite]``) and on a database of a real PostgreSQL server
+(``[postgres]``, see tests/postgres.py). A test marked ``sqlite_only``, or that asks for
+``db_path`` itself (it looks at the file), runs on SQLite only.
+``DELEGATION_TEST_STORES=sqlite`` (or ``postgres``) keeps one of them.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -23,6 +33,19 @@ def pytest_configure(config: pytest.Config) -> None:
         "sqlite_only: uses SQLite itself (its files, locks, PRAGMAs or stdlib driver), not"
         " the store's interface, so it runs on SQLite only",
     )
+
+
+STORES = ("sqlite", "postgres")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "db_url" not in metafunc.fixturenames:
+        return
+    wanted = os.environ.get("DELEGATION_TEST_STORES", ",".join(STORES)).split(",")
+    own = inspect.signature(metafunc.function).parameters
+    if metafunc.definition.get_closest_marker("sqlite_only") or "db_path" in own:
+        wanted = [name for name in wanted if name == "sqlite"] or ["sqlite"]
+    metafunc.parametrize("db_url", [n for n in STORES if n in wanted], indirect=True)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -50,8 +73,12 @@ def db_path(tmp_path: Path, template_db: Path) -> Path:
 
 
 @pytest.fixture
-def db_url(db_path: Path) -> str:
-    return f"sqlite:///{db_path}"
+def db_url(request: pytest.FixtureRequest) -> str:
+    """The test's database: a copy of the SQLite template, or a new PostgreSQL database
+    made from the migrated template database (see ``postgres_url``)."""
+    if getattr(request, "param", "sqlite") == "postgres":
+        return str(request.getfixturevalue("postgres_db"))
+    return f"sqlite:///{request.getfixturevalue('db_path')}"
 
 
 @pytest.fixture
@@ -92,23 +119,62 @@ async def harness(engine: Engine, runner: ScriptRunner, workspace: Path) -> Harn
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """A real PostgreSQL server for this test session (see tests/postgres.py)."""
-    server = postgres.start()
+    server = postgres.start(durable=False)
     try:
         yield server.url
     finally:
         server.stop()
 
 
-@pytest.fixture
-def postgres_url(postgres_server: str) -> Iterator[str]:
-    """A new, empty database on the session's server, dropped after the test."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
+@pytest.fixture(scope="session")
+def postgres_template(postgres_server: str) -> Iterator[str]:
+    """A database migrated to head once, which each test's database is a copy of."""
+    name = f"template_{uuid.uuid4().hex[:12]}"
     admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        yield postgres_server.rsplit("/", 1)[0] + f"/{name}"
+        template = create_engine(_database(postgres_server, name))
+        try:
+            with template.connect() as conn:
+                migrate.upgrade(conn)
+        finally:
+            template.dispose()
+        yield name
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         admin.dispose()
+
+
+def _database(server: str, name: str) -> str:
+    return server.rsplit("/", 1)[0] + f"/{name}"
+
+
+@contextlib.contextmanager
+def _new_database(server: str, template: str | None = None) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            copy = f' TEMPLATE "{template}"' if template else ""
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"{copy}')
+        yield _database(server, name)
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A new, empty database on the session's server, dropped after the test."""
+    with _new_database(postgres_server) as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_db(postgres_server: str, postgres_template: str) -> Iterator[str]:
+    """A new database at head on the session's server, dropped after the test."""
+    with _new_database(postgres_server, postgres_template) as url:
+        yield url

@@ -63,8 +63,13 @@ def _as_user() -> Callable[[], None] | None:
     return demote
 
 
-def start() -> Server:
-    """Start a temporary cluster (or use ``$DELEGATION_TEST_POSTGRES_URL``)."""
+def start(*, durable: bool = True) -> Server:
+    """Start a temporary cluster (or use ``$DELEGATION_TEST_POSTGRES_URL``).
+
+    ``durable=False`` turns ``fsync`` off: the test suite's server, where thousands of
+    databases are created and dropped and no test kills the server itself (a killed
+    *host* loses nothing either way). The benchmarks keep ``fsync`` on.
+    """
     given = os.environ.get(ENV)
     if given:
         return Server(given, lambda: None)
@@ -85,8 +90,8 @@ def start() -> Server:
              "-E", "UTF8", "--no-sync"],
             env=env, **run,  # type: ignore[arg-type]
         )  # fmt: skip
-        options = (
-            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=200"
+        options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=300" + (
+            "" if durable else " -c fsync=off -c full_page_writes=off"
         )
         subprocess.run(
             [str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-o", options,

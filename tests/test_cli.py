@@ -101,10 +101,11 @@ async def fleet(harness: Harness, gate: asyncio.Event, workspace: Path) -> Fleet
 
 
 @pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], db_path: Path) -> Cli:
-    """``delegation ARGS --db <the test's file>`` in this process: (code, stdout, stderr)."""
+def cli(capsys: pytest.CaptureFixture[str], db_url: str) -> Cli:
+    """``delegation ARGS --db <the test's database URL>`` in this process: (code, stdout,
+    stderr); ``db=`` names another database (a path or a URL)."""
 
-    def run(*argv: str, db: Path = db_path) -> tuple[int, str, str]:
+    def run(*argv: str, db: Path | str = db_url) -> tuple[int, str, str]:
         code = main([*argv, "--db", str(db)])
         out, err = capsys.readouterr()
         return code, out, err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -44,10 +45,19 @@ def serve_socket(path: Path, db: Path, *runner: str) -> subprocess.Popen[bytes]:
         cwd=ROOT, env=ENV, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 20
-    while not path.exists():
+    while not _listening(path):  # the file appears at bind(), a moment before listen()
         assert proc.poll() is None and time.monotonic() < deadline, "the host did not start"
         time.sleep(0.02)
     return proc
+
+
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 class SocketHost:

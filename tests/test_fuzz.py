@@ -374,7 +374,7 @@ class Host:
     engine: Engine
     runner: ScriptRunner
     workspace: Path
-    db_path: Path
+    db: str  # the database's URL
     sessions: int = 0
 
     def __repr__(self) -> str:  # Hypothesis prints it with every failing example
@@ -382,14 +382,14 @@ class Host:
 
 
 @pytest.fixture
-def host(db_url: str, db_path: Path, workspace: Path) -> Iterator[Host]:
+def host(db_url: str, workspace: Path) -> Iterator[Host]:
     runner = ScriptRunner()
     config = EngineConfig(release_drain_s=5.0)
     with asyncio.Runner() as loop:
         engine = Engine(db_url, runner=runner, config=config, clock=ManualClock(1_800_000_000.0))
         loop.run(engine.open())
         try:
-            yield Host(loop, engine, runner, workspace, db_path)
+            yield Host(loop, engine, runner, workspace, db_url)
         finally:
             loop.run(engine.close())
 
@@ -809,12 +809,12 @@ def snapshot(db: Path | str) -> dict[str, list[tuple[Any, ...]]]:
     return rows.snapshot(rows.url_of(db) if isinstance(db, Path) else db)
 
 
-async def settled(db_path: Path) -> dict[str, list[tuple[Any, ...]]]:
+async def settled(db: Path | str) -> dict[str, list[tuple[Any, ...]]]:
     """The snapshot once no write trails any more (a cancelled run stopping, say)."""
-    before = snapshot(db_path)
+    before = snapshot(db)
     while True:
         await asyncio.sleep(0.02)
-        now = snapshot(db_path)
+        now = snapshot(db)
         if now == before:
             return now
         before = now
@@ -1057,7 +1057,7 @@ async def _refusal_changes_nothing(host: Host, tally: Tally, call: Call) -> None
     if tally.scene is None:
         tally.scene = await build_scene(host)
     conn, params = call.resolve(tally.scene)
-    before = await settled(host.db_path)
+    before = await settled(host.db)
     assert before["children"], "the snapshot must see the store"
     prepared = len(host.runner.prepared)
     try:
@@ -1074,7 +1074,7 @@ async def _refusal_changes_nothing(host: Host, tally: Tally, call: Call) -> None
     tally.reasons[refusal.reason] += 1
     await asyncio.sleep(0.02)  # nothing may trail the refusal either
     assert len(host.runner.prepared) == prepared, f"prepare was called for {call}"
-    assert snapshot(host.db_path) == before, f"{refusal!r} changed the database for {call}"
+    assert snapshot(host.db) == before, f"{refusal!r} changed the database for {call}"
     # A lone surrogate cannot come over the wire (decode refuses it); handed to the
     # engine in a Params object, it fails in SQLite's text encoding: an internal fault.
     internal_ok = "\\ud800" in repr(params) and isinstance(refusal, errors.InternalError)

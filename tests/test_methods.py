@@ -20,6 +20,7 @@ import pytest
 
 import delegation
 from delegation import ChildContext, DelegationError, EngineConfig, Event, Preset, errors
+from delegation.clock import ManualClock
 from delegation.options import ExecutionOptions
 from tests.support import PRESET, Harness
 
@@ -892,13 +893,17 @@ async def test_lease_capacity_per_runner(harness: Harness) -> None:
     [EngineConfig(max_leases_per_runner=2, max_tombstones_per_runner=3)],
     ids=["cap2-keep3"],
 )
-async def test_tombstones_are_outside_the_lease_cap_and_trimmed(harness: Harness) -> None:
+async def test_tombstones_are_outside_the_lease_cap_and_trimmed(
+    harness: Harness, clock: ManualClock
+) -> None:
     for i in range(5):
         assert (await release(harness, f"T{i}")).done
+        clock.advance(0.001)  # "newest" is by the time of the release
     await harness.start("q1", lease_id="L1")
     await harness.start("q2", lease_id="L2")
     with pytest.raises(errors.LeaseCapacity):
         await harness.start("q3", lease_id="L3")
+    clock.advance(0.001)
     assert (await release(harness, "T5")).done  # at capacity, a release still works
     kept = {lease.lease_id for lease in await harness.engine.leases("runner-1")}
     assert kept == {"L1", "L2", "T3", "T4", "T5"}, "the newest three tombstones are kept"

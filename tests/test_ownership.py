@@ -32,7 +32,7 @@ from delegation import (
     errors,
 )
 from delegation.inspect import Inspector
-from delegation.store.database import upgrade_file
+from delegation.store.stores import upgrade
 from tests.support import PRESET, Harness, ScriptRunner, hold, open_harness
 from tests.test_fuzz import snapshot
 
@@ -86,10 +86,10 @@ async def test_inspection_works_beside_a_live_host_but_an_upgrade_is_refused(
     child = await harness.start("q1")
     with Inspector(db_url) as inspector:
         assert inspector.get_child(child.conversation_id) is not None
-    current, _ = upgrade_file(db_url, apply=False)
+    current, _ = upgrade(db_url, apply=False)
     assert current is not None
     with pytest.raises(errors.HostConflict):
-        upgrade_file(db_url, apply=True)
+        upgrade(db_url, apply=True)
 
 
 def test_two_host_processes_the_second_refused_until_the_first_is_killed(
@@ -321,10 +321,12 @@ BAD_IDS = ["", "a/b", "a\\b", ".", "..", "a b", "x" * 129, "é" * 65, "nul\x00",
     "field",
     ["run_id", "tool_call_id", "extension_id", "child_id", "child_run_id", "lease_id"],
 )
-async def test_every_id_of_a_call_must_be_a_valid_id(harness: Harness, field: str) -> None:
+async def test_every_id_of_a_call_must_be_a_valid_id(
+    harness: Harness, field: str, db_url: str
+) -> None:
     child = await harness.start("q0")
     await harness.wait_done(child.conversation_id)
-    rows = snapshot(Path(harness.workspace).parent / "delegation.db")
+    rows = snapshot(db_url)
     for bad in [b for b in BAD_IDS if b]:
         changes: dict[str, Any] = {field: bad}
         if field == "lease_id":
@@ -342,7 +344,7 @@ async def test_every_id_of_a_call_must_be_a_valid_id(harness: Harness, field: st
                 await harness.engine.call(harness.conn, method, params)
             if field != "tool_call_id" or method != "child.lease.release":
                 assert isinstance(caught.value, errors.InputError), (method, bad)
-    assert snapshot(Path(harness.workspace).parent / "delegation.db") == rows
+    assert snapshot(db_url) == rows
     assert len(harness.runner.prepared) == 1
 
 

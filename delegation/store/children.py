@@ -138,16 +138,14 @@ _FRESH: dict[str, Any] = {
 def insert_child(conn: Connection, **values: Any) -> ChildRecord:
     """Reserve a new child as ``prepared``; returns its record without reading it back."""
     row = {**_FRESH, "updated_at": values["created_at"], **values}
-    cursor = run(conn, _insert_sql(tuple(row)), tuple(row.values()))
-    assert cursor.lastrowid is not None
-    row["id"] = int(cursor.lastrowid)
+    row["id"] = int(run(conn, _insert_sql(tuple(row)), tuple(row.values())).fetchone()[0])
     return _from_row(tuple(row[name] for name in FIELDS))
 
 
 @cache
 def _insert_sql(names: tuple[str, ...]) -> str:
     marks = ", ".join("?" for _ in names)
-    return f"INSERT INTO children ({', '.join(names)}) VALUES ({marks})"
+    return f"INSERT INTO children ({', '.join(names)}) VALUES ({marks}) RETURNING id"
 
 
 def transition(
@@ -292,5 +290,5 @@ def listing(
         if value is not None:
             where.append(f"{name} = ?")
             params.append(value)
-    conditions = " AND ".join(where) or "1"  # no filter: every child
+    conditions = " AND ".join(where) or "TRUE"  # no filter: every child
     return _many(conn, f"{conditions} ORDER BY id DESC LIMIT ?", (*params, limit), active=active)

@@ -40,10 +40,10 @@ def submit(
     cursor = run(
         conn,
         "INSERT INTO controls (conversation_id, run_id, action, message, request_id, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
+        " VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
         (conversation_id, run_id, action, message, request_id, now),
     )
-    return int(cursor.lastrowid or 0)
+    return int(cursor.fetchone()[0])
 
 
 def pending(conn: Connection) -> list[ControlRecord]:

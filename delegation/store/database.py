@@ -36,7 +36,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,6 +49,7 @@ from delegation import errors
 from delegation.store import dbapi, migrate
 from delegation.store.events import EventRow, insert_events
 from delegation.store.hostlock import HostLock
+from delegation.watch import FileWatch, Watch
 
 log = logging.getLogger("delegation.store")
 
@@ -58,6 +59,18 @@ _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes: another connection 
 _RETRY_PAUSE_S = 0.05  # before events that failed to commit are tried again
 _SQLITE_MIN = (3, 35, 5)  # UPDATE ... RETURNING, with the fixes of 3.35.5
 _BUSY_PAUSE_MAX_S = 0.05  # the longest pause between two tries of a busy BEGIN
+_POSTGRES_BUSY = frozenset({"40001", "40P01", "55P03", "57014"})
+_POSTGRES_REFUSALS = frozenset(
+    {
+        "IntegrityError",
+        "UniqueViolation",
+        "ForeignKeyViolation",
+        "CheckViolation",
+        "NotNullViolation",
+        "ExclusionViolation",
+        "RestrictViolation",
+    }
+)
 
 # WAL at NORMAL survives a crash of the process; only a power loss can undo its last
 # commits, and the next synced commit makes them durable too (the WAL is one file).
@@ -136,11 +149,24 @@ def translate(exc: BaseException) -> errors.DelegationError:
     # SQLAlchemy wraps the driver's errors, but not those raised in its event hooks:
     # a busy BEGIN IMMEDIATE (see ``_on_begin``) arrives as sqlite3's own error.
     cause = exc.orig if isinstance(exc, DBAPIError) else exc
-    if not isinstance(cause, sqlite3.Error):
+    if isinstance(cause, sqlite3.Error):
+        busy = _is_busy(cause)
+    elif type(cause).__module__.startswith("psycopg") and isinstance(cause, Exception):
+        # Serialization failure, deadlock, lock not available, a lock or statement timeout.
+        busy = getattr(cause, "sqlstate", None) in _POSTGRES_BUSY
+    else:
         return errors.InternalError()
-    if _is_busy(cause):
+    if busy:
         return errors.DatabaseBusy(f"child store is busy; retry ({cause})")
     return errors.StoreError(f"child store failed: {cause}")
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is a constraint's refusal (the same statement would fail again)."""
+    cause = getattr(exc, "orig", exc)
+    return isinstance(cause, sqlite3.IntegrityError) or (
+        type(cause).__name__ in _POSTGRES_REFUSALS and type(cause).__module__.startswith("psycopg")
+    )
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
@@ -163,6 +189,9 @@ class Database:
             "foreign_keys": "ON",
         }
         self._busy_timeout_s = busy_timeout_ms / 1000
+        self._init_state()
+
+    def _init_state(self) -> None:
         self._queue = _Queue()
         self._cond = threading.Condition()
         self._stopping = False
@@ -239,6 +268,9 @@ class Database:
             if not isinstance(exc, Exception):
                 raise
             raise translate(exc) from exc
+        self._start_writer()
+
+    def _start_writer(self) -> None:
         self._stopping = False
         self._dispatching, self._queue = False, _Queue()  # nothing of an earlier opening
         self._thread = threading.Thread(target=self._writer_main, name="delegation-writer")
@@ -400,9 +432,7 @@ class Database:
         assert self._conn is not None
         raw = dbapi(self._conn)
         self._synchronous(self._conn, batch)
-        try:
-            raw.execute("BEGIN IMMEDIATE")  # the write connection never waits (_begin)
-        except sqlite3.OperationalError:
+        if not self._try_begin(raw):
             return False
         try:
             self._commit_batch(self._conn, batch, begun=True)
@@ -412,7 +442,8 @@ class Database:
 
     def _writer_main(self) -> None:
         assert self._write_engine is not None
-        with self._write_engine.connect() as conn:
+        conn = self._write_engine.connect()
+        try:
             with self._cond:
                 self._conn = conn
             while True:
@@ -428,13 +459,22 @@ class Database:
                     self._busy = True
                 committed = False
                 try:
-                    committed = self._commit_batch(conn, batch)
+                    try:
+                        conn = self._healthy(conn)
+                    except Exception as exc:  # the server is gone: this batch fails
+                        self._failed(batch, exc)
+                    else:
+                        with self._cond:
+                            self._conn = conn
+                        committed = self._commit_batch(conn, batch)
                 finally:
                     with self._cond:
                         self._busy = False
                 self._deliver(batch.jobs, inline=False)
                 if committed and batch.events and self.on_events is not None:
                     self._announce({row.child_id for row in batch.events})
+        finally:
+            conn.close()
 
     def _announce(self, child_ids: set[int]) -> None:
         """Tell the loop which children have new committed events (see ``on_events``)."""
@@ -464,24 +504,27 @@ class Database:
         except _Redo:
             raise
         except Exception as exc:
-            failure = translate(exc)
-            log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
-            for pending in batch.jobs:
-                pending.ok, pending.value = False, failure
-            if batch.events:
-                # Events are not lost to a busy or full database (a lost one would leave
-                # a gap in its child's sequence): they go first in the next batch, after
-                # a pause so a lasting failure is not retried in a tight loop. Closing,
-                # they are given up after one try, as a crash would.
-                # An event a constraint refuses would fail every batch after it: it is
-                # dropped (a fault of ours, logged above), never retried.
-                refused = isinstance(getattr(exc, "orig", exc), sqlite3.IntegrityError)
-                with self._cond:
-                    if not self._stopping and not refused:
-                        self._queue.events[:0] = batch.events
-                if not isinstance(failure, errors.DatabaseBusy):  # busy already waited
-                    time.sleep(_RETRY_PAUSE_S)
+            self._failed(batch, exc)
             return False
+
+    def _failed(self, batch: _Queue, exc: Exception) -> None:
+        """``batch`` did not commit: its jobs fail with ``exc``; its events are kept."""
+        failure = translate(exc)
+        log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
+        for pending in batch.jobs:
+            pending.ok, pending.value = False, failure
+        if batch.events:
+            # Events are not lost to a busy or full database (a lost one would leave
+            # a gap in its child's sequence): they go first in the next batch, after
+            # a pause so a lasting failure is not retried in a tight loop. Closing,
+            # they are given up after one try, as a crash would.
+            # An event a constraint refuses would fail every batch after it: it is
+            # dropped (a fault of ours, logged above), never retried.
+            with self._cond:
+                if not self._stopping and not refused(exc):
+                    self._queue.events[:0] = batch.events
+            if not isinstance(failure, errors.DatabaseBusy):  # busy already waited
+                time.sleep(_RETRY_PAUSE_S)
 
     def _synchronous(self, conn: Connection, batch: _Queue) -> None:
         """Set the sync level ``batch`` needs (SQLite takes it only between transactions):
@@ -503,6 +546,7 @@ class Database:
             self._begin(raw)
         try:
             self._run_batch(conn, batch, savepoints=savepoints)
+            self._announce_in(conn, batch)
             if conn.in_transaction():
                 conn.commit()
             else:
@@ -510,11 +554,38 @@ class Database:
         except BaseException:  # a failed COMMIT too: never leave the write lock held
             if conn.in_transaction():
                 conn.rollback()
-            if raw.in_transaction:
+            if self._in_transaction(raw):
                 raw.execute("ROLLBACK")
             raise
 
-    def _begin(self, raw: sqlite3.Connection) -> None:
+    # --- what differs between stores (PostgresDatabase overrides these) -----------
+
+    def _try_begin(self, raw: Any) -> bool:
+        """Begin a write transaction unless another connection holds the write lock."""
+        try:
+            raw.execute("BEGIN IMMEDIATE")  # the write connection never waits (_begin)
+        except sqlite3.OperationalError:
+            return False
+        return True
+
+    @staticmethod
+    def _in_transaction(raw: Any) -> bool:
+        return bool(raw.in_transaction)
+
+    def _announce_in(self, conn: Connection, batch: _Queue) -> None:
+        """Tell other processes, within the batch's transaction, that it committed
+        (SQLite: nothing to do, ``PRAGMA data_version`` moves by itself)."""
+
+    def _healthy(self, conn: Connection) -> Connection:
+        """The write connection to use for the next batch."""
+        return conn
+
+    @staticmethod
+    def _changes(raw: Any) -> int | None:
+        """Rows changed on ``raw`` so far; None: not known (a failed job is redone)."""
+        return int(raw.total_changes)
+
+    def _begin(self, raw: Any) -> None:
         """``BEGIN IMMEDIATE``, waiting up to the busy timeout while another connection
         holds the write lock, with pauses that grow from 1 to 50 ms (SQLite's own
         handler waits alike).
@@ -537,8 +608,7 @@ class Database:
                 time.sleep(min(pause, deadline - now))
                 pause = min(pause * 2, _BUSY_PAUSE_MAX_S)
 
-    @staticmethod
-    def _run_batch(conn: Connection, batch: _Queue, *, savepoints: bool) -> None:
+    def _run_batch(self, conn: Connection, batch: _Queue, *, savepoints: bool) -> None:
         raw = dbapi(conn)
         if batch.events:
             insert_events(conn, batch.events)
@@ -547,7 +617,7 @@ class Database:
                 continue
             if savepoints:
                 raw.execute("SAVEPOINT job")
-            before = raw.total_changes
+            before = self._changes(raw)
             try:
                 pending.ok, pending.value = True, pending.fn(conn)
             except Exception as exc:
@@ -557,11 +627,11 @@ class Database:
                         "write job failed", extra={"action": "write_job_failed"}, exc_info=exc
                     )
                 if savepoints:
-                    raw.execute("ROLLBACK TO job")
-                elif raw.total_changes != before:
-                    raise _Redo() from exc
+                    raw.execute("ROLLBACK TO SAVEPOINT job")
+                elif before is None or self._changes(raw) != before:
+                    raise _Redo() from exc  # it may have written: undo, use savepoints
             if savepoints:
-                raw.execute("RELEASE job")
+                raw.execute("RELEASE SAVEPOINT job")
 
     def _deliver(self, jobs: list[_Pending], *, inline: bool) -> None:
         waiting = [p for p in jobs if p.future is not None]
@@ -575,6 +645,14 @@ class Database:
         elif self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
                 self._loop.call_soon_threadsafe(_resolve, waiting)
+
+    # --- notices ----------------------------------------------------------------
+
+    def watch(self, interval: float) -> Watch:
+        return FileWatch(self.path, interval)
+
+    def protected_paths(self) -> list[str]:
+        return [str(self.path.parent)]
 
     # --- reading ----------------------------------------------------------------
 
@@ -658,13 +736,8 @@ class ReadOnly:
             dbapi_connection.execute("PRAGMA busy_timeout=5000")
 
     def read(self, fn: Callable[[Connection], T]) -> T:
-        try:
-            with self._engine.connect() as conn:
-                return fn(conn)
-        except errors.DelegationError:
-            raise
-        except Exception as exc:  # opening the file too, not only the query
-            raise translate(exc) from exc
+        with translated(), self._engine.connect() as conn:  # opening the file too
+            return fn(conn)
 
     def close(self) -> None:
         self._engine.dispose()
@@ -736,16 +809,32 @@ def write_once(url: str, fn: Callable[[Connection], T], *, busy_timeout_ms: int 
         pool_size=1,
     )
     try:
-        with engine.connect() as conn, conn.begin():
-            migrate.check(conn)
-            if migrate.current(conn) != migrate.head():
-                raise errors.SchemaMismatch(
-                    f"{path} is at an older schema; run `delegation db upgrade` first"
-                )
+        with translated(), engine.connect() as conn, conn.begin():
+            at_head(conn, str(path))
             return fn(conn)
+    finally:
+        engine.dispose()
+
+
+def at_head(conn: Connection, name: str) -> None:
+    """Refuse a database that is not delegation's at this code's head revision.
+
+    Raises:
+        errors.SchemaMismatch: another application's, a newer one, or an older one.
+    """
+    migrate.check(conn)
+    if migrate.current(conn) != migrate.head():
+        raise errors.SchemaMismatch(
+            f"{name} is at an older schema; run `delegation db upgrade` first"
+        )
+
+
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    """Driver and SQLAlchemy failures inside the block as domain errors (``translate``)."""
+    try:
+        yield
     except errors.DelegationError:
         raise
     except Exception as exc:
         raise translate(exc) from exc
-    finally:
-        engine.dispose()

@@ -7,7 +7,7 @@ from typing import NamedTuple
 from sqlalchemy import Connection
 
 from delegation._struct import I64_MAX
-from delegation.store import dbapi, run
+from delegation.store import run, run_many
 
 _INSERT = "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)"
 _OUTPUT = "UPDATE children SET output = ? WHERE id = ?"
@@ -23,10 +23,10 @@ class EventRow(NamedTuple):
 
 def insert_events(conn: Connection, rows: list[EventRow]) -> None:
     """Insert a batch of events and keep each child's ``output`` current."""
-    dbapi(conn).executemany(_INSERT, [(r.child_id, r.sequence, r.body) for r in rows])
+    run_many(conn, _INSERT, [(r.child_id, r.sequence, r.body) for r in rows])
     outputs = {r.child_id: r.output for r in rows if r.output is not None}
     if outputs:
-        dbapi(conn).executemany(_OUTPUT, [(text, child) for child, text in outputs.items()])
+        run_many(conn, _OUTPUT, [(text, child) for child, text in outputs.items()])
 
 
 def page(conn: Connection, child_id: int, after: int, limit: int) -> list[bytes]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import secrets
+import time
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, func, insert, select, update
 
+from delegation._struct import I64_MAX
 from delegation.options import ExecutionOptions
 from delegation.records import GrantRecord, LeaseRecord, RunnerRecord
 from delegation.store import chunks, run, runners
@@ -29,6 +32,17 @@ FIELDS = tuple(f.name for f in dataclasses.fields(GrantRecord))
 _SELECT = f"SELECT {', '.join(FIELDS)} FROM grants"
 _PRESETS, _GENERATIONS = FIELDS.index("presets"), FIELDS.index("generations")
 _POLICY = FIELDS.index("policy")
+
+
+_serial = itertools.count()
+
+
+def new_grant_id() -> str:
+    """A new grant's id: 32 hex digits that sort in the order grants were made (the
+    wall clock in nanoseconds, then a counter of this process, then randomness), so
+    that tombstones made in the same tick of the engine's clock still keep their order
+    (``trim_tombstones``) on every store. Grant ids never leave the database."""
+    return f"{time.time_ns():016x}{next(_serial) & 0xFFFF:04x}{secrets.token_hex(6)}"
 
 
 def _one(conn: Connection, where: str, params: tuple[Any, ...]) -> GrantRecord | None:
@@ -85,7 +99,7 @@ def insert_tool(
     now: float,
     policy: ExecutionOptions | None = None,
 ) -> GrantRecord:
-    grant_id = secrets.token_hex(16)
+    grant_id = new_grant_id()
     conn.execute(
         insert(grants).values(
             id=grant_id,
@@ -172,7 +186,7 @@ def trim_tombstones(conn: Connection, runner_ids: Iterable[str], keep: int) -> N
             conn,
             "DELETE FROM grants WHERE id IN (SELECT id FROM grants WHERE kind = 'lease'"
             " AND runner_id = ? AND revoked_at IS NOT NULL"
-            " ORDER BY revoked_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
+            f" ORDER BY revoked_at DESC, created_at DESC, id DESC LIMIT {I64_MAX} OFFSET ?)",
             (runner_id, keep),
         )
 
@@ -191,7 +205,7 @@ def insert_lease(
     conn: Connection, tool: GrantRecord, lease_id: str, now: float, lifetime: float
 ) -> GrantRecord:
     """A lease grant created from a live tool grant: same owner, presets and workspace."""
-    grant_id = secrets.token_hex(16)
+    grant_id = new_grant_id()
     conn.execute(
         insert(grants).values(
             id=grant_id,
@@ -224,7 +238,7 @@ def insert_tombstone(
     """A revoked lease that never existed: it fences later starts with that leaseId."""
     conn.execute(
         insert(grants).values(
-            id=secrets.token_hex(16),
+            id=new_grant_id(),
             kind="lease",
             runner_id=runner_id,
             extension_id=extension_id,

@@ -3,8 +3,9 @@
 The engine reaches its database only through a :class:`Store`; use cases are plain
 functions ``fn(conn) -> T`` that the store runs inside a transaction of its own, using
 the store's named operations (``delegation.store.children``, ``grants`` …). Today's
-implementation is :class:`delegation.store.database.Database` (SQLite); a PostgreSQL
-one keeps the same contract.
+implementations are :class:`delegation.store.database.Database` (SQLite) and
+:class:`delegation.store.postgres.PostgresDatabase` (PostgreSQL); which one a URL names
+is decided in :mod:`delegation.store.stores`, and nowhere else.
 
 The guarantees a store gives, and the engine relies on:
 
@@ -25,9 +26,10 @@ The guarantees a store gives, and the engine relies on:
 * **Notices.** ``on_events``, if set, is called on the loop's thread with the ids of
   the children whose events a batch committed, after the commit.
 * **Ownership.** ``open`` takes the database for this host (SQLite: the file's lock;
-  refused with ``HostConflict`` while another host holds it), migrates it to the
-  head revision, and refuses what it must not touch (``SchemaMismatch``); ``aclose``
-  commits what is queued and gives everything back (connections, threads, the lock).
+  PostgreSQL: a session advisory lock; refused with ``HostConflict`` while another host
+  holds it), migrates it to the head revision, and refuses what it must not touch
+  (``SchemaMismatch``); ``aclose`` commits what is queued and gives everything back
+  (connections, threads, the lock).
 * **Errors** are domain errors only: ``DatabaseBusy`` (retry), ``StoreError``,
   ``SchemaMismatch``, ``HostConflict``; never a driver's exception.
 """
@@ -36,12 +38,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection
 
 from delegation.store.events import EventRow
+from delegation.watch import Watch
 
 T = TypeVar("T")
 
@@ -50,7 +52,6 @@ class Store(Protocol):
     """The engine's database: batched writes, committed reads, notices (see above)."""
 
     url: str
-    path: Path  # the file, for a store that has one (the host lock, the file watch)
     on_events: Callable[[set[int]], None] | None
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None: ...
@@ -78,3 +79,11 @@ class Store(Protocol):
     async def read(self, fn: Callable[[Connection], T]) -> T: ...
 
     async def read_now(self, fn: Callable[[Connection], T]) -> T: ...
+
+    def watch(self, interval: float) -> Watch:
+        """Notices of commits other processes make (an operator's control request)."""
+        ...
+
+    def protected_paths(self) -> list[str]:
+        """What a child process must never reach (SQLite: the file's directory)."""
+        ...

@@ -6,15 +6,27 @@ acts on every row it concerns at once, so a boot stays fast with thousands of ch
 from __future__ import annotations
 
 import msgspec
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, TextClause, text
 
 from delegation.machine import State, Trigger, sources, target
 from delegation.options import ExecutionOptions
 from delegation.records import Resumable
-from delegation.store import children
+from delegation.store import children, run_many, spell
 from delegation.store.children import ACTIVE, ACTIVE_TERM
 
 _policy = msgspec.json.Decoder(ExecutionOptions)
+_encoder = msgspec.json.Encoder()
+
+
+def _q(conn: Connection, sql: str) -> TextClause:
+    """A statement in ``conn``'s spelling (see :func:`delegation.store.spell`)."""
+    return text(spell(conn, sql))
+
+
+def _recovery_event(sequence: int, message: str) -> bytes:
+    return _encoder.encode({"sequence": sequence, "kind": "recovery", "text": message})
+
+
 PREPARED, ADMITTED, RUNNING = State.PREPARED.value, State.ADMITTED.value, State.RUNNING.value
 
 
@@ -47,12 +59,14 @@ def end_unadmitted(conn: Connection, error: str, now: float) -> None:
         f"UPDATE {ACTIVE} SET {_fire(Trigger.FINISH, [PREPARED])}, error = :error,"
         f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{PREPARED}'",
     ):
-        conn.execute(text(statement), {"now": now, "error": error})
+        conn.execute(_q(conn, statement), {"now": now, "error": error})
 
 
 def close_other_instances(conn: Connection, instance_id: str, now: float) -> None:
     conn.execute(
-        text("UPDATE host_instances SET closed_at = :now WHERE closed_at IS NULL AND id != :me"),
+        _q(
+            conn, "UPDATE host_instances SET closed_at = :now WHERE closed_at IS NULL AND id != :me"
+        ),
         {"now": now, "me": instance_id},
     )
 
@@ -78,21 +92,32 @@ def settle_for_resume(
         f" AND (id NOT IN ({_LIVE_LEASE_CHILDREN}) OR recovery_attempts >= :max)",
         f"UPDATE {ACTIVE} SET recovery_attempts = recovery_attempts + 1"
         f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'",
-        "INSERT INTO events (child_id, sequence, body)"
-        " SELECT id, seq, CAST(json_object('sequence', seq, 'kind', 'recovery',"
-        " 'text', :recovery_text || ' (attempt ' || recovery_attempts || ')') AS BLOB)"
-        " FROM (SELECT id, recovery_attempts, COALESCE((SELECT MAX(sequence) FROM events e"
-        f" WHERE e.child_id = children.id), 0) + 1 AS seq FROM {ACTIVE}"
-        f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}')",
     )
     values = {
         "now": now,
         "max": max_attempts,
         "interrupted": interrupted,
-        "recovery_text": recovery_text,
     }
     for statement in statements:
-        conn.execute(text(statement), {k: v for k, v in values.items() if f":{k}" in statement})
+        conn.execute(_q(conn, statement), {k: v for k, v in values.items() if f":{k}" in statement})
+    # The recovery events are encoded here, as the engine encodes events, so that both
+    # stores hold the same bytes (SQLite's json_object and PostgreSQL's differ).
+    resumed = conn.execute(
+        _q(
+            conn,
+            "SELECT id, recovery_attempts, COALESCE((SELECT MAX(sequence) FROM events e"
+            f" WHERE e.child_id = children.id), 0) + 1 FROM {ACTIVE}"
+            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'",
+        )
+    ).all()
+    run_many(
+        conn,
+        "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)",
+        [
+            (child_id, seq, _recovery_event(seq, f"{recovery_text} (attempt {attempts})"))
+            for child_id, attempts, seq in resumed
+        ],
+    )
 
 
 def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], float | None]:
@@ -102,23 +127,24 @@ def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], fl
     children whose cancellation was requested and the next deadline, if any.
     """
     under_due = f"grant_id IN (SELECT id FROM grants WHERE {_DUE})"
-    affected = children.active_ids(conn, text(under_due).bindparams(now=now))
+    affected = children.active_ids(conn, _q(conn, under_due).bindparams(now=now))
     if affected:
         conn.execute(
-            text(
+            _q(
+                conn,
                 "UPDATE children SET cancel_requested_at = :now, cancel_reason = :reason,"
                 f" updated_at = :now WHERE {ACTIVE_TERM}"
-                f" AND cancel_requested_at IS NULL AND {under_due}"
+                f" AND cancel_requested_at IS NULL AND {under_due}",
             ),
             {"now": now, "reason": reason},
         )
-    conn.execute(text(f"DELETE FROM grants WHERE {_DUE}"), {"now": now})
+    conn.execute(_q(conn, f"DELETE FROM grants WHERE {_DUE}"), {"now": now})
     return affected, next_deadline(conn)
 
 
 def next_deadline(conn: Connection) -> float | None:
     value = conn.execute(
-        text("SELECT MIN(expires_at) FROM grants WHERE kind = 'lease' AND revoked_at IS NULL")
+        _q(conn, "SELECT MIN(expires_at) FROM grants WHERE kind = 'lease' AND revoked_at IS NULL")
     ).scalar()
     return None if value is None else float(value)
 
@@ -126,21 +152,23 @@ def next_deadline(conn: Connection) -> float | None:
 def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable]:
     """Every admitted child left, set running under this instance in one statement."""
     rows = conn.execute(
-        text(
+        _q(
+            conn,
             "SELECT id, recovery_attempts, (SELECT MAX(sequence) FROM events e"
             f" WHERE e.child_id = children.id) AS last FROM {ACTIVE}"
-            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' ORDER BY id"
+            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' ORDER BY id",
         )
     ).all()
     found = {child.id: child for child in children.by_state(conn, "admitted")}
     queued: dict[int, list[tuple[int, str]]] = {}
     delivered: dict[int, list[str]] = {}
     for child_id, steer_id, message, handed in conn.execute(
-        text(
+        _q(
+            conn,
             "SELECT s.child_id, s.id, s.message, s.delivered_at IS NOT NULL FROM steers s"
             f" WHERE s.child_id IN (SELECT id FROM {ACTIVE}"
             f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}')"
-            " AND s.outcome = 'injected' ORDER BY s.id"
+            " AND s.outcome = 'injected' ORDER BY s.id",
         )
     ):
         if handed:
@@ -150,17 +178,19 @@ def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable
     policies = {
         child_id: _policy.decode(raw)
         for child_id, raw in conn.execute(
-            text(
+            _q(
+                conn,
                 "SELECT c.id, g.policy FROM grants g JOIN"
                 f" (SELECT id, grant_id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND state = '{ADMITTED}')"
-                " c ON g.id = c.grant_id WHERE g.policy IS NOT NULL"
+                " c ON g.id = c.grant_id WHERE g.policy IS NOT NULL",
             )
         )
     }
     conn.execute(
-        text(
+        _q(
+            conn,
             f"UPDATE {ACTIVE} SET {_fire(Trigger.RUN, [ADMITTED])}, engine_instance_id = :me,"
-            f" updated_at = :now WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'"
+            f" updated_at = :now WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'",
         ),
         {"me": instance_id, "now": now},
     )
@@ -190,14 +220,17 @@ def purge(conn: Connection, retention_s: float, now: float, batch: int = 1000) -
     # batch: quadratic in a large purge. This walks ix_children_finished in order.
     chosen = "SELECT id FROM children WHERE finished_at < :cutoff ORDER BY finished_at LIMIT :batch"
     conn.execute(
-        text(
-            "INSERT OR REPLACE INTO purged (run_id, conversation_id, grant_id, lease_id, purged_at)"
-            f" SELECT run_id, conversation_id, grant_id, lease_id, :now FROM children"
-            f" WHERE id IN ({chosen})"
+        _q(
+            conn,
+            "INSERT INTO purged (run_id, conversation_id, grant_id, lease_id, purged_at)"
+            " SELECT run_id, conversation_id, grant_id, lease_id, :now FROM children"
+            f" WHERE id IN ({chosen}) ON CONFLICT (run_id) DO UPDATE SET"
+            " conversation_id = excluded.conversation_id, grant_id = excluded.grant_id,"
+            " lease_id = excluded.lease_id, purged_at = excluded.purged_at",
         ),
         p,
     )
-    count = conn.execute(text(f"DELETE FROM children WHERE id IN ({chosen})"), p).rowcount
+    count = conn.execute(_q(conn, f"DELETE FROM children WHERE id IN ({chosen})"), p).rowcount
     for statement in (
         "DELETE FROM purged WHERE purged_at < :cutoff",
         "DELETE FROM grants WHERE ((kind = 'lease' AND revoked_at < :cutoff)"
@@ -210,5 +243,5 @@ def purge(conn: Connection, retention_s: float, now: float, batch: int = 1000) -
         " AND NOT EXISTS (SELECT 1 FROM grants g WHERE g.engine_instance_id = h.id)"
         " AND NOT EXISTS (SELECT 1 FROM children c WHERE c.engine_instance_id = h.id)",
     ):
-        conn.execute(text(statement), {"cutoff": p["cutoff"]})
+        conn.execute(_q(conn, statement), {"cutoff": p["cutoff"]})
     return int(count)

@@ -12,8 +12,10 @@ def record(conn: Connection, child_id: int, process: ProcessId, now: float) -> N
     """Record (or replace) the process a child's run started."""
     run(
         conn,
-        "INSERT OR REPLACE INTO processes (child_id, pid, start_ticks, boot_id, recorded_at)"
-        " VALUES (?, ?, ?, ?, ?)",
+        "INSERT INTO processes (child_id, pid, start_ticks, boot_id, recorded_at)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (child_id) DO UPDATE SET pid = excluded.pid,"
+        " start_ticks = excluded.start_ticks, boot_id = excluded.boot_id,"
+        " recorded_at = excluded.recorded_at",
         (child_id, process.pid, process.start, process.boot, now),
     )
 

@@ -1,0 +1,374 @@
+"""The engine's store on PostgreSQL (SPEC §12), through psycopg 3.
+
+It keeps the contract of :mod:`delegation.store.interface` with the machinery of the
+SQLite store (:class:`delegation.store.database.Database`): one write connection that
+commits in batches (group commit: one transaction and one WAL flush for every job and
+event queued meanwhile), reads on a connection of their own on the loop's thread. What
+differs is only what PostgreSQL does differently:
+
+* **Transactions.** Connections run in autocommit mode and the store issues ``BEGIN``
+  and ``COMMIT`` itself, as on SQLite. Writes are ``READ COMMITTED``; the engine's
+  guarded updates (``UPDATE … WHERE state IN …``) re-check their row after any wait,
+  so two writers never move one child twice. A ``read`` is one ``REPEATABLE READ,
+  READ ONLY`` snapshot; ``read_now`` runs each statement on the newest commit.
+* **A failed job** aborts a PostgreSQL transaction, and the store cannot count the rows
+  a job changed: a batch where a job failed is always undone and run again with one
+  savepoint per job, so its neighbours still commit (on SQLite only a job that failed
+  after writing causes that).
+* **Busy.** A write waits for another transaction's row lock at most ``busy_timeout``
+  (``lock_timeout``), then fails with :class:`errors.DatabaseBusy`, as on SQLite.
+* **Durability.** Every batch commits with the server's ``synchronous_commit`` (on by
+  default): an answer is given only after the commit is flushed to the server's WAL.
+* **Ownership.** One live host per database (SPEC §9): the host holds a session-level
+  advisory lock on a connection of its own for its whole life. The server releases it
+  when that connection ends -- the host's process dying in any way included -- so a new
+  host opens at once after a crash. Migrations run under a transaction-level advisory
+  lock, so two hosts starting together never migrate at once.
+* **Notices** across processes: a batch that committed events, and an operator's
+  control request, send ``NOTIFY delegation`` in their own transaction (delivered at
+  commit); :class:`PostgresWatch` listens, with a slow poll as a fallback.
+
+Where it stops: reads and inline commits run on the event loop's thread, so a server
+that is slow to answer slows the loop (as a slow disk does on SQLite); run the server
+close to the host. A connection lost to a server restart is opened again for the next
+batch; the batch that found it broken fails (its callers get :class:`errors.StoreError`,
+its events are kept for the next batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
+from sqlalchemy.pool import NullPool
+
+from delegation import errors
+from delegation.store import dbapi, migrate
+from delegation.store.database import Database, _Queue, at_head, translate, translated
+from delegation.watch import Watch
+
+log = logging.getLogger("delegation.store")
+
+T = TypeVar("T")
+
+# Advisory lock keys (any bigint, per database): the live host's, and the migration's.
+HOST_LOCK = 0x64656C6567617465  # "delegate"
+MIGRATION_LOCK = HOST_LOCK + 1
+CHANNEL = "delegation"  # NOTIFY channel: events committed, a control request recorded
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
+_LOCK_GRACE_S = 0.5
+
+
+def _nul_safe(dbapi_connection: Any, _record: Any = None) -> None:
+    """PostgreSQL's text cannot hold NUL, which SQLite's can: on this connection a NUL
+    in a string parameter is sent as U+FFFD, so that a peer's text never fails a write
+    (and with it a batch of events) that SQLite would have taken. An id with a NUL is
+    refused before it is stored (``valid_id``), so it only ever misses in a lookup."""
+    from psycopg.adapt import Dumper
+    from psycopg.pq import Format
+
+    class NulSafe(Dumper):
+        format = Format.TEXT
+
+        def dump(self, obj: str) -> bytes:
+            return obj.replace("\x00", "\ufffd").encode()
+
+    dbapi_connection.adapters.register_dumper(str, NulSafe)
+
+
+def _nul_safe_engine(engine: Engine) -> Engine:
+    event.listen(engine, "connect", _nul_safe)
+    return engine
+
+
+def _engine(url: str, *, begin: str, options: dict[str, str], pool_size: int = 1) -> Engine:
+    """Connections in autocommit mode; a transaction SQLAlchemy starts is ``begin``."""
+    settings = " ".join(f"-c {name}={value}" for name, value in options.items())
+    engine = _nul_safe_engine(
+        create_engine(
+            url,
+            isolation_level="AUTOCOMMIT",
+            pool_size=pool_size,
+            max_overflow=0,
+            pool_pre_ping=False,
+            connect_args={"options": settings, "application_name": "delegation"},
+        )
+    )
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        raw = dbapi(conn)
+        if raw.info.transaction_status == _IDLE:  # the writer may have begun it already
+            raw.execute(begin)
+
+    return engine
+
+
+def _connect_error(url: str, exc: BaseException) -> errors.DelegationError:
+    shown = make_url(url).render_as_string(hide_password=True)
+    return errors.StoreError(f"cannot reach the PostgreSQL database {shown}: {exc}")
+
+
+class PostgresDatabase(Database):
+    """PostgreSQL for the engine: batched writes on one connection, snapshot reads."""
+
+    def __init__(self, url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> None:
+        self.url = url
+        self.path = Path()  # no file: the host lock and the watch live in the server
+        self._levels = {True: "on", False: "on"}
+        self._pragmas = {}
+        self._busy_timeout_s = busy_timeout_ms / 1000
+        self._busy_timeout_ms = busy_timeout_ms
+        self._init_state()
+        self._lock_conn: Any = None
+
+    # --- lifecycle --------------------------------------------------------------
+
+    def open(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take the database for this host, migrate it to head, start the writer.
+
+        Raises:
+            errors.HostConflict: another live host holds the database.
+            errors.SchemaMismatch: the database is not ours to migrate.
+            errors.StoreError: the server cannot be reached or refuses us.
+        """
+        self._loop = loop
+        try:
+            self._lock_conn = _take_host_lock(self.url)
+            upgrade(self.url, beside_host=True)
+            self._write_engine = _engine(
+                self.url, begin="BEGIN", options={"lock_timeout": str(self._busy_timeout_ms)}
+            )
+            self._read_engine = _engine(
+                self.url,
+                begin="BEGIN ISOLATION LEVEL REPEATABLE READ",
+                options={"default_transaction_read_only": "on"},
+            )
+            with self._write_engine.connect():
+                pass  # reach the server now, not in the first batch
+        except BaseException as exc:
+            self.close()
+            if not isinstance(exc, Exception):
+                raise
+            if isinstance(exc, errors.DelegationError):
+                raise
+            raise translate(exc) from exc
+        self._start_writer()
+
+    def _release_lock(self) -> None:
+        lock, self._lock_conn = self._lock_conn, None
+        if lock is not None:
+            _release_host_lock(lock)
+
+    def watch(self, interval: float) -> Watch:
+        return PostgresWatch(self.url, interval)
+
+    def protected_paths(self) -> list[str]:
+        return []  # no file; the server's own credentials keep children out
+
+    # --- what differs from SQLite -------------------------------------------------
+
+    def _try_begin(self, raw: Any) -> bool:
+        raw.execute("BEGIN")  # PostgreSQL has no database-wide write lock to wait for
+        return True
+
+    def _begin(self, raw: Any) -> None:
+        raw.execute("BEGIN")
+
+    @staticmethod
+    def _in_transaction(raw: Any) -> bool:
+        return bool(raw.info.transaction_status != _IDLE)
+
+    @staticmethod
+    def _changes(raw: Any) -> int | None:
+        return None
+
+    def _synchronous(self, conn: Connection, batch: _Queue) -> None:
+        pass  # every batch commits at the server's synchronous_commit
+
+    def _announce_in(self, conn: Connection, batch: _Queue) -> None:
+        if batch.events:
+            dbapi(conn).execute(f"NOTIFY {CHANNEL}")
+
+    def _healthy(self, conn: Connection) -> Connection:
+        """The write connection, opened again if the server dropped it."""
+        if not dbapi(conn).closed:
+            return conn
+        assert self._write_engine is not None
+        log.warning("the write connection was lost; connecting again")
+        conn.invalidate()
+        conn.close()
+        return self._write_engine.connect()
+
+
+def _take_host_lock(url: str) -> Any:
+    """A connection of its own holding the session advisory lock (SPEC §9).
+
+    A host that just ended (closed or killed) may hold it for a moment more, until the
+    server has seen its connection end: the lock is asked for again for up to
+    ``_LOCK_GRACE_S`` before another host is said to hold it.
+    """
+    import psycopg
+
+    try:
+        conn = psycopg.connect(_libpq(url), autocommit=True, application_name="delegation-host")
+    except psycopg.Error as exc:
+        raise _connect_error(url, exc) from exc
+    deadline = time.monotonic() + _LOCK_GRACE_S
+    while True:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (HOST_LOCK,)).fetchone()
+        if row is not None and row[0]:
+            return conn
+        if time.monotonic() >= deadline:
+            conn.close()
+            raise errors.HostConflict("database is in use by another live host")
+        time.sleep(0.05)
+
+
+def _release_host_lock(conn: Any) -> None:
+    """Unlock, then close: the server drops a closed session's locks only once its
+    backend has noticed, and a host opened right after must find the lock free."""
+    try:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (HOST_LOCK,))
+    except Exception:  # the server is gone: so is the lock
+        log.debug("host lock not released explicitly", exc_info=True)
+    finally:
+        conn.close()
+
+
+def _libpq(url: str) -> str:
+    """A SQLAlchemy URL as psycopg's connection string."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def upgrade(url: str, *, beside_host: bool = False) -> tuple[str | None, str | None]:
+    """Migrate the database at ``url`` to head (under the migration lock); the revision
+    before and after. Unless ``beside_host`` (the host itself, holding the host lock),
+    the host lock is taken for the while: never beside a live host.
+
+    Raises:
+        errors.HostConflict: a live host holds the database.
+        errors.SchemaMismatch: not a delegation database, or a newer one's.
+    """
+    lock = None if beside_host else _take_host_lock(url)
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with translated(), engine.connect() as conn:
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+            migrate.check(conn)
+            before = migrate.current(conn)
+            migrate.upgrade(conn)  # commits, and with it frees the migration lock
+            return before, migrate.current(conn)
+    finally:
+        engine.dispose()
+        if lock is not None:
+            _release_host_lock(lock)
+
+
+def revision(url: str) -> str | None:
+    """The database's schema revision, checked (``migrate.check``); only reads."""
+    return read_once(url, _checked_revision)
+
+
+def _checked_revision(conn: Connection) -> str | None:
+    migrate.check(conn)
+    return migrate.current(conn)
+
+
+class PostgresReadOnly:
+    """A read-only view of a PostgreSQL database, safe beside running hosts: each
+    :meth:`read` is one ``REPEATABLE READ, READ ONLY`` snapshot."""
+
+    def __init__(self, url: str) -> None:
+        self._engine = _nul_safe_engine(
+            create_engine(
+                url,
+                pool_size=1,
+                max_overflow=0,
+                connect_args={"application_name": "delegation-inspect"},
+                execution_options={
+                    "postgresql_readonly": True,
+                    "isolation_level": "REPEATABLE READ",
+                },
+            )
+        )
+
+    def read(self, fn: Callable[[Connection], T]) -> T:
+        with translated(), self._engine.connect() as conn:  # reaching the server too
+            return fn(conn)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+
+def read_once(url: str, fn: Callable[[Connection], T]) -> T:
+    """Run ``fn`` in one read-only snapshot of the database at ``url``."""
+    reader = PostgresReadOnly(url)
+    try:
+        return reader.read(fn)
+    finally:
+        reader.close()
+
+
+def write_once(url: str, fn: Callable[[Connection], T], *, busy_timeout_ms: int = 5000) -> T:
+    """Run ``fn`` in one short write transaction beside a live host, and notify the host
+    (``NOTIFY`` is delivered when it commits). See ``database.write_once``."""
+    engine = _nul_safe_engine(
+        create_engine(
+            url,
+            poolclass=NullPool,
+            connect_args={"options": f"-c lock_timeout={busy_timeout_ms}"},
+        )
+    )
+    try:
+        with translated(), engine.connect() as conn, conn.begin():
+            at_head(conn, "the database")
+            value = fn(conn)
+            conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+            return value
+    finally:
+        engine.dispose()
+
+
+class PostgresWatch(Watch):
+    """Notices of commits by other connections: ``LISTEN delegation``, with a poll.
+
+    Only writes that send ``NOTIFY delegation`` are seen at once (events, control
+    requests); anything else within ``fallback`` seconds, when :meth:`changed` says
+    so anyway and the watcher reads its tables again.
+    """
+
+    def __init__(self, url: str, interval: float = 0.05, fallback: float = 1.0) -> None:
+        import psycopg
+
+        self.interval = interval
+        self._fallback = fallback
+        self._lock = threading.Lock()
+        try:
+            self._conn = psycopg.connect(
+                _libpq(url), autocommit=True, application_name="delegation-watch"
+            )
+        except psycopg.Error as exc:
+            raise _connect_error(url, exc) from exc
+        self._conn.execute(f"LISTEN {CHANNEL}")
+        self._polled = time.monotonic()
+
+    def changed(self) -> bool:
+        """Whether a notice came since the last call (or the fallback poll is due)."""
+        with self._lock:
+            moved = any(True for _ in self._conn.notifies(timeout=0))
+            now = time.monotonic()
+            if moved or now - self._polled >= self._fallback:
+                self._polled = now
+                return True
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

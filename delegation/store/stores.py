@@ -1,0 +1,156 @@
+"""Which store a URL names, and what the rest of the package asks of it by URL.
+
+``sqlite:///PATH`` is the SQLite store (:mod:`delegation.store.database`);
+``postgresql+psycopg://…`` (or plain ``postgresql://…``, which means psycopg 3 here)
+is the PostgreSQL one (:mod:`delegation.store.postgres`, extra ``delegation[postgres]``).
+Nothing outside ``store/`` looks at a URL's scheme.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import Connection, make_url
+from sqlalchemy.exc import ArgumentError
+
+from delegation.store import database
+from delegation.store.interface import Store
+from delegation.watch import FileWatch, Watch
+
+T = TypeVar("T")
+
+
+class Reader(Protocol):
+    def read(self, fn: Callable[[Connection], T]) -> T: ...
+
+    def close(self) -> None: ...
+
+
+def normalize(url: str) -> str:
+    """``url`` with its driver made explicit; a URL of neither store is refused.
+
+    Raises:
+        ValueError: not a SQLite file URL nor a PostgreSQL one.
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        parsed = None
+    if parsed is not None and parsed.get_backend_name() == "postgresql":
+        if parsed.drivername == "postgresql":  # SQLAlchemy's default would be psycopg2
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        if parsed.drivername != "postgresql+psycopg":
+            raise ValueError(
+                "delegation talks to PostgreSQL through psycopg 3: postgresql+psycopg://…"
+            )
+        _need_psycopg()
+        return parsed.render_as_string(hide_password=False)
+    database.sqlite_path(url)  # raises ValueError for anything else
+    return url
+
+
+def is_postgres(url: str) -> bool:
+    return make_url(url).get_backend_name() == "postgresql"
+
+
+def _need_psycopg() -> None:
+    try:
+        import psycopg  # noqa: F401
+    except ImportError as exc:
+        raise ValueError("PostgreSQL needs psycopg 3: pip install 'delegation[postgres]'") from exc
+
+
+def shown(url: str) -> str:
+    """``url`` fit to print: a password is hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def open_store(url: str, *, synchronous: str, busy_timeout_ms: int) -> Store:
+    """The store for ``url``, not opened yet (see :class:`Store`)."""
+    url = normalize(url)
+    if is_postgres(url):
+        from delegation.store.postgres import PostgresDatabase
+
+        return PostgresDatabase(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+    return database.Database(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+
+
+def open_watch(url: str, interval: float) -> Watch:
+    """Notices of commits other processes make to the database at ``url``."""
+    url = normalize(url)
+    if is_postgres(url):
+        from delegation.store.postgres import PostgresWatch
+
+        return PostgresWatch(url, interval)
+    return FileWatch(database.sqlite_path(url), interval)
+
+
+def reader(url: str) -> Reader:
+    """A read-only view, safe beside a live host (it never migrates nor writes).
+
+    Raises:
+        errors.StoreError: no database there (SQLite: no file), or it cannot be reached.
+    """
+    url = normalize(url)
+    if is_postgres(url):
+        from delegation.store.postgres import PostgresReadOnly
+
+        return PostgresReadOnly(url)
+    return database.ReadOnly(url)
+
+
+def read_once(url: str, fn: Callable[[Connection], T]) -> T:
+    view = reader(url)
+    try:
+        return view.read(fn)
+    finally:
+        view.close()
+
+
+def write_once(url: str, fn: Callable[[Connection], T], *, busy_timeout_ms: int = 5000) -> T:
+    """One short write transaction beside a live host (``database.write_once``); on
+    PostgreSQL the host is told at once (``NOTIFY``)."""
+    url = normalize(url)
+    if is_postgres(url):
+        from delegation.store import postgres
+
+        return postgres.write_once(url, fn, busy_timeout_ms=busy_timeout_ms)
+    return database.write_once(url, fn, busy_timeout_ms=busy_timeout_ms)
+
+
+def upgrade(url: str, *, apply: bool) -> tuple[str | None, str | None]:
+    """The schema revision before and after an optional upgrade to head."""
+    url = normalize(url)
+    if is_postgres(url):
+        from delegation.store import postgres
+
+        if not apply:
+            current = postgres.revision(url)
+            return current, current
+        return postgres.upgrade(url)
+    return database.upgrade_file(url, apply=apply)
+
+
+def file_of(url: str) -> Any:
+    """The SQLite file behind ``url``; None for a store without one."""
+    url = normalize(url)
+    return None if is_postgres(url) else database.sqlite_path(url)
+
+
+__all__ = [
+    "Reader",
+    "file_of",
+    "is_postgres",
+    "normalize",
+    "open_store",
+    "open_watch",
+    "read_once",
+    "reader",
+    "shown",
+    "upgrade",
+    "write_once",
+]
