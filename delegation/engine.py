@@ -1,6 +1,7 @@
 """The embedding API (SPEC §6): ``Engine`` wires the store, the use cases and the runs.
 
-One engine owns one SQLite file. Every child method checks authority inside the
+One engine owns one database (a SQLite file, or a PostgreSQL database); the runs it
+executes are in :mod:`delegation.local_runs`. Every child method checks authority inside the
 transaction that acts on it (see :mod:`delegation.service`); what must follow a
 commit (starting, stopping or waking a run) happens here, after the commit.
 """
@@ -24,15 +25,14 @@ from delegation.clock import Clock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
 from delegation.controls import WATCH_INTERVAL_S, ControlWatcher
+from delegation.local_runs import LocalRun, LocalRuns
 from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
 from delegation.runs import ChildContext, NotResumable, Recovery, Runner
 from delegation.scheduler import Timers
 from delegation.store import Connection
 from delegation.store import processes as store_processes
-from delegation.store.events import EventRow
 from delegation.store.interface import Store
-from delegation.store.steers import mark_delivered
 from delegation.store.stores import open_store
 from delegation.watch import Notices
 from delegation.wire import (
@@ -49,78 +49,6 @@ T = TypeVar("T")
 # What the child methods take: Params, the JSON of them, or a dict of wire names.
 ParamsLike = Params | bytes | bytearray | memoryview | str | dict[str, Any]
 _json = msgspec.json.Encoder()
-
-
-class _Local:
-    """A child executing in this process, and the hooks (``runs.Hooks``) by which its
-    context reaches the engine: one object per child, as a long-lived child's
-    footprint is what the garbage collector walks."""
-
-    __slots__ = (
-        "admitted_page",
-        "child_id",
-        "ctx",
-        "cwd",
-        "decided",
-        "emitted",
-        "ended",
-        "engine",
-        "finishing",
-        "lease_pending",
-        "suspend",
-        "task",
-        "tracked",
-    )
-
-    def __init__(self, engine: Engine, child_id: int, cwd: str, lease_pending: bool) -> None:
-        self.engine = engine
-        self.child_id = child_id
-        self.cwd = cwd
-        self.lease_pending = lease_pending  # a first admission under its lease re-checks
-        self.decided = asyncio.Event()  # admitted, or ended
-        self.ended = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-        self.ctx: ChildContext | None = None
-        self.finishing = False
-        self.admitted_page: Result | None = None  # the first page, read as admission committed
-        self.suspend = False  # graceful close: stop without writing a terminal state
-        self.emitted = False  # an event was appended in this process
-        self.tracked = False  # a process of the run is recorded (ended with the run)
-
-    async def admit(self) -> None:
-        # Confined at the start, but the path may have been swapped since (SPEC §3.4).
-        authority.confirm_cwd(self.cwd)
-        await self.engine._write(self._admit_and_page, committed=self._admitted)
-
-    def _admit_and_page(self, conn: Connection, now: float) -> Result:
-        engine = self.engine
-        child = service.admit(conn, self.child_id, engine.instance_id, self.lease_pending, now)
-        if not self.emitted:  # a fresh child's events all come from its run: none yet
-            return queries.result_of(child, [])
-        return queries.page_of(conn, child, 0, engine.config.events_per_read)
-
-    def _admitted(self, page: Result) -> None:  # the caller is answered at the commit
-        self.admitted_page = page
-        self.decided.set()
-
-    def append(self, sequence: int, body: bytes, output: str | None) -> None:
-        # Set before queueing: a batch that holds this event sees it when it admits.
-        self.emitted = True
-        self.engine._db.append_event(EventRow(self.child_id, sequence, body, output))
-
-    async def flush(self) -> None:
-        await self.engine._db.barrier()
-
-    async def record_process(self, pid: int) -> None:
-        process = processes.identify(pid)
-        if process is None:
-            return  # already gone: nothing could outlive the host
-        await self.engine._write(store_processes.record, self.child_id, process)
-        self.tracked = True
-
-    def delivered(self, steer_ids: list[int]) -> None:
-        now = self.engine.clock.now()
-        self.engine._db.write_nowait(lambda c: mark_delivered(c, steer_ids, now))
 
 
 class Engine:
@@ -143,7 +71,7 @@ class Engine:
         self._db: Store = open_store(
             url, synchronous=self.config.synchronous, busy_timeout_ms=self.config.busy_timeout_ms
         )
-        self._local: dict[int, _Local] = {}
+        self._local = LocalRuns()
         self._notices = Notices(self._announced)
         self._controls: ControlWatcher | None = None
         self._open = False
@@ -280,11 +208,9 @@ class Engine:
         close goes on without it (its later writes are refused), as a crash would.
         Returns the children whose recorded process ended with their stopped run.
         """
-        running = list(self._local.values())
+        running = list(self._local)
         for local in running:
-            local.suspend = True
-            if local.task is not None and not local.finishing:
-                local.task.cancel()
+            local.suspend()
         tasks = [lo.task for lo in running if lo.task is not None]
         if not tasks:
             return []
@@ -645,8 +571,8 @@ class Engine:
         recovery: Recovery | None,
         steers: Sequence[tuple[int, str]] = (),
     ) -> None:
-        local = _Local(self, child.id, child.cwd, plan.lease_pending)
-        self._local[child.id] = local
+        local = LocalRun(self, child.id, child.cwd, plan.lease_pending)
+        self._local.add(local)
         local.task = asyncio.create_task(
             self._execute(local, child, plan, recovery, steers),
             name=f"delegation-child-{child.run_id}",
@@ -654,7 +580,7 @@ class Engine:
 
     async def _execute(
         self,
-        local: _Local,
+        local: LocalRun,
         child: ChildRecord,
         plan: service.StartPlan,
         recovery: Recovery | None,
@@ -678,7 +604,7 @@ class Engine:
             )
             ctx.admitted = recovery is not None
             if ctx.admitted:
-                local.decided.set()  # admitted before the restart: nothing to wait for
+                local.admitted()
             local.ctx = ctx
             ctx.bind()
             for steer_id, message in steers:  # queued before a restart
@@ -695,7 +621,7 @@ class Engine:
         except Exception as exc:
             error = str(exc) or type(exc).__name__
         finally:
-            local.finishing = True
+            local.finishing()
             if ctx is not None:
                 ctx.close()
             try:
@@ -705,14 +631,13 @@ class Engine:
                     "child finish not recorded: %s", exc, extra={"action": "child_finish_failed"}
                 )
             finally:
-                self._local.pop(child.id, None)
-                local.decided.set()
-                local.ended.set()
+                self._local.remove(child.id)
+                local.end()
 
-    async def _finish(self, local: _Local, error: str) -> None:
+    async def _finish(self, local: LocalRun, error: str) -> None:
         """Record the end of a run (unless the engine is closing). A busy database
         delays it, never loses it: the run is over, and no caller will retry for it."""
-        while not local.suspend:
+        while not local.suspended:
             try:
                 await self._write(service.finish, local.child_id, error, local.tracked)
                 self._notices.bump([local.child_id])
@@ -733,8 +658,7 @@ class Engine:
             if local is None:
                 orphans.append(child_id)
                 continue
-            if local.task is not None and not local.finishing:
-                local.task.cancel()
+            local.cancel()
             waits.append(local.ended)
         if orphans:
             await self._write(service.stop_unowned, orphans)
@@ -760,7 +684,7 @@ class Engine:
         local = self._local.get(child_id)
         if local is not None:
             await local.decided.wait()
-            if local.suspend:
+            if local.suspended:
                 raise errors.HostClosing()
             page = local.admitted_page
             if first and after == 0 and page is not None:

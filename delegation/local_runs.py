@@ -1,0 +1,162 @@
+"""The runs executing in this process: one :class:`LocalRun` per child, in a registry.
+
+A local run goes through one lifecycle (:class:`Phase`)::
+
+    PREPARING ──admitted──▶ ADMITTED ──run returns──▶ FINISHING ──end recorded──▶ ENDED
+        └───────────────run fails before admission──────▶ FINISHING
+
+``suspended`` is not a phase: it is the engine's graceful close asking the run to stop
+*without* recording an end (a leased child resumes at the next boot). It can arrive in
+any phase, a run that is already FINISHING included; then the end it is recording is
+not retried once refused, and callers waiting for its admission get ``HostClosing``.
+
+The run object is also the hooks (``runs.Hooks``) by which its context reaches the
+engine: one object per child, as a long-lived child's footprint is what the garbage
+collector walks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from delegation import authority, processes, queries, service
+from delegation.store import Connection
+from delegation.store import processes as store_processes
+from delegation.store.events import EventRow
+from delegation.store.steers import mark_delivered
+from delegation.wire import Result
+
+if TYPE_CHECKING:
+    from delegation.engine import Engine
+    from delegation.runs import ChildContext
+
+
+class Phase(enum.Enum):
+    PREPARING = "preparing"  # the runner prepares it, or it has not been admitted yet
+    ADMITTED = "admitted"  # its admission committed (or it was admitted before a restart)
+    FINISHING = "finishing"  # its run returned, raised or was cancelled: recording the end
+    ENDED = "ended"  # out of the registry; nothing of it runs
+
+
+class LocalRun:
+    """A child executing in this process (see the module's docstring)."""
+
+    __slots__ = (
+        "admitted_page",
+        "child_id",
+        "ctx",
+        "cwd",
+        "decided",
+        "emitted",
+        "ended",
+        "engine",
+        "lease_pending",
+        "phase",
+        "suspended",
+        "task",
+        "tracked",
+    )
+
+    def __init__(self, engine: Engine, child_id: int, cwd: str, lease_pending: bool) -> None:
+        self.engine = engine
+        self.child_id = child_id
+        self.cwd = cwd
+        self.lease_pending = lease_pending  # a first admission under its lease re-checks
+        self.phase = Phase.PREPARING
+        self.suspended = False  # graceful close: stop without recording an end
+        self.decided = asyncio.Event()  # ADMITTED or ENDED: a caller may be answered
+        self.ended = asyncio.Event()  # ENDED
+        self.task: asyncio.Task[None] | None = None
+        self.ctx: ChildContext | None = None
+        self.admitted_page: Result | None = None  # the first page, read as admission committed
+        self.emitted = False  # an event was appended in this process
+        self.tracked = False  # a process of the run is recorded (ended with the run)
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    def admitted(self) -> None:
+        """Admitted before a restart: nothing to wait for."""
+        self.phase = Phase.ADMITTED
+        self.decided.set()
+
+    def finishing(self) -> None:
+        self.phase = Phase.FINISHING
+
+    def end(self) -> None:
+        self.phase = Phase.ENDED
+        self.decided.set()
+        self.ended.set()
+
+    def cancel(self) -> None:
+        """Cancel the run's task, unless its end is already being recorded."""
+        if self.task is not None and self.phase in (Phase.PREPARING, Phase.ADMITTED):
+            self.task.cancel()
+
+    def suspend(self) -> None:
+        """The engine closes: stop without recording an end (see the module)."""
+        self.suspended = True
+        self.cancel()
+
+    # --- hooks of the run's context (runs.Hooks) ------------------------------------------
+
+    async def admit(self) -> None:
+        # Confined at the start, but the path may have been swapped since (SPEC §3.4).
+        authority.confirm_cwd(self.cwd)
+        await self.engine._write(self._admit_and_page, committed=self._on_admitted)
+
+    def _admit_and_page(self, conn: Connection, now: float) -> Result:
+        engine = self.engine
+        child = service.admit(conn, self.child_id, engine.instance_id, self.lease_pending, now)
+        if not self.emitted:  # a fresh child's events all come from its run: none yet
+            return queries.result_of(child, [])
+        return queries.page_of(conn, child, 0, engine.config.events_per_read)
+
+    def _on_admitted(self, page: Result) -> None:  # the caller is answered at the commit
+        self.admitted_page = page
+        self.admitted()
+
+    def append(self, sequence: int, body: bytes, output: str | None) -> None:
+        # Set before queueing: a batch that holds this event sees it when it admits.
+        self.emitted = True
+        self.engine._db.append_event(EventRow(self.child_id, sequence, body, output))
+
+    async def flush(self) -> None:
+        await self.engine._db.barrier()
+
+    async def record_process(self, pid: int) -> None:
+        process = processes.identify(pid)
+        if process is None:
+            return  # already gone: nothing could outlive the host
+        await self.engine._write(store_processes.record, self.child_id, process)
+        self.tracked = True
+
+    def delivered(self, steer_ids: list[int]) -> None:
+        now = self.engine.clock.now()
+        self.engine._db.write_nowait(lambda c: mark_delivered(c, steer_ids, now))
+
+
+class LocalRuns:
+    """The registry: the runs this process executes, by child id."""
+
+    __slots__ = ("_runs",)
+
+    def __init__(self) -> None:
+        self._runs: dict[int, LocalRun] = {}
+
+    def add(self, run: LocalRun) -> None:
+        self._runs[run.child_id] = run
+
+    def get(self, child_id: int) -> LocalRun | None:
+        return self._runs.get(child_id)
+
+    def remove(self, child_id: int) -> None:
+        self._runs.pop(child_id, None)
+
+    def __iter__(self) -> Iterator[LocalRun]:
+        return iter(list(self._runs.values()))  # a copy: runs leave as they end
+
+    def __len__(self) -> int:
+        return len(self._runs)
