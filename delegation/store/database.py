@@ -576,9 +576,22 @@ class Database:
         """Tell other processes, within the batch's transaction, that it committed
         (SQLite: nothing to do, ``PRAGMA data_version`` moves by itself)."""
 
-    def _healthy(self, conn: Connection) -> Connection:
-        """The write connection to use for the next batch."""
-        return conn
+    @staticmethod
+    def _lost(conn: Connection) -> bool:
+        """Whether the server dropped ``conn`` (a SQLite file cannot)."""
+        return False
+
+    def _healthy(self, conn: Connection, engine: Engine | None = None) -> Connection:
+        """``conn``, or a new connection of ``engine`` (the writer's by default) if the
+        server dropped it: a lost connection fails one batch or one read, not all after."""
+        if not self._lost(conn):
+            return conn
+        engine = engine or self._write_engine
+        assert engine is not None
+        log.warning("a connection to the store was lost; connecting again")
+        conn.invalidate()
+        conn.close()
+        return engine.connect()
 
     @staticmethod
     def _changes(raw: Any) -> int | None:
@@ -662,11 +675,12 @@ class Database:
         that reads a child's row before its events still gets a consistent page: every
         event is committed before the state that follows it."""
         conn = await self._turn()
-        try:
-            return _call(fn, conn)
-        finally:
-            if conn.in_transaction():  # a Core statement autobegan one: left open, it
-                conn.rollback()  # would pin this snapshot and refuse the next read()
+        with translated():
+            try:
+                return fn(conn)
+            finally:
+                if conn.in_transaction():  # a Core statement autobegan one: left open, it
+                    conn.rollback()  # would pin this snapshot and refuse the next read()
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
         """Run ``fn`` in one read transaction (a consistent WAL snapshot).
@@ -676,8 +690,8 @@ class Database:
         another thread would.
         """
         conn = await self._turn()
-        with conn.begin():
-            return _call(fn, conn)
+        with translated(), conn.begin():  # BEGIN itself can fail (a dropped connection)
+            return fn(conn)
 
     async def _turn(self) -> Connection:
         """The loop's read connection, after one turn of the loop (so that a caller
@@ -687,16 +701,9 @@ class Database:
             raise errors.StoreError("child store is closed")
         if self._reader is None:
             self._reader = self._read_engine.connect()
+        else:
+            self._reader = self._healthy(self._reader, self._read_engine)
         return self._reader
-
-
-def _call(fn: Callable[[Connection], T], conn: Connection) -> T:
-    try:
-        return fn(conn)
-    except errors.DelegationError:
-        raise
-    except Exception as exc:
-        raise translate(exc) from exc
 
 
 def _resolve(batch: list[_Pending]) -> None:

@@ -87,7 +87,9 @@ def _nul_safe_engine(engine: Engine) -> Engine:
     return engine
 
 
-def _engine(url: str, *, begin: str, options: dict[str, str], pool_size: int = 1) -> Engine:
+def _engine(
+    url: str, application: str, *, begin: str, options: dict[str, str], pool_size: int = 1
+) -> Engine:
     """Connections in autocommit mode; a transaction SQLAlchemy starts is ``begin``."""
     settings = " ".join(f"-c {name}={value}" for name, value in options.items())
     engine = _nul_safe_engine(
@@ -97,7 +99,7 @@ def _engine(url: str, *, begin: str, options: dict[str, str], pool_size: int = 1
             pool_size=pool_size,
             max_overflow=0,
             pool_pre_ping=False,
-            connect_args={"options": settings, "application_name": "delegation"},
+            connect_args={"options": settings, "application_name": application},
         )
     )
 
@@ -143,10 +145,14 @@ class PostgresDatabase(Database):
             self._lock_conn = _take_host_lock(self.url)
             upgrade(self.url, beside_host=True)
             self._write_engine = _engine(
-                self.url, begin="BEGIN", options={"lock_timeout": str(self._busy_timeout_ms)}
+                self.url,
+                "delegation-writer",
+                begin="BEGIN",
+                options={"lock_timeout": str(self._busy_timeout_ms)},
             )
             self._read_engine = _engine(
                 self.url,
+                "delegation-reader",
                 begin="BEGIN ISOLATION LEVEL REPEATABLE READ",
                 options={"default_transaction_read_only": "on"},
             )
@@ -175,7 +181,14 @@ class PostgresDatabase(Database):
     # --- what differs from SQLite -------------------------------------------------
 
     def _try_begin(self, raw: Any) -> bool:
-        raw.execute("BEGIN")  # PostgreSQL has no database-wide write lock to wait for
+        # PostgreSQL has no database-wide write lock to wait for; a connection the
+        # server dropped is left to the writer, which connects again.
+        if raw.closed:
+            return False
+        try:
+            raw.execute("BEGIN")
+        except Exception:
+            return False
         return True
 
     def _begin(self, raw: Any) -> None:
@@ -196,15 +209,9 @@ class PostgresDatabase(Database):
         if batch.events:
             dbapi(conn).execute(f"NOTIFY {CHANNEL}")
 
-    def _healthy(self, conn: Connection) -> Connection:
-        """The write connection, opened again if the server dropped it."""
-        if not dbapi(conn).closed:
-            return conn
-        assert self._write_engine is not None
-        log.warning("the write connection was lost; connecting again")
-        conn.invalidate()
-        conn.close()
-        return self._write_engine.connect()
+    @staticmethod
+    def _lost(conn: Connection) -> bool:
+        return bool(dbapi(conn).closed)
 
 
 def _take_host_lock(url: str) -> Any:
