@@ -241,11 +241,10 @@ def _serve_paths(args: argparse.Namespace) -> str | None:
     from delegation.store.stores import file_of
 
     database = file_of(args.url)
-    if database is None:  # a database server: it answers for itself when the engine opens
-        pass
-    elif not database.parent.is_dir():
+    # A database server (file_of is None) answers for itself when the engine opens.
+    if database is not None and not database.parent.is_dir():
         return f"--db {args.db}: no directory {database.parent}"
-    if database.is_dir():
+    if database is not None and database.is_dir():
         return f"--db {args.db} is a directory"
     if args.socket is None:
         return None

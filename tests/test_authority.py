@@ -6,7 +6,8 @@ actions that set the scene, and then makes ONE call that differs from a call tha
 would succeed (see ``test_baseline_calls_succeed``) by the defect the case names.
 For every refusal we check the exact error class, the exact SPEC message, the
 JSON-RPC code, that ``prepare`` was never called, and that no table row changed:
-the SQLite file is read before and after through a separate stdlib connection.
+the database (on either store) is read before and after through a separate read-only
+connection (tests/rows.py).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ async def fail_before_admission(ctx: ChildContext) -> None:
 class World:
     h: Harness
     clock: ManualClock
-    db_path: Path
+    db_url: str
     conn: RunnerConnection
     seed: Result | None = None
     lease_id: str = ""
@@ -294,7 +295,7 @@ async def refused(
     w: World, conn: RunnerConnection, method: str, params: Params | bytes | str, case: Case
 ) -> DelegationError:
     """Make the call; check the refusal is exact and that it had no effect."""
-    before = snapshot(w.db_path)
+    before = snapshot(w.db_url)
     assert before["children"] or before["grants"], "the snapshot must see the store"
     prepared = list(w.h.runner.prepared)
     with pytest.raises(DelegationError) as info:
@@ -305,12 +306,12 @@ async def refused(
     assert error.rpc_code == -32602
     await asyncio.sleep(0.02)  # nothing may trail the refusal either
     assert w.h.runner.prepared == prepared
-    assert snapshot(w.db_path) == before
+    assert snapshot(w.db_url) == before
     return error
 
 
-async def scene(case: Case, harness: Harness, clock: ManualClock, db_path: Path) -> World:
-    world = World(harness, clock, db_path, harness.conn)
+async def scene(case: Case, harness: Harness, clock: ManualClock, db_url: str) -> World:
+    world = World(harness, clock, db_url, harness.conn)
     await world.plant(case.seed)
     for action in case.actions:
         await action(world)
@@ -553,9 +554,9 @@ MATRIX = _authority_cases() + _named(START_CASES) + _locate_cases() + _named(REL
 
 @pytest.mark.parametrize("case", MATRIX, ids=lambda c: c.id)
 async def test_refused_call_has_no_effect(
-    case: Case, harness: Harness, clock: ManualClock, db_path: Path
+    case: Case, harness: Harness, clock: ManualClock, db_url: str
 ) -> None:
-    w = await scene(case, harness, clock, db_path)
+    w = await scene(case, harness, clock, db_url)
     params = w.params(case.method, request=case.request, **case.changes)
     await refused(w, w.conn, case.method, params, case)
     if case.method == START_METHOD and case.seed == "none" and not case.actions:
@@ -567,11 +568,11 @@ async def test_refused_call_has_no_effect(
 @pytest.mark.parametrize("seed", ["tool", "lease"])
 @pytest.mark.parametrize("method", [START_METHOD, *CHILD_METHODS, RELEASE_METHOD])
 async def test_baseline_calls_succeed(
-    method: str, seed: str, harness: Harness, clock: ManualClock, db_path: Path
+    method: str, seed: str, harness: Harness, clock: ManualClock, db_url: str
 ) -> None:
-    w = World(harness, clock, db_path, harness.conn)
+    w = World(harness, clock, db_url, harness.conn)
     await w.plant(seed)
-    before = snapshot(db_path)
+    before = snapshot(db_url)
     result = await w.engine.call(w.conn, method, w.params(method))
     if method == STEER_METHOD:
         assert result == SteerResult(outcome="injected")
@@ -580,7 +581,7 @@ async def test_baseline_calls_succeed(
     if method == READ_METHOD:
         assert result.conversation_id == w.seed.conversation_id  # type: ignore[union-attr]
     else:
-        assert snapshot(db_path) != before  # the snapshot sees writes
+        assert snapshot(db_url) != before  # the snapshot sees writes
     expected_prepares = 2 if method == START_METHOD else 1
     assert len(harness.runner.prepared) == expected_prepares
 
@@ -607,11 +608,11 @@ async def test_near_misses_succeed(
     request_changes: dict[str, Any],
     harness: Harness,
     clock: ManualClock,
-    db_path: Path,
+    db_url: str,
 ) -> None:
     """Controls for the subtler cases: the right generation of a multi-generation
     tool, a lease that outlives its tool, and leaseIds scoped per runner."""
-    w = World(harness, clock, db_path, harness.conn)
+    w = World(harness, clock, db_url, harness.conn)
     await w.plant("lease" if name != "preset-at-its-generation" else "none")
     for action in actions:
         await action(w)
@@ -904,9 +905,9 @@ ORDER_CASES = [
 
 @pytest.mark.parametrize("case", ORDER_CASES, ids=lambda c: c.id)
 async def test_the_earlier_check_answers(
-    case: Case, harness: Harness, clock: ManualClock, db_path: Path
+    case: Case, harness: Harness, clock: ManualClock, db_url: str
 ) -> None:
-    w = await scene(case, harness, clock, db_path)
+    w = await scene(case, harness, clock, db_url)
     params = w.params(case.method, request=case.request, **case.changes)
     await refused(w, w.conn, case.method, params, case)
 
@@ -958,10 +959,10 @@ MALFORMED: list[tuple[str, str]] = [
 @pytest.mark.parametrize("as_bytes", [True, False], ids=["bytes", "str"])
 @pytest.mark.parametrize(("name", "text"), MALFORMED, ids=[m[0] for m in MALFORMED])
 async def test_malformed_json_params_are_refused(
-    name: str, text: str, as_bytes: bool, harness: Harness, clock: ManualClock, db_path: Path
+    name: str, text: str, as_bytes: bool, harness: Harness, clock: ManualClock, db_url: str
 ) -> None:
-    w = World(harness, clock, db_path, harness.conn)
-    before = snapshot(db_path)
+    w = World(harness, clock, db_url, harness.conn)
+    before = snapshot(db_url)
     with pytest.raises(DelegationError) as info:
         await w.engine.call(w.conn, START_METHOD, text.encode() if as_bytes else text)
     assert type(info.value) is MalformedInput
@@ -969,33 +970,31 @@ async def test_malformed_json_params_are_refused(
     assert info.value.rpc_code == -32602
     await asyncio.sleep(0.02)
     assert harness.runner.prepared == []
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
 
 
 @pytest.mark.parametrize("method", [START_METHOD, *CHILD_METHODS, RELEASE_METHOD])
 async def test_unknown_credential_field_is_refused_for_every_method(
-    method: str, harness: Harness, clock: ManualClock, db_path: Path
+    method: str, harness: Harness, clock: ManualClock, db_url: str
 ) -> None:
-    w = World(harness, clock, db_path, harness.conn)
+    w = World(harness, clock, db_url, harness.conn)
     await w.plant("lease")
     doc = json.loads(encode(w.params(method)))
     doc["apiKey"] = "sk-secret"
-    before = snapshot(db_path)
+    before = snapshot(db_url)
     with pytest.raises(MalformedInput) as info:
         await w.engine.call(w.conn, method, json.dumps(doc).encode())
     assert type(info.value) is MalformedInput
     assert info.value.rpc_code == -32602
     await asyncio.sleep(0.02)
     assert len(harness.runner.prepared) == 1
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
     del doc["apiKey"]
     await w.engine.call(w.conn, method, json.dumps(doc))  # the control succeeds
 
 
 @pytest.mark.parametrize("as_bytes", [True, False], ids=["bytes", "str"])
-async def test_wellformed_json_params_start_a_child(
-    as_bytes: bool, harness: Harness, db_path: Path
-) -> None:
+async def test_wellformed_json_params_start_a_child(as_bytes: bool, harness: Harness) -> None:
     text = json.dumps(_start_json())
     result = await harness.engine.call(
         harness.conn, START_METHOD, text.encode() if as_bytes else text
@@ -1008,9 +1007,9 @@ async def test_wellformed_json_params_start_a_child(
 
 
 async def test_old_handle_is_stale_after_the_runner_reconnects(
-    harness: Harness, clock: ManualClock, db_path: Path
+    harness: Harness, clock: ManualClock, db_url: str
 ) -> None:
-    w = World(harness, clock, db_path, harness.conn)
+    w = World(harness, clock, db_url, harness.conn)
     first = await harness.start("q1")
     await harness.wait_done(first.conversation_id)
     old = harness.conn
@@ -1041,9 +1040,9 @@ async def test_old_handle_is_stale_after_the_runner_reconnects(
 
 
 async def test_disconnected_runner_is_not_found_until_it_registers_again(
-    harness: Harness, clock: ManualClock, db_path: Path
+    harness: Harness, clock: ManualClock, db_url: str
 ) -> None:
-    w = World(harness, clock, db_path, harness.conn)
+    w = World(harness, clock, db_url, harness.conn)
     old = harness.conn
     await harness.engine.disconnect(old)
     gone = Case("gone", START_METHOD, RunnerNotFound, NO_RUNNER)
@@ -1075,7 +1074,7 @@ async def test_disconnected_runner_is_not_found_until_it_registers_again(
 
 
 async def test_lease_is_valid_at_its_deadline_and_expired_one_tick_after(
-    harness: Harness, clock: ManualClock, db_path: Path
+    harness: Harness, clock: ManualClock, db_url: str
 ) -> None:
     engine = harness.engine
     created_at = clock.now()
@@ -1094,7 +1093,7 @@ async def test_lease_is_valid_at_its_deadline_and_expired_one_tick_after(
     assert len(harness.runner.prepared) == 2
 
     clock.set(math.nextafter(lease.expires_at, math.inf))
-    w = World(harness, clock, db_path, harness.conn)
+    w = World(harness, clock, db_url, harness.conn)
     owned = Case("expired", START_METHOD, NotOwned, NOT_OWNED)
     await refused(w, harness.conn, START_METHOD, harness.start_params("q3", lease_id=LEASE), owned)
     await refused(w, harness.conn, START_METHOD, harness.start_params("q2", lease_id=LEASE), owned)
@@ -1110,7 +1109,7 @@ async def test_lease_is_valid_at_its_deadline_and_expired_one_tick_after(
 
 
 async def test_released_lease_is_a_tombstone_that_refuses_starts(
-    harness: Harness, clock: ManualClock, db_path: Path
+    harness: Harness, clock: ManualClock, db_url: str
 ) -> None:
     engine = harness.engine
     harness.runner.script = hold_forever
@@ -1120,7 +1119,7 @@ async def test_released_lease_is_a_tombstone_that_refuses_starts(
     record = await engine.get_child(first.conversation_id)
     assert record is not None and record.state == "cancelled"
 
-    w = World(harness, clock, db_path, harness.conn)
+    w = World(harness, clock, db_url, harness.conn)
     owned = Case("released", START_METHOD, NotOwned, NOT_OWNED)
     # The tool call is still live, yet the tombstone is selected and refuses.
     await refused(w, harness.conn, START_METHOD, harness.start_params("q2", lease_id=LEASE), owned)
@@ -1197,12 +1196,12 @@ async def test_cwd_outside_or_missing_is_refused(
     message: str,
     harness: Harness,
     clock: ManualClock,
-    db_path: Path,
+    db_url: str,
     workspace: Path,
 ) -> None:
     outside = _build_tree(workspace)
     cwd = cwd.format(outside=outside)
-    w = World(harness, clock, db_path, harness.conn)
+    w = World(harness, clock, db_url, harness.conn)
     case = Case(cwd, START_METHOD, error, message)
     await refused(w, harness.conn, START_METHOD, harness.start_params("q1", cwd=cwd), case)
     assert harness.runner.prepared == []
@@ -1229,7 +1228,7 @@ async def _foreign_child(harness: Harness, workspace: str) -> Result:
 
 @pytest.mark.parametrize("where", ["same-workspace", "other-workspace", "unknown-conversation"])
 async def test_resume_of_a_foreign_conversation_is_a_resume_mismatch(
-    where: str, harness: Harness, clock: ManualClock, db_path: Path, tmp_path: Path
+    where: str, harness: Harness, clock: ManualClock, db_url: str, tmp_path: Path
 ) -> None:
     """Whatever the foreign conversation's saved cwd, the answer is the resume refusal:
     an unknown conversation and another parent's one are indistinguishable."""
@@ -1240,7 +1239,7 @@ async def test_resume_of_a_foreign_conversation_is_a_resume_mismatch(
         other.mkdir()
         foreign_ws = harness.workspace if where == "same-workspace" else str(other)
         target = (await _foreign_child(harness, foreign_ws)).conversation_id
-    w = World(harness, clock, db_path, harness.conn)
+    w = World(harness, clock, db_url, harness.conn)
     case = Case(where, START_METHOD, ResumeMismatch, RESUME_MISMATCH)
     prepared = len(harness.runner.prepared)
     await refused(w, harness.conn, START_METHOD, harness.start_params("q-a", resume=target), case)

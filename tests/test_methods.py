@@ -1,4 +1,4 @@
-"""The five child methods through a real Engine on real SQLite (SPEC §3.6-3.8, §4, §5, §6).
+"""The five child methods through a real Engine on both stores (SPEC §3.6-3.8, §4-§6, §12).
 
 Replay and idempotency, admission outcomes, fork and resume authority, child handles,
 steering, every cap at its number, the event log's paging, truncation and commit
@@ -1175,11 +1175,12 @@ async def test_module_admit_raises_without_any_engine() -> None:
         await _deep(3, delegation.admit)
 
 
-async def test_a_preset_generation_sqlite_cannot_store_is_refused_at_tool_open(
+async def test_a_preset_generation_no_store_can_hold_is_refused_at_tool_open(
     harness: Harness,
 ) -> None:
-    """Generations are wire uint64; one above int64 is refused up front, never an
-    internal error at a later start."""
+    """Generations are wire uint64; one above int64 (what SQLite's INTEGER and
+    PostgreSQL's BIGINT hold) is refused up front, never an internal error at a later
+    start."""
     top = msgspec.structs.replace(PRESET, generation=2**63 - 1)
     ok = await open_tool(harness, "call-top", presets=(top,))
     started = await ok.start("q-top", generation=2**63 - 1)

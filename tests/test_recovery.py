@@ -1,4 +1,4 @@
-"""Restart, lease expiry and retention (SPEC §4, §5, §7), on the same SQLite file.
+"""Restart, lease expiry and retention (SPEC §4, §5, §7), on the same database.
 
 A "restart" here is graceful: the first engine is closed and a second ``Engine`` is
 opened on the same database in the same process (crash restarts, with a killed
@@ -30,7 +30,7 @@ from delegation import (
     errors,
 )
 from delegation.clock import ManualClock
-from tests.rows import scalar, url_of
+from tests.rows import scalar
 from tests.support import Harness, Script, ScriptRunner, finish_after_admit, open_harness
 
 LEASE = "lease-1"
@@ -71,7 +71,7 @@ async def restarted(
     config: EngineConfig,
     clock: ManualClock | None,
 ) -> AsyncIterator[Harness]:
-    """A new engine on the same file; the runner reconnects with the same hostInstanceId.
+    """A new engine on the same database; the runner reconnects with the same hostInstanceId.
 
     The returned harness keeps the old tool handle only for its ids (run, extension):
     the tool call itself ended with the old host, so calls go through the lease.
@@ -112,9 +112,9 @@ def assert_gap_free(sequences: list[int]) -> None:
     assert sequences == list(range(1, len(sequences) + 1))
 
 
-def rows(db_path: Path, table: str, child_id: int) -> int:
+def rows(db_url: str, table: str, child_id: int) -> int:
     sql = f"SELECT COUNT(*) FROM {table} WHERE child_id = :child_id"
-    return int(scalar(url_of(db_path), sql, {"child_id": child_id}))
+    return int(scalar(db_url, sql, {"child_id": child_id}))
 
 
 # --- graceful close, then resume -----------------------------------------------------
@@ -601,7 +601,7 @@ async def test_a_lease_overdue_at_boot_is_expired_and_its_child_not_resumed(
 
 @pytest.mark.parametrize("config", [EngineConfig(release_drain_s=1.0, retention_s=100)])
 async def test_retention_purges_exactly_what_is_due(
-    harness: Harness, config: EngineConfig, clock: ManualClock, db_path: Path
+    harness: Harness, config: EngineConfig, clock: ManualClock, db_url: str
 ) -> None:
     engine = harness.engine
 
@@ -641,8 +641,8 @@ async def test_retention_purges_exactly_what_is_due(
     old_records = [await harness.wait_done(s.conversation_id) for s in olds]
     assert {r.finished_at for r in old_records} == {t0}
     for record in old_records:
-        assert rows(db_path, "events", record.id) > 0
-    assert rows(db_path, "steers", old_records[2].id) == 1
+        assert rows(db_url, "events", record.id) > 0
+    assert rows(db_url, "steers", old_records[2].id) == 1
 
     clock.advance(50)
     new_fg = await harness.start("q6", message="quick")
@@ -675,10 +675,10 @@ async def test_retention_purges_exactly_what_is_due(
     for started, record in zip(olds, old_records, strict=True):
         assert await engine.get_child(started.conversation_id) is None
         assert await engine.events(started.conversation_id) == []
-        assert rows(db_path, "events", record.id) == 0
-        assert rows(db_path, "steers", record.id) == 0
-    assert rows(db_path, "events", new_record.id) == 1
-    assert rows(db_path, "steers", active_record.id) == 1
+        assert rows(db_url, "events", record.id) == 0
+        assert rows(db_url, "steers", record.id) == 0
+    assert rows(db_url, "events", new_record.id) == 1
+    assert rows(db_url, "steers", active_record.id) == 1
     assert (await child(engine, new_fg.conversation_id)).output == "done: quick"
     assert (await child(engine, active.conversation_id)).state == "running"
     assert {x.lease_id for x in await engine.leases()} == {LEASE, "ghost-new"}

@@ -14,7 +14,8 @@
   1024 leases plus tombstones per runner, 128 steer receipts per child, 32 presets,
   nesting depth 8.
 
-Everything runs on real SQLite through the real migrations, with real subprocesses.
+Everything runs on both stores (a SQLite file and a real PostgreSQL server) through the
+real migrations, with real subprocesses.
 Shorter checks of some of these live beside their subject (test_decode, test_methods,
 test_serve, test_command_runner); the cases here are the ones those leave open.
 """
@@ -37,6 +38,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from sqlalchemy import make_url
 
 from delegation import (
     START_METHOD,
@@ -66,8 +68,8 @@ FRAME_LIMIT = 4 * 1024 * 1024
 SECRET_NAMES = ("apiKey", "token", "credentials")
 
 
-def count_rows(db_path: Path, table: str) -> int:
-    return int(rows.scalar(rows.url_of(db_path), f'SELECT COUNT(*) FROM "{table}"'))
+def count_rows(db_url: str, table: str) -> int:
+    return int(rows.scalar(db_url, f'SELECT COUNT(*) FROM "{table}"'))
 
 
 async def connect_when_listening(path: Path) -> Client:
@@ -81,14 +83,14 @@ async def connect_when_listening(path: Path) -> Client:
 
 @contextlib.asynccontextmanager
 async def served(
-    transport: str, db_path: Path, tmp_path: Path, *args: str, umask: int | None = None
+    transport: str, db_url: str, tmp_path: Path, *args: str, umask: int | None = None
 ) -> AsyncIterator[Client]:
     """A ``delegation serve`` subprocess and one client connected to it."""
     path = tmp_path / "host.sock"
     where = ("--stdio",) if transport == "stdio" else ("--socket", str(path))
     previous = os.umask(umask) if umask is not None else None
     try:
-        proc = await host(*where, "--db", str(db_path), *args)
+        proc = await host(*where, "--db", db_url, *args)
     finally:
         if previous is not None:
             os.umask(previous)
@@ -139,18 +141,18 @@ LEVELS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 @pytest.mark.parametrize("name", SECRET_NAMES)
 @pytest.mark.parametrize("level", list(LEVELS))
 async def test_an_unknown_field_at_any_level_is_refused_by_engine_call(
-    level: str, name: str, harness: Harness, db_path: Path
+    level: str, name: str, harness: Harness, db_url: str
 ) -> None:
     doc = start_doc()
     LEVELS[level](doc)[name] = "sk-live-0123456789"
-    before = snapshot(db_path)
+    before = snapshot(db_url)
     with pytest.raises(errors.MalformedInput) as caught:
         await harness.engine.call(harness.conn, START_METHOD, json.dumps(doc).encode())
     assert f"unknown field `{name}`" in str(caught.value)
     assert (caught.value.reason, caught.value.rpc_code) == ("malformed_input", -32602)
     await asyncio.sleep(0.02)
     assert harness.runner.prepared == []
-    assert snapshot(db_path) == before, "a refused call writes nothing"
+    assert snapshot(db_url) == before, "a refused call writes nothing"
     del LEVELS[level](doc)[name]
     started = await harness.engine.call(harness.conn, START_METHOD, json.dumps(doc))
     assert isinstance(started, Result) and len(harness.runner.prepared) == 1
@@ -169,7 +171,7 @@ def tool_begin(**preset_changes: Any) -> dict[str, Any]:
 
 
 async def test_serve_refuses_an_unknown_field_at_every_level(
-    db_path: Path, tmp_path: Path, workspace: Path
+    db_url: str, tmp_path: Path, workspace: Path
 ) -> None:
     register = {"runnerId": "r1", "hostInstanceId": "h1"}
     begin = tool_begin()
@@ -189,7 +191,7 @@ async def test_serve_refuses_an_unknown_field_at_every_level(
         ("run.finish", {"runId": "run-1", "succeeded": True}, lambda d: d),
     ]
     ready: set[str] = set()
-    async with served("stdio", db_path, tmp_path) as client:
+    async with served("stdio", db_url, tmp_path) as client:
         for index, (method, params, where) in enumerate(bad):
             for name in SECRET_NAMES:
                 doc = copy.deepcopy(params)
@@ -203,7 +205,7 @@ async def test_serve_refuses_an_unknown_field_at_every_level(
                 ready.add(method)
         started = await client.ok("child.start", start)
         assert started["parentRunId"] == "run-1"
-    assert count_rows(db_path, "children") == 1, "only the well-formed start reserved a child"
+    assert count_rows(db_url, "children") == 1, "only the well-formed start reserved a child"
 
 
 # --- credential-free: the command runner's process ------------------------------------
@@ -255,14 +257,35 @@ def open_paths() -> set[str]:
     return paths
 
 
+def database_files(db_url: str) -> set[str]:
+    """What a descriptor open on the database names: the SQLite file, or a TCP socket
+    (``socket:[inode]``) connected to the PostgreSQL server's port (of any process)."""
+    url = make_url(db_url)
+    if rows.is_sqlite(db_url):
+        assert url.database is not None
+        return {os.path.realpath(url.database)}
+    port = url.port or 5432
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as lines:
+            next(lines)  # the header
+            for line in lines:
+                fields = line.split()
+                state, remote, inode = fields[3], fields[2], fields[9]
+                if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:  # established
+                    found.add(f"socket:[{inode}]")
+    return found
+
+
 async def test_the_command_inherits_none_of_the_hosts_open_files(
-    db_url: str, db_path: Path, workspace: Path
+    db_url: str, workspace: Path
 ) -> None:
     ls_program = shutil.which("ls")
     assert ls_program is not None
     runner = CommandRunner(profiles={"worker": [ls_program, "/proc/self/fd"]})
+    before = database_files(db_url) & open_paths()  # the fixtures' own connections
     async with hosted(db_url, workspace, runner) as h:
-        assert str(db_path) in open_paths(), "the host has its database open"
+        assert (database_files(db_url) & open_paths()) - before, "the host has its database open"
         started = await h.start("q1")
         await h.wait_done(started.conversation_id)
         fds = await texts(h, started.conversation_id)
@@ -406,10 +429,10 @@ async def test_a_swap_while_the_host_was_down_is_refused_on_resume(
 
 
 async def test_the_socket_is_0600_even_under_a_permissive_umask(
-    db_path: Path, tmp_path: Path, workspace: Path
+    db_url: str, tmp_path: Path, workspace: Path
 ) -> None:
     own = str(os.getuid())
-    async with served("socket", db_path, tmp_path, "--allow-uid", own, umask=0) as client:
+    async with served("socket", db_url, tmp_path, "--allow-uid", own, umask=0) as client:
         info = (tmp_path / "host.sock").stat()
         assert stat.S_ISSOCK(info.st_mode)
         assert stat.S_IMODE(info.st_mode) == 0o600
@@ -466,11 +489,11 @@ def knock(path: Path, frame: bytes) -> list[bytes]:
 
 
 async def test_a_peer_with_another_uid_is_refused_and_nothing_it_sends_is_served(
-    db_path: Path, tmp_path: Path
+    db_url: str, tmp_path: Path
 ) -> None:
     path = tmp_path / "host.sock"
     other = str(os.getuid() + 4242)
-    proc = await host("--socket", str(path), "--db", str(db_path), "--allow-uid", other)
+    proc = await host("--socket", str(path), "--db", db_url, "--allow-uid", other)
     try:
         register = {"runnerId": "r1", "hostInstanceId": "h1"}
         frame = {"jsonrpc": "2.0", "id": 1, "method": "runner.register", "params": register}
@@ -483,7 +506,7 @@ async def test_a_peer_with_another_uid_is_refused_and_nothing_it_sends_is_served
     assert refused["error"]["code"] == -32602
     assert refused["error"]["message"] == "peer is not allowed on this socket"
     assert refused["error"]["data"] == {"reason": "not_authorized"}
-    assert count_rows(db_path, "runners") == 0, "its registration was never served"
+    assert count_rows(db_url, "runners") == 0, "its registration was never served"
 
 
 # --- the 4 MiB frame limit ------------------------------------------------------------
@@ -500,12 +523,12 @@ def padded(method: str, params: Any, request_id: str, size: int) -> bytes:
 
 @pytest.mark.parametrize("transport", ["stdio", "socket"])
 async def test_a_frame_of_exactly_4_mib_is_served_and_one_byte_more_is_refused(
-    transport: str, db_path: Path, tmp_path: Path, workspace: Path
+    transport: str, db_url: str, tmp_path: Path, workspace: Path
 ) -> None:
     register = {"runnerId": "r1", "hostInstanceId": "h1"}
     begin = tool_begin(options={})
     begin["workspace"] = str(workspace)
-    async with served(transport, db_path, tmp_path) as client:
+    async with served(transport, db_url, tmp_path) as client:
         await client.send_raw(padded("runner.register", register, "exact", FRAME_LIMIT))
         exact = await client.receive()
         assert exact["id"] == "exact"
