@@ -1,5 +1,6 @@
 """``delegation.client`` against a real ``delegation serve``: over a Unix socket
-(``Client.connect``) and over the stdio of a host it spawns (``Client.spawn``)."""
+(``Client.connect``) and over the stdio of a host it spawns (``Client.spawn``), on
+either store (the host's ``--db`` is the test's database URL)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,10 @@ def start_params(request_id: str, message: str, **extra: Any) -> dict[str, Any]:
     return {**OWNER, **extra, "request": request}
 
 
-def serve_socket(path: Path, db: Path, *runner: str) -> subprocess.Popen[bytes]:
+def serve_socket(path: Path, db: str, *runner: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "delegation.cli", "serve", "--socket", str(path),
-         "--db", str(db), *runner],
+         "--db", db, *runner],
         cwd=ROOT, env=ENV, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 20
@@ -63,7 +64,7 @@ def _listening(path: Path) -> bool:
 class SocketHost:
     """``serve --socket`` subprocesses on one database; ``start`` returns the socket path."""
 
-    def __init__(self, db: Path, tmp_path: Path) -> None:
+    def __init__(self, db: str, tmp_path: Path) -> None:
         self.db = db
         self.path = tmp_path / "host.sock"
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -74,8 +75,8 @@ class SocketHost:
 
 
 @pytest.fixture
-def socket_host(db_path: Path, tmp_path: Path) -> Iterator[SocketHost]:
-    host = SocketHost(db_path, tmp_path)
+def socket_host(db_url: str, tmp_path: Path) -> Iterator[SocketHost]:
+    host = SocketHost(db_url, tmp_path)
     yield host
     for proc in host.procs:
         if proc.poll() is None:
@@ -84,13 +85,13 @@ def socket_host(db_path: Path, tmp_path: Path) -> Iterator[SocketHost]:
 
 
 @pytest.fixture(params=["socket", "stdio"])
-def opener(request: pytest.FixtureRequest, db_path: Path, socket_host: SocketHost) -> Opener:
+def opener(request: pytest.FixtureRequest, db_url: str, socket_host: SocketHost) -> Opener:
     """Opens a Client with the given runner args, over a socket or over a spawned stdio."""
 
     async def open_client(*runner: str) -> Client:
         if request.param == "socket":
             return await Client.connect(socket_host.start(*runner))
-        return await Client.spawn(["--db", str(db_path), *runner], env=ENV, cwd=ROOT)
+        return await Client.spawn(["--db", db_url, *runner], env=ENV, cwd=ROOT)
 
     return open_client
 
@@ -231,9 +232,9 @@ def settled_threads(before: set[threading.Thread]) -> set[threading.Thread]:
     return extra
 
 
-def test_the_sync_client_does_a_whole_session(db_path: Path, workspace: Path) -> None:
+def test_the_sync_client_does_a_whole_session(db_url: str, workspace: Path) -> None:
     before = set(threading.enumerate())
-    with SyncClient.spawn(["--db", str(db_path), "--runner", "scripted"], env=ENV) as client:
+    with SyncClient.spawn(["--db", db_url, "--runner", "scripted"], env=ENV) as client:
         assert client.register("r1", "h1").generation >= 1
         client.begin_tool(
             run_id="run-1", conversation_id="conv-1", tool_call_id="call-1", extension_id="ext",
@@ -272,9 +273,9 @@ def test_the_sync_client_over_a_socket(socket_host: SocketHost) -> None:
     assert settled_threads(before) == set()
 
 
-async def test_closing_leaves_no_process_behind(db_path: Path) -> None:
+async def test_closing_leaves_no_process_behind(db_url: str) -> None:
     before = set(threading.enumerate())
-    client = await Client.spawn(["--db", str(db_path), "--runner", "scripted"], env=ENV)
+    client = await Client.spawn(["--db", db_url, "--runner", "scripted"], env=ENV)
     async with client:
         await client.register("r1", "h1")
     assert client.process is not None
@@ -293,12 +294,12 @@ def test_a_sync_client_that_cannot_connect_leaves_no_thread(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("transport", ["socket", "stdio"])
 async def test_pending_calls_fail_when_the_host_dies(
-    transport: str, db_path: Path, socket_host: SocketHost, workspace: Path
+    transport: str, db_url: str, socket_host: SocketHost, workspace: Path
 ) -> None:
     if transport == "socket":
         client = await Client.connect(socket_host.start("--runner", SLOW))
     else:
-        client = await Client.spawn(["--db", str(db_path), "--runner", SLOW], env=ENV, cwd=ROOT)
+        client = await Client.spawn(["--db", db_url, "--runner", SLOW], env=ENV, cwd=ROOT)
     async with client:
         await setup(client, workspace)
         waiting = asyncio.create_task(client.start(start_params("q1", "admit after 60")))

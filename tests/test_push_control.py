@@ -1,6 +1,7 @@
 """A typed API, push instead of polling, recovery with history, control from outside
 (SPEC §11): the engine's typed methods and ``follow``, delivered steers after a
-SIGKILL, and ``delegation cancel``/``steer`` acting on a live host's child."""
+SIGKILL, and ``delegation cancel``/``steer`` acting on a live host's child, on either
+store (PostgreSQL's host hears a control request through ``LISTEN``/``NOTIFY``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,9 @@ from delegation import (
     errors,
 )
 from delegation.runners.scripted import ScriptedRunner
+from delegation.store import controls
+from delegation.store.stores import write_once
+from tests import rows
 from tests.support import Harness, hold
 from tests.test_serve import OWNER, Client, host, start_params
 
@@ -121,10 +126,10 @@ async def test_follow_ends_with_the_engine(harness: Harness) -> None:
 
 
 async def test_a_resumed_scripted_child_keeps_its_steered_heading_after_sigkill(
-    db_path: Path, workspace: Path
+    db_url: str, workspace: Path
 ) -> None:
     """Issue 14: the demo went back to its original heading after the kill."""
-    proc = await host("--stdio", "--db", str(db_path))
+    proc = await host("--stdio", "--db", db_url)
     assert proc.stdin is not None and proc.stdout is not None
     client = Client(proc.stdout, proc.stdin)
     try:
@@ -146,7 +151,7 @@ async def test_a_resumed_scripted_child_keeps_its_steered_heading_after_sigkill(
         await client.close()
     runner = ScriptedRunner(delay=0.01)
     config = EngineConfig(release_drain_s=2.0)
-    async with Engine(f"sqlite:///{db_path}", runner=runner, config=config) as engine:
+    async with Engine(db_url, runner=runner, config=config) as engine:
         headings: list[str] = []
         after_recovery = False
         async for event in engine.follow(started["conversationId"], after=len(texts)):
@@ -162,7 +167,8 @@ async def test_a_resumed_scripted_child_keeps_its_steered_heading_after_sigkill(
 # --- operator control from another process ----------------------------------------------
 
 
-async def operator(*args: str, db: Path) -> tuple[int, str, str]:
+async def operator(*args: str, db: Path | str) -> tuple[int, str, str]:
+    """``delegation ARGS --db DB`` in another process: (exit code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "delegation.cli", *args, "--db", str(db),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
@@ -173,7 +179,7 @@ async def operator(*args: str, db: Path) -> tuple[int, str, str]:
 
 
 async def test_an_operator_cancels_and_steers_a_live_hosts_child(
-    harness: Harness, db_path: Path
+    harness: Harness, db_url: str
 ) -> None:
     heard: list[str] = []
 
@@ -187,12 +193,12 @@ async def test_an_operator_cancels_and_steers_a_live_hosts_child(
 
     harness.runner.script = listen
     child = await harness.start("q1", lease_id="L1")
-    code, out, err = await operator("steer", child.conversation_id, "go left", "--json", db=db_path)
+    code, out, err = await operator("steer", child.conversation_id, "go left", "--json", db=db_url)
     assert code == 0, err
     steered = json.loads(out)
     assert (steered["applied"], steered["outcome"]) == (True, "injected")
     assert heard == ["go left"]
-    code, out, err = await operator("cancel", child.conversation_id, "--wait", "--json", db=db_path)
+    code, out, err = await operator("cancel", child.conversation_id, "--wait", "--json", db=db_url)
     assert code == 0, err
     document = json.loads(out)
     assert document["applied"] is True and document["runId"] == child.run_id
@@ -200,14 +206,14 @@ async def test_an_operator_cancels_and_steers_a_live_hosts_child(
     record = await harness.engine.get_child(child.conversation_id)
     assert record is not None and record.state == "cancelled"
     # A finished child and an unknown one: clear errors, nothing recorded.
-    code, _, err = await operator("cancel", child.conversation_id, db=db_path)
+    code, _, err = await operator("cancel", child.conversation_id, db=db_url)
     assert code == 1 and "has already ended (cancelled)" in err
-    code, _, err = await operator("steer", "c-unknown", "hello", db=db_path)
+    code, _, err = await operator("steer", "c-unknown", "hello", db=db_url)
     assert (code, err.strip()) == (1, "delegation: no child c-unknown")
 
 
 async def test_a_cancel_with_no_live_host_is_applied_at_the_next_boot(
-    db_path: Path, db_url: str, workspace: Path
+    db_url: str, workspace: Path
 ) -> None:
     from tests.support import ScriptRunner, open_harness
 
@@ -215,7 +221,7 @@ async def test_a_cancel_with_no_live_host_is_applied_at_the_next_boot(
     async with Engine(db_url, runner=runner) as engine:
         h = await open_harness(engine, runner, workspace)
         child = await h.start("q1", lease_id="L1")
-    code, out, err = await operator("cancel", child.conversation_id, db=db_path)
+    code, out, err = await operator("cancel", child.conversation_id, db=db_url)
     assert code == 0, err
     assert "is queued: no live host applied it" in out
     resumed = ScriptRunner(hold(asyncio.Event()))
@@ -227,3 +233,81 @@ async def test_a_cancel_with_no_live_host_is_applied_at_the_next_boot(
             await asyncio.sleep(0.01)
         assert record is not None
         assert (record.state, record.error) == ("cancelled", "cancelled by operator")
+
+
+async def test_a_control_request_reaches_a_live_host_within_a_second(
+    harness: Harness, db_url: str
+) -> None:
+    """What ``delegation steer`` records beside the host (``stores.write_once``, on a
+    connection of its own) is applied by the host within 1 s (SPEC §12)."""
+    heard: list[float] = []
+
+    async def listen(ctx: ChildContext) -> None:
+        await ctx.admit()
+        while (message := await ctx.wait_steer()) is not None:
+            heard.append(time.monotonic())
+            ctx.emit(Event(kind="text", text=f"heard {message}"))
+
+    harness.runner.script = listen
+    child = await harness.start("q1", lease_id="L1")
+    for n in range(3):
+        begun = time.monotonic()
+        await asyncio.to_thread(
+            write_once,
+            db_url,
+            lambda c, n=n: controls.submit(
+                c, child.conversation_id, child.run_id, "steer", f"turn {n}", f"op-{n}",
+                time.time(),
+            ),
+        )  # fmt: skip
+        while len(heard) <= n and time.monotonic() - begun < 5:
+            await asyncio.sleep(0.005)
+        assert len(heard) == n + 1, "the host never applied the steer"
+        assert heard[n] - begun < 1.0, f"applied after {heard[n] - begun:.2f} s"
+
+
+async def test_an_operator_reaches_a_serve_host_in_another_process(
+    db_url: str, workspace: Path
+) -> None:
+    """``delegation serve`` in one process, the operator in others: a control request is
+    applied within 1 s (PostgreSQL: ``NOTIFY`` to the host's ``LISTEN``), and the real
+    ``steer`` and ``cancel --wait`` commands act on the host's child."""
+    proc = await host("--stdio", "--db", db_url)
+    assert proc.stdin is not None and proc.stdout is not None
+    client = Client(proc.stdout, proc.stdin)
+    try:
+        await client.setup(workspace)
+        started = await client.ok("child.start", start_params("q1", "work in 500 steps"))
+        child = started["conversationId"]
+        for n in range(3):
+            begun = time.monotonic()
+            control = await asyncio.to_thread(
+                write_once,
+                db_url,
+                lambda c, n=n: controls.submit(
+                    c, child, started["runId"], "steer", f"turn {n}", f"op-{n}", time.time()
+                ),
+            )
+            applied = None
+            while applied is None and time.monotonic() - begun < 5:
+                applied = rows.scalar(
+                    db_url, "SELECT applied_at FROM controls WHERE id = :id", {"id": control}
+                )
+                await asyncio.sleep(0.005)
+            took = time.monotonic() - begun
+            assert applied is not None and took < 1.0, f"applied after {took:.2f} s"
+        code, out, err = await operator("steer", child, "durability first", "--json", db=db_url)
+        assert code == 0, err
+        assert (json.loads(out)["applied"], json.loads(out)["outcome"]) == (True, "injected")
+        code, out, err = await operator("cancel", child, "--wait", "--json", db=db_url)
+        assert code == 0, err
+        document = json.loads(out)
+        assert (document["applied"], document["state"]) == (True, "cancelled"), document
+        result, events = await client.read_until_done({**OWNER, "childId": child})
+        assert result["cancelled"] is True
+        texts = [e.get("text", "") for e in events]
+        assert "steered: turn 0" in texts and "steered: durability first" in texts, texts
+    finally:
+        proc.stdin.close()
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        await client.close()

@@ -22,8 +22,8 @@ from delegation.client import Client
 from delegation.runners import contain
 from delegation.runners.command import CommandRunner
 from delegation.runners.containment import Containment, landlock_abi
+from tests import rows
 from tests.support import ScriptRunner, hold, open_harness
-from tests.test_fuzz import snapshot
 from tests.test_push_control import operator
 
 HERE = Path(__file__).resolve().parent
@@ -209,26 +209,29 @@ async def test_a_refused_confinement_leaks_no_descriptor(place: Path) -> None:
 # --- 5. a clean close leaves process records that the next boot killpg()s ----------------
 
 
+def _processes(url: str) -> list[tuple[object, ...]]:
+    return rows.rows(url, "SELECT * FROM processes")
+
+
 @linux
-async def test_a_clean_close_leaves_no_process_record(place: Path) -> None:
-    db = place / "db" / "x.db"
+async def test_a_clean_close_leaves_no_process_record(place: Path, db_url: str) -> None:
     runner = CommandRunner({"wait": ["/bin/sh", "-c", "read l; read l"]}, grace_s=0.1)
-    async with Engine(f"sqlite:///{db}", runner=runner) as engine:
+    async with Engine(db_url, runner=runner) as engine:
         conn = await _tool(engine, "wait", place / "ws")
         await engine.call(conn, "child.start", _params("q1", "wait", lease_id="L1"))
         for _ in range(500):
-            if snapshot(db)["processes"]:
+            if _processes(db_url):
                 break
             await asyncio.sleep(0.01)
-        assert snapshot(db)["processes"]
-    assert snapshot(db)["processes"] == [], "reaped at close, yet killpg'd at next boot"
+        assert _processes(db_url)
+    assert _processes(db_url) == [], "reaped at close, yet killpg'd at next boot"
 
 
 # --- 6, 7. operator cancel -------------------------------------------------------------------
 
 
 async def test_an_operator_cancel_of_a_slow_child_is_not_reported_as_no_live_host(
-    db_path: Path, db_url: str, workspace: Path
+    db_url: str, workspace: Path
 ) -> None:
     async def slow(ctx: ChildContext) -> None:
         await ctx.admit()
@@ -242,20 +245,20 @@ async def test_an_operator_cancel_of_a_slow_child_is_not_reported_as_no_live_hos
     async with Engine(db_url, runner=runner, config=EngineConfig(release_drain_s=10)) as engine:
         h = await open_harness(engine, runner, workspace)
         child = await h.start("q1", lease_id="L1")
-        code, out, err = await operator("cancel", child.conversation_id, "--json", db=db_path)
+        code, out, err = await operator("cancel", child.conversation_id, "--json", db=db_url)
         assert code == 0, err
         assert json.loads(out)["applied"] is True, out
         assert (await _ended(engine, child.conversation_id)).state == "cancelled"
 
 
 async def test_a_cancel_left_while_down_stops_the_child_before_it_runs_again(
-    db_path: Path, db_url: str, workspace: Path
+    db_url: str, workspace: Path
 ) -> None:
     runner = ScriptRunner(hold(asyncio.Event()))
     async with Engine(db_url, runner=runner) as engine:
         h = await open_harness(engine, runner, workspace)
         child = await h.start("q1", lease_id="L1")
-    code, out, err = await operator("cancel", child.conversation_id, db=db_path)
+    code, out, err = await operator("cancel", child.conversation_id, db=db_url)
     assert code == 0 and "queued" in out, err
     resumed = ScriptRunner(hold(asyncio.Event()))
     async with Engine(db_url, runner=resumed) as engine:

@@ -1,4 +1,5 @@
-"""``delegation serve`` end to end: a real host subprocess over stdio and a Unix socket."""
+"""``delegation serve`` end to end: a real host subprocess over stdio and a Unix socket,
+on either store (``--db`` is the test's database URL: a SQLite file or PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -110,8 +111,8 @@ async def host(*args: str) -> asyncio.subprocess.Process:
 
 
 @pytest.fixture
-async def stdio(db_path: Path) -> AsyncIterator[tuple[Client, asyncio.subprocess.Process]]:
-    proc = await host("--stdio", "--db", str(db_path))
+async def stdio(db_url: str) -> AsyncIterator[tuple[Client, asyncio.subprocess.Process]]:
+    proc = await host("--stdio", "--db", db_url)
     assert proc.stdin is not None
     assert proc.stdout is not None
     client = Client(proc.stdout, proc.stdin)
@@ -226,10 +227,10 @@ async def socket_client(path: Path) -> Client:
 
 
 async def test_socket_serves_each_connection_as_a_runner(
-    db_path: Path, tmp_path: Path, workspace: Path
+    db_url: str, tmp_path: Path, workspace: Path
 ) -> None:
     path = tmp_path / "host.sock"
-    proc = await host("--socket", str(path), "--db", str(db_path))
+    proc = await host("--socket", str(path), "--db", db_url)
     try:
         for _ in range(200):
             if path.exists():
@@ -252,9 +253,9 @@ async def test_socket_serves_each_connection_as_a_runner(
     assert not path.exists()
 
 
-async def test_socket_refuses_a_peer_with_another_uid(db_path: Path, tmp_path: Path) -> None:
+async def test_socket_refuses_a_peer_with_another_uid(db_url: str, tmp_path: Path) -> None:
     path = tmp_path / "host.sock"
-    proc = await host("--socket", str(path), "--db", str(db_path), "--allow-uid",
+    proc = await host("--socket", str(path), "--db", db_url, "--allow-uid",
                       str(os.getuid() + 4242))  # fmt: skip
     try:
         for _ in range(200):
@@ -272,12 +273,12 @@ async def test_socket_refuses_a_peer_with_another_uid(db_path: Path, tmp_path: P
 
 
 async def test_run_finish_of_another_runner_touches_nothing_of_it(
-    db_path: Path, tmp_path: Path, workspace: Path
+    db_url: str, tmp_path: Path, workspace: Path
 ) -> None:
     """Issue 12, finding 2: a second runner that knows a runId sent run.finish with
     succeeded false, and the first runner's tools closed and its children were cancelled."""
     path = tmp_path / "host.sock"
-    proc = await host("--socket", str(path), "--db", str(db_path))
+    proc = await host("--socket", str(path), "--db", db_url)
     try:
         for _ in range(200):
             if path.exists():
