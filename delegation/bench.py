@@ -5,6 +5,11 @@ Every scenario runs on temporary files with the engine's production durability
 stdlib ``sqlite3`` module under the same journal mode and ``synchronous``. Caps that
 would stop a long benchmark (children per grant) are raised; nothing that affects
 durability is changed. Prints a table, or with ``--json`` one line of JSON.
+
+``--url postgresql+psycopg://USER@HOST/DB`` runs every scenario on that PostgreSQL
+server instead, beside raw psycopg 3 on the same server: each scenario on a new
+database it creates and drops (the role needs ``CREATEDB``; nothing is written to
+``DB`` itself). See :mod:`delegation.bench_postgres`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,7 @@ import msgspec
 
 from delegation import Engine, EngineConfig, Event, Params, Preset, Request, Result
 from delegation.runs import ChildContext, Recovery, Run
+from delegation.store import stores
 from delegation.wire import Identity
 
 PRESET = Preset(name="bench", extension_id="ext", generation=1)
@@ -75,20 +81,87 @@ class Runner:
         return run
 
 
+@dataclass
+class PageReader:
+    """The raw baseline's read of a page: ``read(child_id, after)`` returns its rows."""
+
+    read: Callable[[int, int], list[Any]]
+    close: Callable[[], None] = field(default=lambda: None)
+
+
 class Bench:
+    """Where the scenarios run: new SQLite files in ``folder``, each raw baseline with
+    the stdlib ``sqlite3`` (``bench_postgres.PostgresBench``: a PostgreSQL server)."""
+
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.count = 0
+        self.engines: list[Engine] = []  # to close those a failed scenario left open
 
     def path(self) -> Path:
         self.count += 1
         return self.folder / f"bench-{self.count}.db"
 
-    async def engine(self, path: Path, runner: Runner, **config: Any) -> Engine:
+    def new(self) -> Path | str:
+        """A new, empty database for one engine or one baseline."""
+        return self.path()
+
+    def url(self, target: Path | str) -> str:
+        return f"sqlite:///{target}"
+
+    async def engine(self, path: Path | str, runner: Runner, **config: Any) -> Engine:
         settings = msgspec.structs.asdict(_Settings(**config)) if config else {}
-        engine = Engine(f"sqlite:///{path}", runner=runner, config=_config(**settings))
+        engine = Engine(self.url(path), runner=runner, config=_config(**settings))
         await engine.open()
+        self.engines.append(engine)
         return engine
+
+    async def close_engines(self) -> None:
+        """Close every engine still open (a scenario failed): their writer threads
+        would keep the process alive. Closing an engine twice does nothing."""
+        engines, self.engines = self.engines, []
+        for engine in engines:
+            try:
+                await asyncio.wait_for(engine.close(), 30)
+            except Exception as exc:  # the scenario's own failure is the one to report
+                print(f"  an engine did not close: {exc!r}", file=sys.stderr)
+
+    def raw_commits(self, n: int) -> float:
+        return raw_commits(self.path(), n)
+
+    def raw_batches(self, n: int, children: int) -> float:
+        return raw_batches(self.path(), n)
+
+    def fill_events(self, target: Path | str, child_id: int, count: int, body: bytes) -> None:
+        filler = sqlite3.connect(target)
+        filler.executemany(
+            "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)",
+            ((child_id, n, body) for n in range(1, count + 1)),
+        )
+        filler.commit()
+        filler.close()
+
+    def page_reader(self, target: Path | str) -> PageReader:
+        baseline = sqlite3.connect(target)
+
+        def read(child_id: int, after: int) -> list[Any]:
+            return baseline.execute(
+                "SELECT body FROM events WHERE child_id = ? AND sequence > ?"
+                " ORDER BY sequence LIMIT 128",
+                (child_id, after),
+            ).fetchall()
+
+        return PageReader(read, baseline.close)
+
+    def cleanup(self) -> None:
+        """After each scenario (SQLite: the folder goes at the end)."""
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        """What the report's ``machine`` says of the store, besides :func:`machine`."""
+        return {}
 
 
 class _Settings(msgspec.Struct):
@@ -205,20 +278,20 @@ def ratio(engine: float, baseline: float) -> dict[str, float]:
 async def start_seq(bench: Bench, sizes: Sizes) -> dict[str, float]:
     runner = Runner()
     runner.hold = True
-    engine = await bench.engine(bench.path(), runner)
+    engine = await bench.engine(bench.new(), runner)
     starter = await _starter(engine)
     started = time.perf_counter()
     for i in range(sizes.starts):
         await starter.start(f"q{i}")
     rate = sizes.starts / (time.perf_counter() - started)
     await engine.close()
-    return ratio(rate, raw_commits(bench.path(), sizes.starts))
+    return ratio(rate, bench.raw_commits(sizes.starts))
 
 
 async def start_concurrent(bench: Bench, sizes: Sizes) -> dict[str, float]:
     runner = Runner()
     runner.hold = True
-    engine = await bench.engine(bench.path(), runner)
+    engine = await bench.engine(bench.new(), runner)
     starter = await _starter(engine)
     each = max(1, sizes.starts // sizes.callers)
 
@@ -230,13 +303,13 @@ async def start_concurrent(bench: Bench, sizes: Sizes) -> dict[str, float]:
     await asyncio.gather(*(caller(c) for c in range(sizes.callers)))
     rate = each * sizes.callers / (time.perf_counter() - started)
     await engine.close()
-    return ratio(rate, raw_commits(bench.path(), sizes.starts))
+    return ratio(rate, bench.raw_commits(sizes.starts))
 
 
 async def _events(bench: Bench, children: int, each: int) -> float:
     runner = Runner()
     runner.hold = True
-    engine = await bench.engine(bench.path(), runner)
+    engine = await bench.engine(bench.new(), runner)
     contexts: list[ChildContext] = []
     original = runner.prepare
 
@@ -270,37 +343,32 @@ async def _events(bench: Bench, children: int, each: int) -> float:
 
 async def events_100(bench: Bench, sizes: Sizes) -> dict[str, float]:
     rate = await _events(bench, sizes.events_children, sizes.events_each)
-    return ratio(rate, raw_batches(bench.path(), sizes.events_children * sizes.events_each))
+    total = sizes.events_children * sizes.events_each
+    return ratio(rate, bench.raw_batches(total, sizes.events_children))
 
 
 async def events_1(bench: Bench, sizes: Sizes) -> dict[str, float]:
     rate = await _events(bench, 1, sizes.events_single)
-    return ratio(rate, raw_batches(bench.path(), sizes.events_single))
+    return ratio(rate, bench.raw_batches(sizes.events_single, 1))
 
 
 async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
     runner = Runner()
     runner.hold = True
-    path = bench.path()
+    path = bench.new()
     engine = await bench.engine(path, runner)
     starter = await _starter(engine)
     started = await starter.start("q-read")
     child = await engine.get_child(started.conversation_id)
     assert child is not None
-    filler = sqlite3.connect(path)
     body = b'{"sequence":0,"kind":"text","text":"a page of events to read back"}'
-    filler.executemany(
-        "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)",
-        ((child.id, n, body) for n in range(1, sizes.page_events + 1)),
-    )
-    filler.commit()
-    filler.close()
+    bench.fill_events(path, child.id, sizes.page_events, body)
     cursor = sizes.page_events // 2
     read = Params(run_id="run-1", tool_call_id="call-0", extension_id="ext", generation=1,
                   child_id=started.conversation_id, after=cursor)  # fmt: skip
     # Engine and raw reads alternate on the same file in the same state (a large WAL
     # not yet checkpointed reads slower than a checkpointed file).
-    baseline = sqlite3.connect(path)
+    baseline = bench.page_reader(path)
     timings, raw_timings = [], []
     for _ in range(300):
         t = time.perf_counter()
@@ -309,11 +377,7 @@ async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
         assert isinstance(result, Result)
         assert len(result.events) == 128
         t = time.perf_counter()
-        rows = baseline.execute(
-            "SELECT body FROM events WHERE child_id = ? AND sequence > ?"
-            " ORDER BY sequence LIMIT 128",
-            (child.id, cursor),
-        ).fetchall()
+        rows = baseline.read(child.id, cursor)
         raw_timings.append(time.perf_counter() - t)
         assert len(rows) == 128
     baseline.close()
@@ -323,7 +387,7 @@ async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
             "ratio": round(engine_ms / raw_ms, 2)}  # fmt: skip
 
 
-async def _leased(bench: Bench, path: Path, n: int, **config: Any) -> Engine:
+async def _leased(bench: Bench, path: Path | str, n: int, **config: Any) -> Engine:
     """An engine holding ``n`` admitted, running children, each under its own lease."""
     runner = Runner()
     runner.hold = True
@@ -337,7 +401,7 @@ async def _leased(bench: Bench, path: Path, n: int, **config: Any) -> Engine:
 
 
 async def recover(bench: Bench, sizes: Sizes) -> float:
-    path = bench.path()
+    path = bench.new()
     engine = await _leased(bench, path, sizes.recover)
     await engine.close()
     runner = Runner()
@@ -352,7 +416,7 @@ async def recover(bench: Bench, sizes: Sizes) -> float:
 
 
 async def expire(bench: Bench, sizes: Sizes) -> float:
-    path = bench.path()
+    path = bench.new()
     engine = await _leased(bench, path, sizes.expire, lease_lifetime_s=3600.0)
     engine.timers.arm(None)
     engine.clock = _Shifted(engine.clock, 3601.0)
@@ -383,7 +447,7 @@ def rss_mb() -> float:
 
 async def rss_growth(bench: Bench, sizes: Sizes) -> float:
     runner = Runner()
-    engine = await bench.engine(bench.path(), runner)
+    engine = await bench.engine(bench.new(), runner)
     starter = await _starter(engine)
 
     async def finish(start: int, stop: int) -> None:
@@ -404,11 +468,11 @@ async def rss_growth(bench: Bench, sizes: Sizes) -> float:
 
 
 _FOLLOWER = """
-import json, sys, time
+import json, os, sys, time
 from delegation.inspect import Inspector
-with Inspector(sys.argv[1]) as inspector:
+with Inspector(os.environ["DELEGATION_BENCH_URL"]) as inspector:
     print("ready", flush=True)
-    for event in inspector.follow(sys.argv[2]):
+    for event in inspector.follow(sys.argv[1]):
         print(json.dumps([event.sequence, time.time()]), flush=True)
 """
 
@@ -434,12 +498,13 @@ async def follow_latency(bench: Bench, sizes: Sizes) -> dict[str, dict[str, floa
 
             return run
 
-    path = bench.path()
+    path = bench.new()
     engine = await bench.engine(path, Paced())
     started = await (await _starter(engine)).start("q-follow")
     other = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _FOLLOWER, f"sqlite:///{path}", started.conversation_id,
+        sys.executable, "-c", _FOLLOWER, started.conversation_id,
         stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "DELEGATION_BENCH_URL": bench.url(path)},  # not on ps's line
     )  # fmt: skip
     assert other.stdout is not None
     await other.stdout.readline()  # ready
@@ -495,22 +560,44 @@ def machine() -> dict[str, Any]:
     }
 
 
-async def run_all(sizes: Sizes, only: list[str] | None) -> dict[str, Any]:
+def _bench(folder: Path, url: str | None) -> Bench:
+    if url is None:
+        return Bench(folder)
+    from delegation.bench_postgres import PostgresBench
+
+    return PostgresBench(folder, url)
+
+
+async def run_all(sizes: Sizes, only: list[str] | None, url: str | None = None) -> dict[str, Any]:
+    """Every scenario (or those ``only`` names) on temporary SQLite files, or with
+    ``url`` on new databases of that PostgreSQL server."""
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="delegation-bench-") as folder:
-        bench = Bench(Path(folder))
-        for name, scenario in SCENARIOS.items():
-            if only and name not in only:
-                continue
-            gc.collect()  # each scenario starts clean of the last one's garbage
-            report[name] = await scenario(bench, sizes)
-            print(f"  {name}: {report[name]}", file=sys.stderr, flush=True)
-    report["machine"] = machine()
+        bench = _bench(Path(folder), url)
+        try:
+            for name, scenario in SCENARIOS.items():
+                if only and name not in only:
+                    continue
+                gc.collect()  # each scenario starts clean of the last one's garbage
+                report[name] = await scenario(bench, sizes)
+                bench.engines.clear()  # every one closed by the scenario
+                bench.cleanup()
+                print(f"  {name}: {report[name]}", file=sys.stderr, flush=True)
+            report["machine"] = machine() | bench.describe()
+        finally:
+            await bench.close_engines()
+            bench.close()
     return report
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = [f"{'scenario':<18} {'engine':>12} {'raw sqlite3':>12} {'ratio':>8}"]
+    m = report["machine"]
+    lines = []
+    if m.get("store") == "postgresql":
+        settings = ", ".join(f"{k}={v}" for k, v in m["settings"].items())
+        lines.append(f"store: PostgreSQL {m['postgresql']} at {m['server']} ({settings})")
+    raw_name = "raw psycopg" if m.get("store") == "postgresql" else "raw sqlite3"
+    lines.append(f"{'scenario':<18} {'engine':>12} {raw_name:>12} {'ratio':>8}")
     for name, value in report.items():
         if name == "machine":
             continue
@@ -530,7 +617,6 @@ def table(report: dict[str, Any]) -> str:
             )
         else:
             lines.append(f"{name:<18} {value:>12}")
-    m = report["machine"]
     lines.append(f"machine: {m['cores']} cores, Python {m['python']}, SQLite {m['sqlite']}")
     return "\n".join(lines)
 
@@ -540,9 +626,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one line, one JSON object")
     parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
     parser.add_argument("--only", nargs="*", choices=list(SCENARIOS), help="some scenarios")
+    parser.add_argument(
+        "--url",
+        help="a PostgreSQL server, postgresql+psycopg://USER@HOST/DB: USER needs CREATEDB;"
+        " each scenario runs on a new database, dropped after it (default: SQLite files)",
+    )
     args = parser.parse_args(argv)
+    if args.url is not None:
+        try:
+            postgres = stores.is_postgres(stores.normalize(args.url))
+        except ValueError as exc:
+            parser.error(f"--url: {exc}")
+        if not postgres:
+            parser.error("--url takes a PostgreSQL URL; SQLite runs on temporary files")
     resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
-    report = asyncio.run(run_all(QUICK if args.quick else FULL, args.only))
+    report = asyncio.run(run_all(QUICK if args.quick else FULL, args.only, args.url))
     print(msgspec.json.encode(report).decode() if args.json else table(report))
     return 0
 

@@ -56,6 +56,66 @@ def test_quick_bench_prints_one_json_line_with_every_scenario() -> None:
         assert 0 <= figures["median_ms"] <= figures["p99_ms"]
 
 
+def test_quick_bench_on_postgres_has_every_scenario(postgres_server: str) -> None:
+    """``--url``: every scenario on the server, beside raw psycopg on the same server,
+    each on a database of its own that is dropped afterwards. No timing is asserted."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "delegation.bench", "--quick", "--json", "--url", postgres_server],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1
+    report = json.loads(lines[0])
+    assert set(report) == {*RATIOS, "read_page", *NUMBERS, "follow_latency", "machine"}
+    for name in RATIOS:
+        figures = report[name]
+        assert set(figures) == {"engine", "raw", "ratio"}, name
+        assert figures["engine"] > 0
+        assert figures["raw"] > 0
+        assert abs(figures["ratio"] - figures["engine"] / figures["raw"]) < 0.01
+    page = report["read_page"]
+    assert set(page) == {"engine_ms", "raw_ms", "ratio"}
+    assert page["engine_ms"] > 0
+    assert page["raw_ms"] > 0
+    for name in NUMBERS:
+        assert isinstance(report[name], int | float), name
+    assert report["recover_10k_s"] > 0
+    assert report["expire_5k_s"] > 0
+    for figures in report["follow_latency"].values():
+        assert set(figures) == {"median_ms", "p99_ms"}
+        assert 0 <= figures["median_ms"] <= figures["p99_ms"]
+    machine = report["machine"]
+    assert machine["store"] == "postgresql"
+    assert machine["postgresql"][:2].isdigit()  # the server's version
+    assert {"fsync", "synchronous_commit"} <= set(machine["settings"])
+    # Nothing is left on the server: every scenario's database was dropped.
+    import psycopg
+
+    with psycopg.connect(postgres_server.replace("+psycopg", "")) as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'delegation\\_bench\\_%'"
+        ).fetchall()
+    assert left == []
+
+
+def test_bench_refuses_a_url_of_another_store() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "delegation.bench", "--quick", "--url", "sqlite:///x.db"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "PostgreSQL" in proc.stderr
+
+
 @pytest.mark.sqlite_only  # the bench on SQLite, beside its raw sqlite3 baseline
 def test_bench_table_for_people() -> None:
     proc = subprocess.run(
@@ -95,3 +155,21 @@ async def test_a_held_child_costs_the_collector_few_objects(tmp_path: Path) -> N
     # 28 today: the task and its coroutines, the context, the engine's _Local (which
     # is also the context's hooks), the plan and record. Closures per child were 49.
     assert per_child <= 35, per_child
+
+
+def test_bench_table_on_postgres_names_the_server(postgres_server: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "delegation.bench", "--quick", "--only", "events_1",
+         "--url", postgres_server],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    header = proc.stdout.splitlines()[0]
+    assert header.startswith("store: PostgreSQL "), header
+    assert "synchronous_commit=" in header
+    assert "raw psycopg" in proc.stdout
+    assert "events_1" in proc.stdout
