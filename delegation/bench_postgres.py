@@ -38,7 +38,6 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from sqlalchemy import make_url
 
 from delegation.bench import Bench, PageReader
 from delegation.store import stores
@@ -54,7 +53,7 @@ SETTINGS = ("fsync", "synchronous_commit", "wal_sync_method", "full_page_writes"
 
 def _libpq(url: str) -> str:
     """A SQLAlchemy URL as psycopg's connection string."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return stores.libpq(url)
 
 
 class PostgresBench(Bench):
@@ -87,7 +86,7 @@ class PostgresBench(Bench):
                 f" needs a role with CREATEDB ({exc})"
             ) from exc
         self._created.append(name)
-        return make_url(self.server).set(database=name).render_as_string(hide_password=False)
+        return stores.with_database(self.server, name)
 
     def url(self, target: Path | str) -> str:
         return str(target)

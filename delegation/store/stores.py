@@ -135,6 +135,16 @@ def upgrade(url: str, *, apply: bool) -> tuple[str | None, str | None]:
     return database.upgrade_file(url, apply=apply)
 
 
+def libpq(url: str) -> str:
+    """A PostgreSQL URL as psycopg's own connection string."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` naming database ``name`` on the same server."""
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
 def file_of(url: str) -> Any:
     """The SQLite file behind ``url``; None for a store without one."""
     url = normalize(url)
