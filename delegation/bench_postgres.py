@@ -51,11 +51,6 @@ PAGE = "SELECT body FROM events WHERE child_id = %s AND sequence > %s ORDER BY s
 SETTINGS = ("fsync", "synchronous_commit", "wal_sync_method", "full_page_writes")
 
 
-def _libpq(url: str) -> str:
-    """A SQLAlchemy URL as psycopg's connection string."""
-    return stores.libpq(url)
-
-
 class PostgresBench(Bench):
     """Scenarios on new databases of the server ``url`` names (see the module)."""
 
@@ -64,7 +59,7 @@ class PostgresBench(Bench):
         self.server = stores.normalize(url)
         try:
             self._admin = psycopg.connect(
-                _libpq(self.server), autocommit=True, application_name="delegation-bench"
+                stores.libpq(self.server), autocommit=True, application_name="delegation-bench"
             )
         except psycopg.Error as exc:
             raise SystemExit(f"cannot reach {stores.shown(self.server)}: {exc}") from exc
@@ -125,7 +120,7 @@ class PostgresBench(Bench):
     # --- raw psycopg baselines --------------------------------------------------
 
     def _raw(self, ddl: str) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(_libpq(self.new()), autocommit=True)
+        conn = psycopg.connect(stores.libpq(self.new()), autocommit=True)
         conn.execute(ddl)
         return conn
 
@@ -158,7 +153,7 @@ class PostgresBench(Bench):
     def fill_events(self, target: Path | str, child_id: int, count: int, body: bytes) -> None:
         """``count`` events of one child, committed, vacuumed and analyzed (so that no
         autovacuum of the fresh rows runs while reads are timed)."""
-        with psycopg.connect(_libpq(self.url(target)), autocommit=True) as conn:
+        with psycopg.connect(stores.libpq(self.url(target)), autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO events (child_id, sequence, body)"
                 " SELECT %s, n, %s FROM generate_series(1, %s) AS n",
@@ -167,7 +162,7 @@ class PostgresBench(Bench):
             conn.execute("VACUUM ANALYZE events")
 
     def page_reader(self, target: Path | str) -> PageReader:
-        conn = psycopg.connect(_libpq(self.url(target)), autocommit=True)
+        conn = psycopg.connect(stores.libpq(self.url(target)), autocommit=True)
 
         def read(child_id: int, after: int) -> list[Any]:
             return conn.execute(PAGE, (child_id, after)).fetchall()

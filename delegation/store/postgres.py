@@ -51,6 +51,7 @@ from sqlalchemy.pool import NullPool
 from delegation import errors
 from delegation.store import dbapi, migrate
 from delegation.store.database import Database, _Queue, at_head, translate, translated
+from delegation.store.stores import libpq
 from delegation.watch import Watch
 
 log = logging.getLogger("delegation.store")
@@ -224,7 +225,7 @@ def _take_host_lock(url: str) -> Any:
     import psycopg
 
     try:
-        conn = psycopg.connect(_libpq(url), autocommit=True, application_name="delegation-host")
+        conn = psycopg.connect(libpq(url), autocommit=True, application_name="delegation-host")
     except psycopg.Error as exc:
         raise _connect_error(url, exc) from exc
     deadline = time.monotonic() + _LOCK_GRACE_S
@@ -247,11 +248,6 @@ def _release_host_lock(conn: Any) -> None:
         log.debug("host lock not released explicitly", exc_info=True)
     finally:
         conn.close()
-
-
-def _libpq(url: str) -> str:
-    """A SQLAlchemy URL as psycopg's connection string."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def upgrade(url: str, *, beside_host: bool = False) -> tuple[str | None, str | None]:
@@ -359,7 +355,7 @@ class PostgresWatch(Watch):
         self._lock = threading.Lock()
         try:
             self._conn = psycopg.connect(
-                _libpq(url), autocommit=True, application_name="delegation-watch"
+                libpq(url), autocommit=True, application_name="delegation-watch"
             )
         except psycopg.Error as exc:
             raise _connect_error(url, exc) from exc
