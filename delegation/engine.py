@@ -428,10 +428,12 @@ class Engine:
         # caller syncs it to disk too (SPEC §4: committed before ``prepare``). A caller
         # that goes away must not strand a committed reservation unrun: the commit
         # itself spawns the run, and the caller only waits for it.
+        # Without a leaseId its one write is the reservation's INSERT, after every check.
         plan = await self._db.submit(
             lambda c: service.reserve_start(c, self.config, conn, params, now),
             durable=False,
             committed=self._reserved,
+            one_write=not params.lease_id,
         )
         return await self._outcome(plan.child.id, params.after, first=not plan.replay)
 
@@ -697,15 +699,20 @@ class Engine:
         return await self._db.read(lambda c: queries.page(c, child_id, after, limit))
 
     async def _write(
-        self, fn: Callable[..., T], *args: Any, committed: Callable[[T], None] | None = None
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        committed: Callable[[T], None] | None = None,
+        one_write: bool = False,
     ) -> T:
-        """Run a use case in the next write batch with the clock's ``now`` appended."""
+        """Run a use case in the next write batch with the clock's ``now`` appended
+        (``one_write``: see ``Store.submit``)."""
         now = self.clock.now()
 
         def job(conn: Connection) -> T:
             return fn(conn, *args, now)
 
-        return await self._db.submit(job, committed=committed)
+        return await self._db.submit(job, committed=committed, one_write=one_write)
 
 
 def _forget_processes(conn: Connection, child_ids: list[int], now: float) -> None:

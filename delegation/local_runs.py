@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from delegation import authority, processes, queries, service
+from delegation.records import ChildRecord
 from delegation.store import Connection
 from delegation.store import processes as store_processes
 from delegation.store.events import EventRow
@@ -105,18 +106,32 @@ class LocalRun:
     async def admit(self) -> None:
         # Confined at the start, but the path may have been swapped since (SPEC §3.4).
         authority.confirm_cwd(self.cwd)
+        if not self.lease_pending:
+            # The usual case is one guarded UPDATE, which a server store commits as its
+            # own transaction; when it does not match, admit() learns why.
+            usual = self.engine._write(self._try_admit, committed=self._on_admitted, one_write=True)
+            if await usual is not None:
+                return
         await self.engine._write(self._admit_and_page, committed=self._on_admitted)
+
+    def _try_admit(self, conn: Connection, now: float) -> Result | None:
+        child = service.try_admit(conn, self.child_id, self.engine.instance_id, now)
+        return None if child is None else self._first_page(conn, child)
 
     def _admit_and_page(self, conn: Connection, now: float) -> Result:
         engine = self.engine
         child = service.admit(conn, self.child_id, engine.instance_id, self.lease_pending, now)
+        return self._first_page(conn, child)
+
+    def _first_page(self, conn: Connection, child: ChildRecord) -> Result:
         if not self.emitted:  # a fresh child's events all come from its run: none yet
             return queries.result_of(child, [])
-        return queries.page_of(conn, child, 0, engine.config.events_per_read)
+        return queries.page_of(conn, child, 0, self.engine.config.events_per_read)
 
-    def _on_admitted(self, page: Result) -> None:  # the caller is answered at the commit
-        self.admitted_page = page
-        self.admitted()
+    def _on_admitted(self, page: Result | None) -> None:  # answered at the commit
+        if page is not None:
+            self.admitted_page = page
+            self.admitted()
 
     def append(self, sequence: int, body: bytes, output: str | None) -> None:
         # Set before queueing: a batch that holds this event sees it when it admits.

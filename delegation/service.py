@@ -23,7 +23,7 @@ from delegation.codec import encode
 from delegation.config import EngineConfig
 from delegation.machine import State, Trigger
 from delegation.options import ExecutionOptions, effective_options
-from delegation.records import ChildRecord, GrantRecord, RunnerConnection
+from delegation.records import ChildRecord, GrantRecord, RunnerConnection, RunnerRecord
 from delegation.store import Connection, children, grants, processes, runners, steers
 from delegation.wire import (
     STEER_INJECTED,
@@ -81,18 +81,39 @@ def authorize(
     """
     authority.check_ids(params)
     runner, tool = grants.runner_and_tool(conn, rconn.runner_id, params.run_id, params.tool_call_id)
+    return _authorized(conn, runner, tool, rconn, params, now, steer=steer), tool
+
+
+def _authorized(
+    conn: Connection,
+    runner: RunnerRecord | None,
+    tool: GrantRecord | None,
+    rconn: RunnerConnection,
+    params: Params,
+    now: float,
+    *,
+    steer: bool,
+) -> GrantRecord:
     authority.check_connection(runner, rconn)
     lease = grants.get_lease(conn, rconn.runner_id, params.lease_id)
     grant = authority.select_grant(tool, lease, params)
-    return authority.require_owner(grant, rconn, params, now, steer=steer), tool
+    return authority.require_owner(grant, rconn, params, now, steer=steer)
 
 
 def locate_child(
     conn: Connection, rconn: RunnerConnection, params: Params, now: float, *, steer: bool = False
 ) -> ChildRecord:
-    """Authorize the call and find the one child its handle names (SPEC §3.7)."""
-    grant, _ = authorize(conn, rconn, params, now, steer=steer)
-    found = children.of_grant(conn, grant.id, params.child_id) if params.child_id else []
+    """Authorize the call and find the one child its handle names (SPEC §3.7).
+
+    The runner, the tool grant and the conversation's executions are read in one
+    statement; the checks then run in the same order as :func:`authorize`.
+    """
+    authority.check_ids(params)
+    runner, tool, executions = grants.runner_tool_and_executions(
+        conn, rconn.runner_id, params.run_id, params.tool_call_id, params.child_id
+    )
+    grant = _authorized(conn, runner, tool, rconn, params, now, steer=steer)
+    found = [child for child in executions if child.grant_id == grant.id]
     if not found and children.was_purged(conn, grant.id, params.child_id, params.child_run_id):
         raise errors.ChildPurged()
     return authority.locate(found, params.child_id, params.child_run_id)
@@ -108,8 +129,19 @@ def reserve_start(
 
     Raises the first refusal that applies; nothing is written then.
     """
-    grant, tool = authorize(conn, rconn, params, now)
+    authority.check_ids(params)
     request = params.request if params.request is not UNSET else Request()
+    if params.lease_id:  # the grant may be the lease: read it, then under it
+        runner, tool = grants.runner_and_tool(
+            conn, rconn.runner_id, params.run_id, params.tool_call_id
+        )
+        known: tuple[ChildRecord | None, int] | None = None
+    else:  # the grant is the call's tool grant: one statement reads all a start needs
+        runner, tool, found, count = grants.runner_tool_and_request(
+            conn, rconn.runner_id, params.run_id, params.tool_call_id, request.request_id
+        )
+        known = (found, count)
+    grant = _authorized(conn, runner, tool, rconn, params, now, steer=False)
     request.validate(cfg.providers)
     preset = authority.find_preset(grant, request.profile, params.generation)
     effective = effective_options(grant.policy, preset, request)
@@ -119,7 +151,11 @@ def reserve_start(
     saved_cwd = executions[-1].cwd if executions else None
     cwd = authority.resolve_cwd(grant.workspace or "", request.cwd, saved_cwd)
     wire_request = encode(request)
-    existing = children.by_request(conn, grant.id, request.request_id)
+    existing, count = (
+        known
+        if known is not None and tool is not None and grant.id == tool.id
+        else children.by_request_and_count(conn, grant.id, request.request_id)
+    )
     run_request = with_options(request, effective)
     if existing is not None:
         if existing.request != wire_request or existing.cwd != cwd:
@@ -137,8 +173,8 @@ def reserve_start(
         if grants.count_leases(conn, rconn.runner_id) >= cfg.max_leases_per_runner:
             raise errors.LeaseCapacity()
         grant = grants.insert_lease(conn, grant, params.lease_id, now, cfg.lease_lifetime_s)
-        new_lease = grant.expires_at
-    if children.count_of_grant(conn, grant.id) >= cfg.max_children_per_grant:
+        new_lease, count = grant.expires_at, 0  # a new grant: no child yet
+    if count >= cfg.max_children_per_grant:
         raise errors.SubmissionLimit()
     if grant.depth > cfg.max_depth:
         raise errors.NestingLimit()
@@ -230,9 +266,8 @@ def admit(
         errors.AdmissionFailed: cancellation was requested first (the run must stop).
         errors.LeaseNotActivated: a first admission under a lease whose tool has ended.
     """
-    running = {"admitted_at": now, "engine_instance_id": instance_id}
     if not lease_pending:
-        admitted = children.advance(conn, child_id, _ADMISSION, now, running, unless_cancelled=True)
+        admitted = try_admit(conn, child_id, instance_id, now)
         if admitted is not None:
             return admitted
     child = children.get(conn, child_id)
@@ -251,10 +286,19 @@ def admit(
         if origin is None or origin.closed_at is not None or lease.revoked_at is not None:
             raise errors.LeaseNotActivated()
         grants.activate(conn, lease.id, now)
+    running = {"admitted_at": now, "engine_instance_id": instance_id}
     admitted = children.advance(conn, child_id, _ADMISSION, now, running)
     if admitted is None:  # prepared, read in this very transaction: never expected
         raise errors.IllegalTransition(f"child state transition admit is not allowed ({child_id})")
     return admitted
+
+
+def try_admit(conn: Connection, child_id: int, instance_id: str, now: float) -> ChildRecord | None:
+    """The usual admission, one guarded UPDATE: a prepared child no one asked to cancel
+    becomes running. None: it did not match and nothing was written (:func:`admit`
+    then learns why). Not for a child whose lease may still need activating."""
+    running = {"admitted_at": now, "engine_instance_id": instance_id}
+    return children.advance(conn, child_id, _ADMISSION, now, running, unless_cancelled=True)
 
 
 def finish(conn: Connection, child_id: int, error: str, tracked: bool, now: float) -> ChildRecord:

@@ -478,23 +478,9 @@ async def test_a_write_that_waits_past_the_busy_timeout_is_database_busy(db_url:
         await store.aclose()
 
 
-LOOP_WAITS_FOR_A_ROW_LOCK = pytest.mark.xfail(
-    strict=True,
-    reason="library bug (PostgresDatabase): a lone job is committed inline on the loop's"
-    " thread, and PostgresDatabase._try_begin always begins, so a statement waiting for"
-    " another connection's row lock blocks the event loop for up to busy_timeout"
-    " (lock_timeout), then the redo waits again on the writer. SQLite's _try_begin hands a"
-    " job that would wait to the writer thread; the loop never waits for a lock there.",
-)
-
-
-async def test_the_loop_keeps_turning_while_a_write_waits_for_a_lock(
-    db_url: str, request: pytest.FixtureRequest
-) -> None:
+async def test_the_loop_keeps_turning_while_a_write_waits_for_a_lock(db_url: str) -> None:
     """What the SQLite store promises (database.py: "the loop never waits for another
     process's lock"), and SPEC §12 asks of both: same guarantees."""
-    if not rows.is_sqlite(db_url):
-        request.applymarker(LOOP_WAITS_FOR_A_ROW_LOCK)
     store = open_store(db_url, busy_timeout_ms=2000)
     try:
         await store.write(insert("held"))

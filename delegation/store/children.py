@@ -38,7 +38,7 @@ _COLUMNS = [children.c[name] for name in FIELDS]  # the same order, for Core que
 
 def _one(conn: Connection, where: str, params: tuple[Any, ...]) -> ChildRecord | None:
     row = run(conn, f"{_SELECT} WHERE {where}", params).fetchone()
-    return None if row is None else _from_row(row)
+    return None if row is None else from_row(row)
 
 
 def _many(
@@ -46,10 +46,10 @@ def _many(
 ) -> list[ChildRecord]:
     """``active``: read through the one-active index (``where`` repeats ``ACTIVE_TERM``)."""
     rows = run(conn, f"{_SELECT_ACTIVE if active else _SELECT} WHERE {where}", params)
-    return [_from_row(row) for row in rows.fetchall()]
+    return [from_row(row) for row in rows.fetchall()]
 
 
-def _from_row(row: tuple[Any, ...]) -> ChildRecord:
+def from_row(row: tuple[Any, ...]) -> ChildRecord:
     values = list(row)
     values[_FOLLOWUP] = bool(values[_FOLLOWUP])
     return ChildRecord(*values)
@@ -69,10 +69,6 @@ def find(conn: Connection, conversation_id: str, run_id: str | None = None) -> C
 def by_run(conn: Connection, run_id: str) -> ChildRecord | None:
     """The execution whose own run id is ``run_id`` (run ids are unique)."""
     return _one(conn, "run_id = ?", (run_id,))
-
-
-def by_request(conn: Connection, grant_id: str, request_id: str) -> ChildRecord | None:
-    return _one(conn, "grant_id = ? AND request_id = ?", (grant_id, request_id))
 
 
 def of_grant(conn: Connection, grant_id: str, conversation_id: str) -> list[ChildRecord]:
@@ -99,9 +95,22 @@ def was_purged(
     return conn.execute(query.limit(1)).first() is not None
 
 
-def count_of_grant(conn: Connection, grant_id: str) -> int:
-    sql = "SELECT COUNT(*) FROM children WHERE grant_id = ?"
-    return int(run(conn, sql, (grant_id,)).fetchone()[0])
+_BY_REQUEST_AND_COUNT = (
+    "SELECT n.count, "
+    + ", ".join(f"c.{name}" for name in FIELDS)
+    + " FROM (SELECT COUNT(*) AS count FROM children WHERE grant_id = ?) n"
+    " LEFT JOIN children c ON c.grant_id = ? AND c.request_id = ?"
+)
+
+
+def by_request_and_count(
+    conn: Connection, grant_id: str, request_id: str
+) -> tuple[ChildRecord | None, int]:
+    """The child a start's ``requestId`` already reserved under the grant (if any), and
+    how many children the grant has: one statement, one round trip on a server."""
+    row = run(conn, _BY_REQUEST_AND_COUNT, (grant_id, grant_id, request_id)).fetchone()
+    child = from_row(row[1:]) if row[1] is not None else None
+    return child, int(row[0])
 
 
 def executions(conn: Connection, conversation_id: str) -> list[ChildRecord]:
@@ -110,7 +119,7 @@ def executions(conn: Connection, conversation_id: str) -> list[ChildRecord]:
         .where(children.c.conversation_id == conversation_id)
         .order_by(children.c.id)
     )
-    return [_from_row(tuple(row)) for row in rows]
+    return [from_row(tuple(row)) for row in rows]
 
 
 def depth_of_run(conn: Connection, run_id: str) -> int:
@@ -139,7 +148,7 @@ def insert_child(conn: Connection, **values: Any) -> ChildRecord:
     """Reserve a new child as ``prepared``; returns its record without reading it back."""
     row = {**_FRESH, "updated_at": values["created_at"], **values}
     row["id"] = int(run(conn, _insert_sql(tuple(row)), tuple(row.values())).fetchone()[0])
-    return _from_row(tuple(row[name] for name in FIELDS))
+    return from_row(tuple(row[name] for name in FIELDS))
 
 
 @cache
@@ -190,7 +199,7 @@ def advance(
     values: dict[str, Any] = {**fields, "state": to.value, "updated_at": now}
     sql = _advance_sql(sources, tuple(values), unless_cancelled)
     rows = run(conn, sql, (*values.values(), child_id)).fetchall()
-    return _from_row(rows[0]) if rows else None
+    return from_row(rows[0]) if rows else None
 
 
 @cache

@@ -83,6 +83,7 @@ class _Pending:
     future: asyncio.Future[Any] | None
     durable: bool = True
     committed: Callable[[Any], None] | None = None  # called with the value on the loop
+    one_write: bool = False  # writes with one statement at most (see submit)
     ok: bool = True
     value: Any = None
 
@@ -337,6 +338,7 @@ class Database:
         *,
         durable: bool = True,
         committed: Callable[[T], None] | None = None,
+        one_write: bool = False,
     ) -> asyncio.Future[T]:
         """Queue ``fn`` for the next write batch; the future resolves after its COMMIT.
 
@@ -349,11 +351,16 @@ class Database:
         commit is known, before the future resolves and whether or not anyone still
         awaits it: what must follow a commit happens even if the caller went away, and
         without waiting a turn of the loop for the future's callbacks.
+
+        ``one_write``: ``fn`` writes with at most one statement and raises nothing after
+        it (it may read before and after). A server store may then run it alone as that
+        statement's own transaction, without ``BEGIN`` and ``COMMIT`` (SQLite batches it
+        as usual).
         """
         if self._loop is None:
             raise errors.StoreError("child store is closed")
         future: asyncio.Future[T] = self._loop.create_future()
-        self._enqueue(_Pending(fn, future, durable, committed))
+        self._enqueue(_Pending(fn, future, durable, committed, one_write))
         return future
 
     def write_nowait(self, fn: Job) -> None:
@@ -431,6 +438,9 @@ class Database:
         lock: the loop never waits for the lock, the writer does (False)."""
         assert self._conn is not None
         raw = dbapi(self._conn)
+        alone = self._commit_alone(self._conn, batch)
+        if alone is not None:
+            return alone
         self._synchronous(self._conn, batch)
         if not self._try_begin(raw):
             return False
@@ -571,6 +581,12 @@ class Database:
     @staticmethod
     def _in_transaction(raw: Any) -> bool:
         return bool(raw.in_transaction)
+
+    def _commit_alone(self, conn: Connection, batch: _Queue) -> bool | None:
+        """Commit a lone ``one_write`` job as its statement's own transaction: whether
+        it committed (False: the writer runs it), or None: not done that way (SQLite:
+        never, its ``BEGIN`` and ``COMMIT`` cost no round trip)."""
+        return None
 
     def _announce_in(self, conn: Connection, batch: _Queue) -> None:
         """Tell other processes, within the batch's transaction, that it committed

@@ -15,7 +15,8 @@ from sqlalchemy import Connection, func, insert, select, update
 
 from delegation._struct import I64_MAX
 from delegation.options import ExecutionOptions
-from delegation.records import GrantRecord, LeaseRecord, RunnerRecord
+from delegation.records import ChildRecord, GrantRecord, LeaseRecord, RunnerRecord
+from delegation.store import children as child_rows
 from delegation.store import chunks, run, runners
 from delegation.store.tables import children as children_table
 from delegation.store.tables import grants
@@ -154,11 +155,69 @@ def runner_and_tool(
     """The runner's record and, as :func:`live_tool`, the open tool grant of the call
     (None and None for an unknown runner)."""
     row = run(conn, _RUNNER_AND_TOOL, (run_id, tool_call_id, runner_id)).fetchone()
-    if row is None:
-        return None, None
+    return (None, None) if row is None else _runner_and_tool_of(row, tool_call_id)
+
+
+def _runner_and_tool_with(columns: str, join: str) -> str:
+    """:data:`_RUNNER_AND_TOOL` with more ``columns`` from a ``join`` on children
+    (``c``) after the tool grant's: one statement instead of two on a hot path."""
+    return _RUNNER_AND_TOOL.replace(" FROM runners r", f", {columns} FROM runners r").replace(
+        " WHERE r.runner_id = ?", f" {join} WHERE r.runner_id = ?"
+    )
+
+
+_CHILD_COLUMNS = ", ".join(f"c.{name}" for name in child_rows.FIELDS)
+_RUNNER_TOOL_AND_EXECUTIONS = (
+    _runner_and_tool_with(_CHILD_COLUMNS, "LEFT JOIN children c ON c.conversation_id = ?")
+    + " ORDER BY c.id"
+)
+_RUNNER_TOOL_AND_REQUEST = _runner_and_tool_with(
+    f"(SELECT COUNT(*) FROM children n WHERE n.grant_id = g.id), {_CHILD_COLUMNS}",
+    "LEFT JOIN children c ON c.grant_id = g.id AND c.request_id = ?",
+)
+
+
+def _runner_and_tool_of(row: Any, tool_call_id: str) -> tuple[RunnerRecord, GrantRecord | None]:
     width = len(runners.FIELDS)
-    tool = _record(row[width:]) if tool_call_id and row[width] is not None else None
+    tool = _record(row[width:_TOOL_END]) if tool_call_id and row[width] is not None else None
     return RunnerRecord(*row[:width]), tool
+
+
+_TOOL_END = len(runners.FIELDS) + len(FIELDS)  # where the joined columns begin
+
+
+def runner_tool_and_executions(
+    conn: Connection, runner_id: str, run_id: str, tool_call_id: str, conversation_id: str
+) -> tuple[RunnerRecord | None, GrantRecord | None, list[ChildRecord]]:
+    """:func:`runner_and_tool`, and every execution of ``conversation_id`` (under any
+    grant; the caller keeps its grant's), oldest first: one statement for what
+    locating a child reads before its page."""
+    rows = run(
+        conn, _RUNNER_TOOL_AND_EXECUTIONS, (run_id, tool_call_id, conversation_id, runner_id)
+    ).fetchall()
+    if not rows:
+        return None, None, []
+    runner, tool = _runner_and_tool_of(rows[0], tool_call_id)
+    executions = [
+        child_rows.from_row(row[_TOOL_END:]) for row in rows if row[_TOOL_END] is not None
+    ]
+    return runner, tool, executions
+
+
+def runner_tool_and_request(
+    conn: Connection, runner_id: str, run_id: str, tool_call_id: str, request_id: str
+) -> tuple[RunnerRecord | None, GrantRecord | None, ChildRecord | None, int]:
+    """:func:`runner_and_tool`, then, under that tool grant, what
+    ``children.by_request_and_count`` reads: one statement for a start's reads."""
+    row = run(
+        conn, _RUNNER_TOOL_AND_REQUEST, (run_id, tool_call_id, request_id, runner_id)
+    ).fetchone()
+    if row is None:
+        return None, None, None, 0
+    runner, tool = _runner_and_tool_of(row, tool_call_id)
+    existing = row[_TOOL_END + 1 :]
+    child = child_rows.from_row(existing) if existing[0] is not None else None
+    return runner, tool, child, int(row[_TOOL_END] or 0)
 
 
 def get_lease(conn: Connection, runner_id: str, lease_id: str) -> GrantRecord | None:

@@ -17,6 +17,11 @@ The guarantees a store gives, and the engine relies on:
   process, made durable to the disk by the next durable commit, which always comes
   before anyone is answered). ``committed`` hooks run on the event loop's thread as
   the commit is known, before the future resolves, even if nobody awaits it.
+* **One write.** ``submit(one_write=True)`` promises that ``fn`` writes with at most
+  one statement and raises nothing after it (it may read before and after); a server
+  store may then run a lone such job as that statement's own transaction (no
+  ``BEGIN``/``COMMIT`` round trips), its reads each at their own snapshot, as in a
+  READ COMMITTED transaction. Its guarantees are the same as any job's.
 * **Events.** ``append_event`` never blocks; an event commits in the next batch, with
   or before any job queued after it (``barrier`` is therefore a flush). An event a
   failed batch could not commit is kept for the next one (never a gap), unless the
@@ -66,6 +71,7 @@ class Store(Protocol):
         *,
         durable: bool = True,
         committed: Callable[[T], None] | None = None,
+        one_write: bool = False,
     ) -> asyncio.Future[T]: ...
 
     async def write(self, fn: Callable[[Connection], T]) -> T: ...

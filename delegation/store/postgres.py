@@ -64,6 +64,9 @@ MIGRATION_LOCK = HOST_LOCK + 1
 CHANNEL = "delegation"  # NOTIFY channel: events committed, a control request recorded
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
 _LOCK_GRACE_S = 0.5
+# Inline commits run on the event loop's thread: a row lock held elsewhere may hold them
+# this long before the batch goes to the writer thread, which waits the full lock_timeout.
+INLINE_LOCK_TIMEOUT_MS = 20
 
 
 def _nul_safe(dbapi_connection: Any, _record: Any = None) -> None:
@@ -130,6 +133,7 @@ class PostgresDatabase(Database):
         self._busy_timeout_ms = busy_timeout_ms
         self._init_state()
         self._lock_conn: Any = None
+        self._relaxed = False  # the next batch may commit without waiting for the flush
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -148,8 +152,8 @@ class PostgresDatabase(Database):
             self._write_engine = _engine(
                 self.url,
                 "delegation-writer",
-                begin="BEGIN",
-                options={"lock_timeout": str(self._busy_timeout_ms)},
+                begin=f"BEGIN; SET LOCAL lock_timeout = {self._busy_timeout_ms}",
+                options={"lock_timeout": str(INLINE_LOCK_TIMEOUT_MS)},
             )
             self._read_engine = _engine(
                 self.url,
@@ -182,18 +186,49 @@ class PostgresDatabase(Database):
     # --- what differs from SQLite -------------------------------------------------
 
     def _try_begin(self, raw: Any) -> bool:
-        # PostgreSQL has no database-wide write lock to wait for; a connection the
-        # server dropped is left to the writer, which connects again.
+        # PostgreSQL has no database-wide write lock to wait for, but a statement can
+        # wait for another connection's row lock. Inline, on the loop's thread, it
+        # waits at most the session's lock_timeout (INLINE_LOCK_TIMEOUT_MS); then the
+        # batch is undone and the writer runs it again (``_Redo``), waiting busy_timeout.
+        # A connection the server dropped is left to the writer, which connects again.
         if raw.closed:
             return False
         try:
-            raw.execute("BEGIN")
+            raw.execute(self._begin_sql(inline=True))
         except Exception:
             return False
         return True
 
     def _begin(self, raw: Any) -> None:
-        raw.execute("BEGIN")
+        raw.execute(self._begin_sql(inline=False))
+
+    def _begin_sql(self, *, inline: bool) -> str:
+        # One round trip: BEGIN and the batch's settings go in one simple query.
+        sql = "BEGIN" if inline else f"BEGIN; SET LOCAL lock_timeout = {self._busy_timeout_ms}"
+        return f"{sql}; SET LOCAL synchronous_commit = off" if self._relaxed else sql
+
+    def _commit_alone(self, conn: Connection, batch: _Queue) -> bool | None:
+        # A lone one-write job runs in autocommit: its one writing statement is its
+        # own transaction, committed at the session's synchronous_commit (durable,
+        # even for a ``durable=False`` job: one flush costs less than BEGIN and COMMIT).
+        # Its reads before that statement see what READ COMMITTED would show them
+        # inside a transaction: each statement's own snapshot.
+        pending = batch.jobs[0]
+        if not pending.one_write or pending.fn is None:
+            return None
+        raw = dbapi(conn)
+        if raw.closed or self._in_transaction(raw):
+            return False
+        try:
+            pending.ok, pending.value = True, pending.fn(conn)
+        except Exception as exc:
+            failure = translate(exc)
+            if isinstance(failure, errors.DatabaseBusy) or raw.closed:
+                return False  # nothing was written: the writer runs it, waiting its turn
+            pending.ok, pending.value = False, failure
+            if not isinstance(exc, errors.DelegationError):
+                log.error("write job failed", extra={"action": "write_job_failed"}, exc_info=exc)
+        return True
 
     @staticmethod
     def _in_transaction(raw: Any) -> bool:
@@ -204,7 +239,10 @@ class PostgresDatabase(Database):
         return None
 
     def _synchronous(self, conn: Connection, batch: _Queue) -> None:
-        pass  # every batch commits at the server's synchronous_commit
+        # As on SQLite: a batch of only writes nobody was answered for (``durable=False``)
+        # commits without waiting for the WAL flush; the next durable commit flushes
+        # the WAL up to itself, so it makes the earlier one durable too.
+        self._relaxed = not (batch.events or any(p.durable for p in batch.jobs))
 
     def _announce_in(self, conn: Connection, batch: _Queue) -> None:
         if batch.events:
