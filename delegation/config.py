@@ -28,6 +28,10 @@ class EngineConfig:
     # SQLite: durability first. NORMAL may lose the last commits on power loss.
     synchronous: str = "FULL"
     busy_timeout_ms: int = 5000
+    # Several hosts on one PostgreSQL database (SPEC §12): a host heartbeats this often,
+    # and one without a heartbeat for host_timeout_s (the database's clock) is dead.
+    host_heartbeat_s: float = 2.0
+    host_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
@@ -45,6 +49,10 @@ class EngineConfig:
             self.max_presets_per_extension,
             self.max_depth,
             self.max_event_field_bytes,
+            self.host_heartbeat_s,
+            self.host_timeout_s,
         )
         if any(n <= 0 for n in numbers) or self.max_recovery_attempts < 0:
             raise ValueError("engine limits and timings must be positive")
+        if self.host_timeout_s <= 2 * self.host_heartbeat_s:
+            raise ValueError("host_timeout_s must be more than two heartbeats (host_heartbeat_s)")

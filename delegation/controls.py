@@ -55,10 +55,37 @@ class ControlWatcher:
         while True:
             await self._watch.wait()
             await self._apply_pending()
+            if self._engine._db.shared:
+                await self._from_other_hosts()
+
+    async def _from_other_hosts(self) -> None:
+        """Several hosts (SPEC §12): steers another host accepted for a child running
+        here are handed to its run, and followers of children another host runs wake."""
+        engine = self._engine
+        moved = self._watch.moved()
+        if moved is None:
+            engine._notices.bump_all()
+        else:
+            engine._notices.bump(moved)
+        local = [run.child_id for run in engine._local if run.ctx is not None]
+        if not local:
+            return
+        try:
+            steers = await engine._db.read(lambda c: maintenance.undelivered_steers(c, local))
+        except errors.DelegationError as exc:
+            log.warning("steers not read: %s", exc, extra={"action": "steers_unread"})
+            return
+        for child_id, steer_id, message in steers:
+            run = engine._local.get(child_id)
+            if run is not None and run.ctx is not None:
+                run.ctx.deliver(steer_id, message)  # each steer id at most once
 
     async def _apply_pending(self) -> None:
+        engine = self._engine
         try:
-            pending = await self._engine._db.read(maintenance.pending_controls)
+            pending = await engine._db.read(
+                lambda c: maintenance.pending_controls(c, engine.instance_id)
+            )
         except errors.DelegationError as exc:  # a busy or closing store: next change
             log.warning("control requests not read: %s", exc, extra={"action": "controls_unread"})
             return

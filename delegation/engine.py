@@ -74,6 +74,8 @@ class Engine:
         self._local = LocalRuns()
         self._notices = Notices(self._announced)
         self._controls: ControlWatcher | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._watching: set[asyncio.Task[None]] = set()
         self._open = False
         self.timers = Timers(
             self.clock, self.expire_due, self._sweep, self.config.retention_sweep_s
@@ -119,15 +121,12 @@ class Engine:
         self.instance_id = f"h-{secrets.token_hex(16)}"
         with _collector_paused():
             try:
-                # Before anything resumes: a process an earlier run started and that
-                # outlived its host would otherwise run beside the resumed child.
-                orphans = await self._db.read(maintenance.orphans)
-                if orphans:
-                    await loop.run_in_executor(None, _kill_orphans, orphans)
-                stopping, resumable = await self._write(
-                    maintenance.reconcile, self.config, self.instance_id
+                await loop.run_in_executor(None, self._db.claim, self.instance_id)
+                takeover = await self._write(
+                    maintenance.reconcile, self.config, self.instance_id, self._db.shared
                 )
-                await self._stop(stopping)
+                await self._kill_lost(takeover)
+                await self._stop(takeover.stopping)
                 deadline = await self._db.read(maintenance.next_deadline)
             except BaseException:
                 # Give the file back (the writer thread, the connections): a host may retry.
@@ -136,17 +135,76 @@ class Engine:
             self._open = True
             self.timers.start(loop)
             self.timers.arm(deadline)
-            for item in resumable:
-                recovery = Recovery(item.attempt, item.last_sequence, item.delivered)
-                plan = service.plan_of(item.child, item.policy)
-                self._spawn(item.child, plan, recovery, item.steers)
-                log.info(
-                    "child resumed",
-                    extra={"action": "child_recovered", "run_id": item.child.run_id},
-                )
+            self._resume(takeover)
             self._controls = ControlWatcher(self, self._db.watch(WATCH_INTERVAL_S))
             self._controls.start()  # operators' requests: those left while down first
+            if self._db.shared:
+                self._heartbeat = asyncio.create_task(self._heartbeats(), name="delegation-beat")
             await asyncio.sleep(0)  # each resumed run takes its first step
+
+    async def _kill_lost(self, takeover: maintenance.Takeover) -> None:
+        """Before anything resumes: a process a lost run started and that outlived its
+        host would otherwise run beside the resumed child."""
+        if takeover.processes:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, _kill_orphans, takeover.processes)
+
+    def _resume(self, takeover: maintenance.Takeover) -> None:
+        for item in takeover.resumable:
+            recovery = Recovery(item.attempt, item.last_sequence, item.delivered)
+            plan = service.plan_of(item.child, item.policy)
+            self._spawn(item.child, plan, recovery, item.steers)
+            log.info(
+                "child resumed",
+                extra={"action": "child_recovered", "run_id": item.child.run_id},
+            )
+
+    # --- several hosts on one database (SPEC §12) -------------------------------------
+
+    async def _heartbeats(self) -> None:
+        """Heartbeat every ``host_heartbeat_s``, and take over what dead hosts left.
+
+        The first beat comes at once: a host killed just before this one opened is seen
+        dead (its lock free) without waiting a whole period."""
+        delay = 0.25
+        while True:
+            await asyncio.sleep(delay)
+            delay = self.config.host_heartbeat_s
+            try:
+                takeover = await self._write(maintenance.heartbeat, self.config, self.instance_id)
+            except errors.HostFenced:
+                await self._fenced()
+                continue
+            except errors.DelegationError as exc:  # busy, or the server away: next beat
+                log.warning("heartbeat failed: %s", exc, extra={"action": "heartbeat_failed"})
+                continue
+            if not takeover.taken:
+                continue
+            log.warning(
+                "took over %d dead host instances",
+                len(takeover.taken),
+                extra={"action": "hosts_taken_over", "instances": takeover.taken},
+            )
+            await self._kill_lost(takeover)
+            await self._stop(takeover.stopping)
+            self.timers.arm(await self._db.read(maintenance.next_deadline))
+            self._resume(takeover)
+
+    async def _fenced(self) -> None:
+        """Another host declared this one dead (it was paused, or cut off, past
+        ``host_timeout_s``) and took its children: every local run stops without a
+        write (the store refuses them anyway), and the host goes on as a new instance."""
+        lost = len(self._local)
+        await self._suspend_runs()
+        old, self.instance_id = self.instance_id, f"h-{secrets.token_hex(16)}"
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._db.claim, self.instance_id)
+        await self._write(maintenance.rejoin, self.instance_id)
+        log.error(
+            "this host was taken over while it could not heartbeat; %d runs stopped",
+            lost,
+            extra={"action": "host_fenced", "old_instance": old, "instance": self.instance_id},
+        )
 
     async def expire_due(self) -> None:
         """Expire every lease past its deadline now, then re-arm at the next deadline.
@@ -183,6 +241,10 @@ class Engine:
             return
         self._open = False
         self._notices.close()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+            self._heartbeat = None
         if self._controls is not None:
             await self._controls.stop()
             self._controls = None
@@ -663,9 +725,31 @@ class Engine:
             local.cancel()
             waits.append(local.ended)
         if orphans:
-            await self._write(service.stop_unowned, orphans)
+            elsewhere = await self._write(service.stop_unowned, self.instance_id, orphans)
             self._notices.bump(orphans)
+            # Running on another live host: it was asked (a control request and a
+            # NOTIFY), and stops them; their end is seen in the database.
+            waits += [self._ended_elsewhere(child_id) for child_id in elsewhere]
         return waits
+
+    def _ended_elsewhere(self, child_id: int) -> asyncio.Event:
+        """Set once the child, run by another host, is terminal (watched for at most
+        ``release_drain_s`` and a little more: a drain gives up after that anyway)."""
+        ended = asyncio.Event()
+
+        async def watch() -> None:
+            deadline = asyncio.get_running_loop().time() + self.config.release_drain_s + 1
+            while asyncio.get_running_loop().time() < deadline:
+                child = await self._db.read_now(lambda c: queries.child_by_id(c, child_id))
+                if child is None or child.terminal:
+                    ended.set()
+                    return
+                await asyncio.sleep(0.05)
+
+        task = asyncio.create_task(watch())
+        self._watching.add(task)
+        task.add_done_callback(self._watching.discard)
+        return ended
 
     @staticmethod
     async def _drain(waits: list[asyncio.Event], timeout: float) -> None:

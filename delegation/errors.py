@@ -73,6 +73,7 @@ by clients: keep them exactly as written.
     │   ├── HostClosing                      the host closed before the answer; retry
     │   ├── SchemaMismatch                   not a delegation database, or a newer one
     │   ├── HostConflict                     another live host holds the SQLite file
+    │   │   └── HostFenced                   this host was declared dead and taken over
     │   └── ChildPurged                      (-32602) the record is past retention
     └── InternalError                        (-32603) a fault of ours, no detail on the wire
 """
@@ -506,6 +507,12 @@ class HostConflict(StoreError):
     """database is in use by another live host"""
 
     reason = "host_conflict"
+
+
+class HostFenced(HostConflict):
+    """host instance was taken over by another host; its writes are refused"""
+
+    reason = "host_fenced"
 
 
 class ChildPurged(StoreError):

@@ -9,12 +9,13 @@ to the engine.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from delegation import errors, service
 from delegation.config import EngineConfig
 from delegation.processes import ProcessId
 from delegation.records import ChildRecord, Resumable
-from delegation.store import Connection, children, controls, grants, lifecycle, processes, runners
+from delegation.store import Connection, children, controls, grants, lifecycle, runners, steers
 from delegation.store.controls import ControlRecord
 
 HOST_RESTARTED = "cancelled: host restarted"
@@ -24,14 +25,22 @@ RECOVERY_TEXT = "resumed after host restart"
 OPERATOR_CANCELLED = "cancelled by operator"
 
 
-def orphans(conn: Connection) -> list[ProcessId]:
-    """The processes recorded by runs of earlier host instances (SPEC §10)."""
-    return processes.recorded(conn)
+def pending_controls(conn: Connection, instance_id: str) -> list[ControlRecord]:
+    """Control requests not applied yet that this host applies (SPEC §11): for its own
+    children, and for those no live host runs (another live host applies its own)."""
+    mine: list[ControlRecord] = []
+    for control in controls.pending(conn):
+        child = children.find(conn, control.conversation_id, control.run_id)
+        owner = None if child is None or child.terminal else child.engine_instance_id
+        if owner in (None, instance_id) or not runners.instance_is_live(conn, owner):
+            mine.append(control)
+    return mine
 
 
-def pending_controls(conn: Connection) -> list[ControlRecord]:
-    """Operators' control requests not applied yet (SPEC §11)."""
-    return controls.pending(conn)
+def undelivered_steers(conn: Connection, child_ids: list[int]) -> list[tuple[int, int, str]]:
+    """Steers accepted (by any host) for these children and not handed to their runs
+    yet: (child id, steer id, message), oldest first."""
+    return steers.undelivered(conn, child_ids)
 
 
 def control_applied(conn: Connection, control_id: int, outcome: str, now: float) -> None:
@@ -77,40 +86,97 @@ def purge(conn: Connection, retention_s: float, now: float, batch: int = 1000) -
     return lifecycle.purge(conn, retention_s, now, batch)
 
 
-def reconcile(
-    conn: Connection, cfg: EngineConfig, instance_id: str, now: float
-) -> tuple[list[int], list[Resumable]]:
-    """Boot: take over from every previous host instance (SPEC §7).
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """What a takeover committed, for the engine to act on after the commit: kill the
+    lost runs' processes, stop the children it cancelled, then resume the rest."""
 
-    Records the new instance; ends the previous connections and tool grants (their
-    foreground children are cancelled); expires overdue leases; ends children never
-    admitted; finishes children whose cancellation was requested; suspends running
-    children; and for every admitted child of a live lease, within the attempt
-    limit, commits a ``recovery`` event and returns it for resuming.
-    Returns (children to stop, children to resume).
-    """
+    taken: list[str]  # the host instances taken over
+    stopping: list[int]
+    resumable: list[Resumable]
+    processes: list[ProcessId]
+
+
+NOTHING = Takeover([], [], [], [])
+
+
+def reconcile(
+    conn: Connection, cfg: EngineConfig, instance_id: str, shared: bool, now: float
+) -> Takeover:
+    """Boot: record this host instance and take over from the previous ones (SPEC §7):
+    from every other one on SQLite (one host per file), and from the dead or closed
+    ones only on a database several hosts share (SPEC §12)."""
     service.boot(conn, instance_id, now)
-    processes.forget_all(conn)  # killed by the engine before this boot (see orphans)
-    # Operators' cancels left while no host ran: requested now, so nothing they name
+    lifecycle.heartbeat(conn, instance_id)
+    return take_over(conn, cfg, instance_id, now, everyone=not shared)
+
+
+def rejoin(conn: Connection, instance_id: str, now: float) -> None:
+    """A fenced host goes on as a new instance (``Engine._fenced``)."""
+    service.boot(conn, instance_id, now)
+    lifecycle.heartbeat(conn, instance_id)
+
+
+def heartbeat(conn: Connection, cfg: EngineConfig, instance_id: str, now: float) -> Takeover:
+    """A live host's heartbeat on a shared database, and the takeover of whatever host
+    instance has died meanwhile (none, most of the time).
+
+    Raises:
+        errors.HostFenced: another host took this instance over (it was thought dead).
+    """
+    if not lifecycle.heartbeat(conn, instance_id):
+        raise errors.HostFenced(f"host instance {instance_id} was taken over by another host")
+    return take_over(conn, cfg, instance_id, now, everyone=False)
+
+
+def take_over(
+    conn: Connection, cfg: EngineConfig, instance_id: str, now: float, *, everyone: bool
+) -> Takeover:
+    """Take over the work of dead host instances, as a boot does for one host.
+
+    Marks the instances (exactly one host takes each); ends their connections and tool
+    grants (their foreground children are cancelled); expires overdue leases; ends their
+    children never admitted; finishes those whose cancellation was requested; suspends
+    their running children; and for every admitted child of a live lease, within the
+    attempt limit, commits a ``recovery`` event and sets it running under this instance.
+    """
+    if not everyone:
+        lifecycle.takeover_lock(conn)  # one takeover at a time across hosts
+    taken = lifecycle.take_instances(conn, instance_id, now, cfg.host_timeout_s, everyone=everyone)
+    if not taken and not everyone:
+        return NOTHING
+    lost = [ProcessId(*p) for p in lifecycle.lost_processes(conn, instance_id)]
+    lifecycle.forget_lost_processes(conn, instance_id)  # the engine kills them next
+    # Operators' cancels left for these children: requested now, so nothing they name
     # is resumed (a resumed command would run again from its start first).
     cancelled = [
         (control.id, child.id)
         for control in controls.pending(conn)
-        if control.action == "cancel" and (child := apply_cancel(conn, control, now)) is not None
+        if control.action == "cancel"
+        and _lost(conn, control, instance_id, taken)
+        and (child := apply_cancel(conn, control, now)) is not None
     ]
     # First the never-admitted: the restart, not what it ends below, interrupted them.
     # A cancellation requested before the restart still wins.
-    lifecycle.end_unadmitted(conn, ADMISSION_INTERRUPTED, now)
-    previous = runners.open_connections(conn)
+    lifecycle.end_unadmitted(conn, instance_id, ADMISSION_INTERRUPTED, now)
+    previous = [c for instance in taken for c in runners.open_connections(conn, instance)]
     previous_tools = grants.tools_of_connections(conn, previous)
     stopping = service.close_tools(conn, previous_tools, now, HOST_RESTARTED)
     for connection_id in previous:
         runners.disconnect(conn, connection_id, now)
-    lifecycle.close_other_instances(conn, instance_id, now)
     expired, _ = expire_due(conn, now)
     stopping += expired
-    lifecycle.settle_for_resume(conn, cfg.max_recovery_attempts, INTERRUPTED, RECOVERY_TEXT, now)
+    lifecycle.settle_for_resume(
+        conn, instance_id, cfg.max_recovery_attempts, INTERRUPTED, RECOVERY_TEXT, now
+    )
     for control_id, child_id in cancelled:  # what the cancels came to
         if (child := children.get(conn, child_id)) is not None:
             controls.set_outcome(conn, control_id, json.dumps(_cancel_outcome(child)))
-    return stopping, lifecycle.resumables(conn, instance_id, now)
+    return Takeover(taken, stopping, lifecycle.resumables(conn, instance_id, now), lost)
+
+
+def _lost(conn: Connection, control: ControlRecord, me: str, taken: list[str]) -> bool:
+    child = children.find(conn, control.conversation_id, control.run_id)
+    return child is not None and (
+        child.engine_instance_id is None or child.engine_instance_id in taken
+    )

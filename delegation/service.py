@@ -24,7 +24,7 @@ from delegation.config import EngineConfig
 from delegation.machine import State, Trigger
 from delegation.options import ExecutionOptions, effective_options
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection, RunnerRecord
-from delegation.store import Connection, children, grants, processes, runners, steers
+from delegation.store import Connection, children, controls, grants, processes, runners, steers
 from delegation.wire import (
     STEER_INJECTED,
     STEER_NO_RUNNING_TURN,
@@ -320,12 +320,26 @@ def finish(conn: Connection, child_id: int, error: str, tracked: bool, now: floa
     return ended
 
 
-def stop_unowned(conn: Connection, child_ids: Sequence[int], now: float) -> None:
-    """Finish cancelled children that no local task is running (nothing left to stop)."""
+def stop_unowned(
+    conn: Connection, instance_id: str, child_ids: Sequence[int], now: float
+) -> list[int]:
+    """Finish cancelled children that no local task is running (nothing left to stop),
+    unless another live host runs them (several hosts on one database): that host is
+    asked to stop them with a control request. Returns the children asked of others."""
+    elsewhere: list[int] = []
     for child_id in child_ids:
         child = children.get(conn, child_id)
-        if child is not None and not child.terminal and child.cancel_requested_at is not None:
-            children.transition(conn, child_id, Trigger.STOP, now, error=child.cancel_reason or "")
+        if child is None or child.terminal or child.cancel_requested_at is None:
+            continue
+        owner = child.engine_instance_id
+        if owner not in (None, instance_id) and runners.instance_is_live(conn, owner):
+            controls.submit(
+                conn, child.conversation_id, child.run_id, "cancel", "", "", now, notify=True
+            )
+            elsewhere.append(child_id)
+            continue
+        children.transition(conn, child_id, Trigger.STOP, now, error=child.cancel_reason or "")
+    return elsewhere
 
 
 # --- child.cancel, child.steer, child.lease.release ------------------------------------
@@ -393,6 +407,8 @@ def _record_steer(
     steer_id = steers.insert_receipt(
         conn, child.id, request_id, message, result.outcome, result.reason, now
     )
+    if live:
+        controls.wake(conn)  # the host running the child may be another (SPEC §12)
     return SteerOutcome(result, child.id, (steer_id, message) if live else None)
 
 

@@ -47,6 +47,10 @@ class Notices:
         watch = self._watches.get(child_id)
         return 0 if watch is None else watch.version
 
+    def bump_all(self) -> None:
+        """Something of any child may have committed (another host's, unnamed)."""
+        self.bump(list(self._watches))
+
     def bump(self, child_ids: Iterable[int]) -> None:
         """Something of these children committed (only followed ones are kept)."""
         for child_id in child_ids:
@@ -105,6 +109,11 @@ class Watch:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def moved(self) -> set[int] | None:
+        """The children whose events other processes committed since the last call,
+        when the store tells (PostgreSQL); None: not known, any may have moved."""
+        return None
 
     def wait_sync(self, timeout: float | None = None) -> bool:
         """Like :meth:`wait`, blocking (for the synchronous inspection tools)."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
-from delegation.store import run
+from delegation.store import is_sqlite, run
 
 ACTIONS = ("cancel", "steer")
 _FIELDS = (
@@ -36,7 +36,13 @@ def submit(
     message: str,
     request_id: str,
     now: float,
+    *,
+    notify: bool = False,
 ) -> int:
+    """Record a control request; ``notify``: tell the hosts at commit (PostgreSQL's
+    ``NOTIFY``; a SQLite host sees the file change by itself)."""
+    if notify:
+        wake(conn)
     cursor = run(
         conn,
         "INSERT INTO controls (conversation_id, run_id, action, message, request_id, created_at)"
@@ -44,6 +50,15 @@ def submit(
         (conversation_id, run_id, action, message, request_id, now),
     )
     return int(cursor.fetchone()[0])
+
+
+CHANNEL = "delegation"  # what hosts LISTEN to on PostgreSQL
+
+
+def wake(conn: Connection) -> None:
+    """Wake every host at commit ("c": a control request, or a steer, to look at)."""
+    if not is_sqlite(conn):
+        run(conn, "SELECT pg_notify(?, 'c')", (CHANNEL,))
 
 
 def pending(conn: Connection) -> list[ControlRecord]:

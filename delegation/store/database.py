@@ -530,8 +530,10 @@ class Database:
             # they are given up after one try, as a crash would.
             # An event a constraint refuses would fail every batch after it: it is
             # dropped (a fault of ours, logged above), never retried.
+            # A fenced host's events belong to runs it lost: they are never written.
+            fenced = isinstance(failure, errors.HostFenced)
             with self._cond:
-                if not self._stopping and not refused(exc):
+                if not self._stopping and not refused(exc) and not fenced:
                     self._queue.events[:0] = batch.events
             if not isinstance(failure, errors.DatabaseBusy):  # busy already waited
                 time.sleep(_RETRY_PAUSE_S)
@@ -555,6 +557,7 @@ class Database:
         if not begun:
             self._begin(raw)
         try:
+            self._guard(conn)
             self._run_batch(conn, batch, savepoints=savepoints)
             self._announce_in(conn, batch)
             if conn.in_transaction():
@@ -587,6 +590,14 @@ class Database:
         it committed (False: the writer runs it), or None: not done that way (SQLite:
         never, its ``BEGIN`` and ``COMMIT`` cost no round trip)."""
         return None
+
+    shared = False  # one host per SQLite file (its lock)
+
+    def claim(self, instance_id: str) -> None:
+        """This host's instance (SQLite: the file's lock already makes it the only one)."""
+
+    def _guard(self, conn: Connection) -> None:
+        """Refuse the batch if this host may no longer write (SQLite: it always may)."""
 
     def _announce_in(self, conn: Connection, batch: _Queue) -> None:
         """Tell other processes, within the batch's transaction, that it committed

@@ -35,6 +35,9 @@ The guarantees a store gives, and the engine relies on:
   holds it), migrates it to the head revision, and refuses what it must not touch
   (``SchemaMismatch``); ``aclose`` commits what is queued and gives everything back
   (connections, threads, the lock).
+* **Several hosts** (a ``shared`` store): each host instance holds a lock of its own
+  that the server frees when the host's process ends, and heartbeats; a batch commits
+  only while its instance has not been taken over (the fence, see ``claim``).
 * **Errors** are domain errors only: ``DatabaseBusy`` (retry), ``StoreError``,
   ``SchemaMismatch``, ``HostConflict``; never a driver's exception.
 """
@@ -57,9 +60,15 @@ class Store(Protocol):
     """The engine's database: batched writes, committed reads, notices (see above)."""
 
     url: str
+    shared: bool  # several hosts may open it (PostgreSQL); SQLite: one host per file
     on_events: Callable[[set[int]], None] | None
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None: ...
+
+    def claim(self, instance_id: str) -> None:
+        """Name this host's instance (blocking). On a shared store every later batch is
+        fenced on it: refused with ``HostFenced`` once another host took it over."""
+        ...
 
     async def aclose(self) -> None: ...
 

@@ -11,7 +11,7 @@ from sqlalchemy import Connection, TextClause, text
 from delegation.machine import State, Trigger, sources, target
 from delegation.options import ExecutionOptions
 from delegation.records import Resumable
-from delegation.store import children, run_many, spell
+from delegation.store import children, is_sqlite, run_many, spell
 from delegation.store.children import ACTIVE, ACTIVE_TERM
 
 _policy = msgspec.json.Decoder(ExecutionOptions)
@@ -44,35 +44,113 @@ def _fire(trigger: Trigger, among: list[str]) -> str:
 
 
 _DUE = "kind = 'lease' AND revoked_at IS NULL AND expires_at < :now"
+# The children a takeover acts on: owned by an instance this host took over (or by
+# none). A live host's children are never among them (SPEC §12).
+TAKEOVER_LOCK = 0x64656C6567617466  # PostgreSQL advisory lock key ("delegatf")
+INSTANCE_LOCKS = 0x6465  # a host instance's own lock: (INSTANCE_LOCKS, hashtext(its id))
+LOST = (
+    "(engine_instance_id IS NULL OR engine_instance_id IN"
+    " (SELECT id FROM host_instances WHERE taken_by = :me))"
+)
+
+
+def db_clock(conn: Connection) -> str:
+    """SQL for the database's clock in epoch seconds: heartbeats and their deadlines
+    are the database's, never a host's (hosts' clocks differ)."""
+    if is_sqlite(conn):
+        return "((julianday('now') - 2440587.5) * 86400.0)"
+    return "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
+
+
+def take_instances(
+    conn: Connection, me: str, now: float, timeout_s: float, *, everyone: bool
+) -> list[str]:
+    """Mark the instances this host takes over: closed ones not taken yet, and those
+    without a heartbeat for ``timeout_s`` (``everyone``: every other one, as at the boot
+    of the only host a SQLite file can have). Returns their ids.
+
+    Only one host takes an instance (``taken_by``): on PostgreSQL the caller holds the
+    takeover lock, and the rows are locked as they are marked.
+    """
+    # Dead: no heartbeat for timeout_s, or (PostgreSQL) nobody holds its lock any more,
+    # which the server frees as soon as the host's process is gone (kill -9 included).
+    dead = (
+        "TRUE"
+        if everyone
+        else f"(COALESCE(heartbeat_at, 0) < {db_clock(conn)} - :timeout"
+        " OR pg_try_advisory_xact_lock(:locks, hashtext(id)))"
+    )
+    rows = conn.execute(
+        text(
+            "UPDATE host_instances SET taken_by = :me, closed_at = COALESCE(closed_at, :now)"
+            f" WHERE id != :me AND taken_by IS NULL AND (closed_at IS NOT NULL OR {dead})"
+            " RETURNING id"
+        ),
+        {"me": me, "now": now, "timeout": timeout_s, "locks": INSTANCE_LOCKS},
+    ).all()
+    return [row[0] for row in rows]
+
+
+def takeover_lock(conn: Connection) -> None:
+    """Hold, until the transaction ends, the lock every takeover takes on PostgreSQL."""
+    if not is_sqlite(conn):
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": TAKEOVER_LOCK})
+
+
+def heartbeat(conn: Connection, me: str) -> bool:
+    """Record this instance's heartbeat; False once another host has taken it over."""
+    updated = conn.execute(
+        text(
+            f"UPDATE host_instances SET heartbeat_at = {db_clock(conn)}"
+            " WHERE id = :me AND taken_by IS NULL"
+        ),
+        {"me": me},
+    ).rowcount
+    return bool(updated)
+
+
+def lost_processes(conn: Connection, me: str) -> list[tuple[int, int, str]]:
+    """The recorded processes of the children a takeover acts on."""
+    return [
+        (int(pid), int(start), str(boot))
+        for pid, start, boot in conn.execute(
+            text(
+                "SELECT p.pid, p.start_ticks, p.boot_id FROM processes p JOIN children c"
+                f" ON c.id = p.child_id WHERE c.{LOST}"
+            ),
+            {"me": me},
+        )
+    ]
+
+
+def forget_lost_processes(conn: Connection, me: str) -> None:
+    conn.execute(
+        text(f"DELETE FROM processes WHERE child_id IN (SELECT id FROM children WHERE {LOST})"),
+        {"me": me},
+    )
+
+
 _LIVE_LEASE_CHILDREN = (
     "SELECT c.id FROM children c JOIN grants g ON g.id = c.grant_id"
     " WHERE g.kind = 'lease' AND g.revoked_at IS NULL AND g.expires_at >= :now"
 )
 
 
-def end_unadmitted(conn: Connection, error: str, now: float) -> None:
-    """Children never admitted end: cancelled if asked to, else done with ``error``."""
+def end_unadmitted(conn: Connection, me: str, error: str, now: float) -> None:
+    """Lost children never admitted end: cancelled if asked to, else done with ``error``."""
     for statement in (
         f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [PREPARED])}, error = cancel_reason,"
         f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{PREPARED}'"
-        " AND cancel_requested_at IS NOT NULL",
+        f" AND cancel_requested_at IS NOT NULL AND {LOST}",
         f"UPDATE {ACTIVE} SET {_fire(Trigger.FINISH, [PREPARED])}, error = :error,"
-        f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{PREPARED}'",
+        f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{PREPARED}'"
+        f" AND {LOST}",
     ):
-        conn.execute(_q(conn, statement), {"now": now, "error": error})
-
-
-def close_other_instances(conn: Connection, instance_id: str, now: float) -> None:
-    conn.execute(
-        _q(
-            conn, "UPDATE host_instances SET closed_at = :now WHERE closed_at IS NULL AND id != :me"
-        ),
-        {"now": now, "me": instance_id},
-    )
+        conn.execute(_q(conn, statement), {"now": now, "error": error, "me": me})
 
 
 def settle_for_resume(
-    conn: Connection, max_attempts: int, interrupted: str, recovery_text: str, now: float
+    conn: Connection, me: str, max_attempts: int, interrupted: str, recovery_text: str, now: float
 ) -> None:
     """After a restart: finish the cancelled, suspend the running, end what cannot be
     resumed (no live lease, or resumed ``max_attempts`` times), and commit a
@@ -82,21 +160,22 @@ def settle_for_resume(
         f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [ADMITTED, RUNNING])}, error = cancel_reason,"
         f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM}"
         f" AND state IN ('{ADMITTED}', '{RUNNING}')"
-        " AND cancel_requested_at IS NOT NULL",
+        f" AND cancel_requested_at IS NOT NULL AND {LOST}",
         # Their host instance is gone.
         f"UPDATE {ACTIVE} SET {_fire(Trigger.SUSPEND, [RUNNING])}, updated_at = :now"
-        f" WHERE {ACTIVE_TERM} AND state = '{RUNNING}'",
+        f" WHERE {ACTIVE_TERM} AND state = '{RUNNING}' AND {LOST}",
         # Not under a live lease, or resumed too often: interrupted for good.
         f"UPDATE {ACTIVE} SET {_fire(Trigger.FINISH, [ADMITTED])}, error = :interrupted,"
         f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'"
-        f" AND (id NOT IN ({_LIVE_LEASE_CHILDREN}) OR recovery_attempts >= :max)",
+        f" AND (id NOT IN ({_LIVE_LEASE_CHILDREN}) OR recovery_attempts >= :max) AND {LOST}",
         f"UPDATE {ACTIVE} SET recovery_attempts = recovery_attempts + 1"
-        f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'",
+        f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST}",
     )
     values = {
         "now": now,
         "max": max_attempts,
         "interrupted": interrupted,
+        "me": me,
     }
     for statement in statements:
         conn.execute(_q(conn, statement), {k: v for k, v in values.items() if f":{k}" in statement})
@@ -107,8 +186,9 @@ def settle_for_resume(
             conn,
             "SELECT id, recovery_attempts, COALESCE((SELECT MAX(sequence) FROM events e"
             f" WHERE e.child_id = children.id), 0) + 1 FROM {ACTIVE}"
-            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'",
-        )
+            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST}",
+        ),
+        {"me": me},
     ).all()
     run_many(
         conn,
@@ -150,14 +230,15 @@ def next_deadline(conn: Connection) -> float | None:
 
 
 def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable]:
-    """Every admitted child left, set running under this instance in one statement."""
+    """Every lost child left admitted, set running under this instance in one statement."""
     rows = conn.execute(
         _q(
             conn,
             "SELECT id, recovery_attempts, (SELECT MAX(sequence) FROM events e"
             f" WHERE e.child_id = children.id) AS last FROM {ACTIVE}"
-            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' ORDER BY id",
-        )
+            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST} ORDER BY id",
+        ),
+        {"me": instance_id},
     ).all()
     found = {child.id: child for child in children.by_state(conn, "admitted")}
     queued: dict[int, list[tuple[int, str]]] = {}
@@ -167,9 +248,10 @@ def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable
             conn,
             "SELECT s.child_id, s.id, s.message, s.delivered_at IS NOT NULL FROM steers s"
             f" WHERE s.child_id IN (SELECT id FROM {ACTIVE}"
-            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}')"
+            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST})"
             " AND s.outcome = 'injected' ORDER BY s.id",
-        )
+        ),
+        {"me": instance_id},
     ):
         if handed:
             delivered.setdefault(child_id, []).append(message)
@@ -181,16 +263,17 @@ def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable
             _q(
                 conn,
                 "SELECT c.id, g.policy FROM grants g JOIN"
-                f" (SELECT id, grant_id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND state = '{ADMITTED}')"
-                " c ON g.id = c.grant_id WHERE g.policy IS NOT NULL",
-            )
+                f" (SELECT id, grant_id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'"
+                f" AND {LOST}) c ON g.id = c.grant_id WHERE g.policy IS NOT NULL",
+            ),
+            {"me": instance_id},
         )
     }
     conn.execute(
         _q(
             conn,
             f"UPDATE {ACTIVE} SET {_fire(Trigger.RUN, [ADMITTED])}, engine_instance_id = :me,"
-            f" updated_at = :now WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'",
+            f" updated_at = :now WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST}",
         ),
         {"me": instance_id, "now": now},
     )

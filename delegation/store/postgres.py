@@ -45,12 +45,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event, make_url
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.pool import NullPool
 
 from delegation import errors
 from delegation.store import dbapi, migrate
 from delegation.store.database import Database, _Queue, at_head, translate, translated
+from delegation.store.lifecycle import INSTANCE_LOCKS
 from delegation.store.stores import libpq
 from delegation.watch import Watch
 
@@ -59,11 +60,9 @@ log = logging.getLogger("delegation.store")
 T = TypeVar("T")
 
 # Advisory lock keys (any bigint, per database): the live host's, and the migration's.
-HOST_LOCK = 0x64656C6567617465  # "delegate"
-MIGRATION_LOCK = HOST_LOCK + 1
+MIGRATION_LOCK = 0x64656C6567617465  # "delegate"
 CHANNEL = "delegation"  # NOTIFY channel: events committed, a control request recorded
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
-_LOCK_GRACE_S = 0.5
 # Inline commits run on the event loop's thread: a row lock held elsewhere may hold them
 # this long before the batch goes to the writer thread, which waits the full lock_timeout.
 INLINE_LOCK_TIMEOUT_MS = 20
@@ -132,28 +131,36 @@ class PostgresDatabase(Database):
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._busy_timeout_ms = busy_timeout_ms
         self._init_state()
-        self._lock_conn: Any = None
+        self._lock_conn: Any = None  # holds this host instance's session lock
+        self._claimed: str | None = None  # the instance whose lock is held; its fence
         self._relaxed = False  # the next batch may commit without waiting for the flush
+
+    shared = True  # several hosts may open this database (SPEC §12)
 
     # --- lifecycle --------------------------------------------------------------
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Take the database for this host, migrate it to head, start the writer.
+        """Migrate the database to head (never two hosts at once) and start the writer.
+        Other hosts may share the database (SPEC §12); :meth:`claim` names this one.
 
         Raises:
-            errors.HostConflict: another live host holds the database.
             errors.SchemaMismatch: the database is not ours to migrate.
             errors.StoreError: the server cannot be reached or refuses us.
         """
         self._loop = loop
         try:
-            self._lock_conn = _take_host_lock(self.url)
-            upgrade(self.url, beside_host=True)
+            self._lock_conn = _connect(self.url, "delegation-host")
+            upgrade(self.url, beside_hosts=True)
             self._write_engine = _engine(
                 self.url,
                 "delegation-writer",
                 begin=f"BEGIN; SET LOCAL lock_timeout = {self._busy_timeout_ms}",
-                options={"lock_timeout": str(INLINE_LOCK_TIMEOUT_MS)},
+                # A host stopped mid-batch (SIGSTOP) must not hold its rows locked
+                # against the host taking over from it: the server ends its session.
+                options={
+                    "lock_timeout": str(INLINE_LOCK_TIMEOUT_MS),
+                    "idle_in_transaction_session_timeout": "5000",
+                },
             )
             self._read_engine = _engine(
                 self.url,
@@ -172,10 +179,22 @@ class PostgresDatabase(Database):
             raise translate(exc) from exc
         self._start_writer()
 
+    def claim(self, instance_id: str) -> None:
+        """Hold ``instance_id``'s lock for this host's life (letting go of an earlier
+        instance's), and fence every later batch on it: a batch commits only while no
+        other host has taken the instance over (``host_instances.taken_by``)."""
+        lock = self._lock_conn
+        assert lock is not None
+        with self._cond:
+            previous, self._claimed = self._claimed, instance_id
+        if previous is not None:
+            lock.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (INSTANCE_LOCKS, previous))
+        lock.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance_id))
+
     def _release_lock(self) -> None:
         lock, self._lock_conn = self._lock_conn, None
         if lock is not None:
-            _release_host_lock(lock)
+            _release_instance_lock(lock, self._claimed)
 
     def watch(self, interval: float) -> Watch:
         return PostgresWatch(self.url, interval)
@@ -244,72 +263,94 @@ class PostgresDatabase(Database):
         # the WAL up to itself, so it makes the earlier one durable too.
         self._relaxed = not (batch.events or any(p.durable for p in batch.jobs))
 
+    def _guard(self, conn: Connection) -> None:
+        """The fence: refuse the batch if another host took this instance over. The row
+        is share-locked until the batch commits, so a takeover (which updates it) waits
+        for the batch, and a batch after the takeover sees it."""
+        instance = self._claimed
+        if instance is None:
+            return
+        row = (
+            dbapi(conn)
+            .execute("SELECT taken_by FROM host_instances WHERE id = %s FOR SHARE", (instance,))
+            .fetchone()
+        )
+        if row is not None and row[0] is not None:
+            raise errors.HostFenced(
+                f"host instance {instance} was taken over by {row[0]}; its writes are refused"
+            )
+
     def _announce_in(self, conn: Connection, batch: _Queue) -> None:
+        """Other hosts and followers learn which children have new events (the payload
+        is cut to what NOTIFY carries; an empty one means "look at everything")."""
         if batch.events:
-            dbapi(conn).execute(f"NOTIFY {CHANNEL}")
+            ids = ",".join(str(i) for i in sorted({row.child_id for row in batch.events}))
+            dbapi(conn).execute(
+                "SELECT pg_notify(%s, %s)", (CHANNEL, ids if len(ids) < 7900 else "")
+            )
 
     @staticmethod
     def _lost(conn: Connection) -> bool:
         return bool(dbapi(conn).closed)
 
 
-def _take_host_lock(url: str) -> Any:
-    """A connection of its own holding the session advisory lock (SPEC §9).
-
-    A host that just ended (closed or killed) may hold it for a moment more, until the
-    server has seen its connection end: the lock is asked for again for up to
-    ``_LOCK_GRACE_S`` before another host is said to hold it.
-    """
+def _connect(url: str, application: str) -> Any:
     import psycopg
 
     try:
-        conn = psycopg.connect(libpq(url), autocommit=True, application_name="delegation-host")
+        return psycopg.connect(libpq(url), autocommit=True, application_name=application)
     except psycopg.Error as exc:
         raise _connect_error(url, exc) from exc
-    deadline = time.monotonic() + _LOCK_GRACE_S
-    while True:
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (HOST_LOCK,)).fetchone()
-        if row is not None and row[0]:
-            return conn
-        if time.monotonic() >= deadline:
-            conn.close()
-            raise errors.HostConflict("database is in use by another live host")
-        time.sleep(0.05)
 
 
-def _release_host_lock(conn: Any) -> None:
+def _release_instance_lock(conn: Any, instance_id: str | None) -> None:
     """Unlock, then close: the server drops a closed session's locks only once its
-    backend has noticed, and a host opened right after must find the lock free."""
+    backend has noticed, and a host looking right after must find the lock free."""
     try:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (HOST_LOCK,))
+        if instance_id is not None:
+            conn.execute(
+                "SELECT pg_advisory_unlock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance_id)
+            )
     except Exception:  # the server is gone: so is the lock
-        log.debug("host lock not released explicitly", exc_info=True)
+        log.debug("instance lock not released explicitly", exc_info=True)
     finally:
         conn.close()
 
 
-def upgrade(url: str, *, beside_host: bool = False) -> tuple[str | None, str | None]:
-    """Migrate the database at ``url`` to head (under the migration lock); the revision
-    before and after. Unless ``beside_host`` (the host itself, holding the host lock),
-    the host lock is taken for the while: never beside a live host.
+def upgrade(url: str, *, beside_hosts: bool = False) -> tuple[str | None, str | None]:
+    """Migrate the database at ``url`` to head under the migration lock (two hosts
+    starting together never migrate at once); the revision before and after. Unless
+    ``beside_hosts`` (a host opening), it is refused while a host instance is live.
 
     Raises:
-        errors.HostConflict: a live host holds the database.
+        errors.HostConflict: a live host uses the database (``delegation db upgrade``).
         errors.SchemaMismatch: not a delegation database, or a newer one's.
     """
-    lock = None if beside_host else _take_host_lock(url)
     engine = create_engine(url, poolclass=NullPool)
     try:
         with translated(), engine.connect() as conn:
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
             migrate.check(conn)
             before = migrate.current(conn)
+            if not beside_hosts and before is not None and live_instances(conn):
+                raise errors.HostConflict("database is in use by another live host")
             migrate.upgrade(conn)  # commits, and with it frees the migration lock
             return before, migrate.current(conn)
     finally:
         engine.dispose()
-        if lock is not None:
-            _release_host_lock(lock)
+
+
+def live_instances(conn: Connection) -> list[str]:
+    """Host instances whose lock is held: their host process is alive (paused maybe)."""
+    return list(
+        conn.execute(
+            text(
+                "SELECT id FROM host_instances WHERE closed_at IS NULL AND taken_by IS NULL"
+                " AND NOT pg_try_advisory_xact_lock(:locks, hashtext(id))"
+            ),
+            {"locks": INSTANCE_LOCKS},
+        ).scalars()
+    )
 
 
 def revision(url: str) -> str | None:
@@ -399,16 +440,33 @@ class PostgresWatch(Watch):
             raise _connect_error(url, exc) from exc
         self._conn.execute(f"LISTEN {CHANNEL}")
         self._polled = time.monotonic()
+        self._moved: set[int] | None = set()
 
     def changed(self) -> bool:
         """Whether a notice came since the last call (or the fallback poll is due)."""
         with self._lock:
-            moved = any(True for _ in self._conn.notifies(timeout=0))
+            moved = False
+            for notice in self._conn.notifies(timeout=0):
+                moved = True
+                self._note(notice.payload)
             now = time.monotonic()
             if moved or now - self._polled >= self._fallback:
                 self._polled = now
                 return True
             return False
+
+    def _note(self, payload: str) -> None:
+        if payload == "c":  # a control request or a steer: no child's events
+            return
+        if not payload or self._moved is None:
+            self._moved = None  # too many to name: any child may have moved
+            return
+        self._moved.update(int(i) for i in payload.split(",") if i.isdigit())
+
+    def moved(self) -> set[int] | None:
+        with self._lock:
+            moved, self._moved = self._moved, set()
+        return moved
 
     def close(self) -> None:
         with self._lock:

@@ -22,6 +22,16 @@ def close_instance(conn: Connection, instance_id: str, now: float) -> None:
     )
 
 
+def instance_is_live(conn: Connection, instance_id: str) -> bool:
+    """Whether a host instance is still live: neither closed nor taken over."""
+    row = run(
+        conn,
+        "SELECT closed_at IS NULL AND taken_by IS NULL FROM host_instances WHERE id = ?",
+        (instance_id,),
+    ).fetchone()
+    return bool(row and row[0])
+
+
 # The record's fields in its own order, so a row becomes a record by position.
 FIELDS = tuple(f.name for f in dataclasses.fields(RunnerRecord))
 

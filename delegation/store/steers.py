@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, func, insert, select, update
 
-from delegation.store import chunks
+from delegation.store import chunks, run
 from delegation.store.tables import steers
 
 
@@ -55,3 +55,20 @@ def mark_delivered(conn: Connection, steer_ids: Iterable[int], now: float) -> No
             .where(steers.c.id.in_(ids), steers.c.delivered_at.is_(None))
             .values(delivered_at=now)
         )
+
+
+def undelivered(conn: Connection, child_ids: list[int]) -> list[tuple[int, int, str]]:
+    """Injected steers of these children not delivered yet, oldest first."""
+    found: list[tuple[int, int, str]] = []
+    for ids in chunks(child_ids):
+        marks = ", ".join("?" for _ in ids)
+        found += [
+            (int(child), int(steer), str(message))
+            for child, steer, message in run(
+                conn,
+                "SELECT child_id, id, message FROM steers WHERE outcome = 'injected'"
+                f" AND delivered_at IS NULL AND child_id IN ({marks}) ORDER BY id",
+                tuple(ids),
+            ).fetchall()
+        ]
+    return found

@@ -48,6 +48,10 @@ host_instances = Table(
     Column("id", Text, primary_key=True),
     Column("started_at", TIME, nullable=False),
     Column("closed_at", TIME),
+    # The database's clock at the instance's last heartbeat (several hosts, SPEC §12).
+    Column("heartbeat_at", TIME),
+    # The live instance that took this one's work over once it was dead or closed.
+    Column("taken_by", Text),
 )
 
 # One row per runner: which connection is current, and with which generation.
