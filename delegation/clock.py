@@ -19,6 +19,22 @@ class SystemClock:
         return time.time()
 
 
+class ServerClock:
+    """Wall-clock time corrected to the database server's (several hosts on one
+    database, SPEC §12): lease deadlines and timestamps are the server's, whatever each
+    host's own clock says. The offset is measured at boot and at every heartbeat."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+    def correct(self, server_now: float, sent: float, answered: float) -> None:
+        """``server_now`` was read between local times ``sent`` and ``answered``."""
+        self.offset = server_now - (sent + answered) / 2
+
+
 class ManualClock:
     """A clock that only moves when told to: for exact boundary tests."""
 

@@ -14,6 +14,7 @@ import functools
 import gc
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from delegation import authority, errors, maintenance, processes, queries, service
-from delegation.clock import Clock, SystemClock
+from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
 from delegation.controls import WATCH_INTERVAL_S, ControlWatcher
@@ -32,6 +33,7 @@ from delegation.runs import ChildContext, NotResumable, Recovery, Runner
 from delegation.scheduler import Timers
 from delegation.store import Connection
 from delegation.store import processes as store_processes
+from delegation.store.database import boot_clock
 from delegation.store.interface import Store
 from delegation.store.stores import open_store
 from delegation.watch import Notices
@@ -65,12 +67,13 @@ class Engine:
         clock: Clock | None = None,
     ) -> None:
         self.config = config or EngineConfig()
-        self.clock: Clock = clock or SystemClock()
         self.instance_id = ""
         self._runner = runner
         self._db: Store = open_store(
             url, synchronous=self.config.synchronous, busy_timeout_ms=self.config.busy_timeout_ms
         )
+        # Several hosts share a database: its server's clock is everyone's (SPEC §12).
+        self.clock: Clock = clock or (ServerClock() if self._db.shared else SystemClock())
         self._local = LocalRuns()
         self._notices = Notices(self._announced)
         self._controls: ControlWatcher | None = None
@@ -122,6 +125,10 @@ class Engine:
         with _collector_paused():
             try:
                 await loop.run_in_executor(None, self._db.claim, self.instance_id)
+                if isinstance(self.clock, ServerClock):  # before anything is stamped
+                    sent = time.time()
+                    server_now = await self._db.read(maintenance.server_time)
+                    self.clock.correct(server_now, sent, time.time())
                 takeover = await self._write(
                     maintenance.reconcile, self.config, self.instance_id, self._db.shared
                 )
@@ -170,6 +177,7 @@ class Engine:
         while True:
             await asyncio.sleep(delay)
             delay = self.config.host_heartbeat_s
+            beat, sent = boot_clock(), time.time()
             try:
                 takeover = await self._write(maintenance.heartbeat, self.config, self.instance_id)
             except errors.HostFenced:
@@ -178,6 +186,12 @@ class Engine:
             except errors.DelegationError as exc:  # busy, or the server away: next beat
                 log.warning("heartbeat failed: %s", exc, extra={"action": "heartbeat_failed"})
                 continue
+            # No host declares this one dead before host_timeout_s after the beat (on the
+            # database's clock); a heartbeat's margin covers the clocks' drift.
+            cfg = self.config
+            self._db.alive_until(beat + cfg.host_timeout_s - cfg.host_heartbeat_s)
+            if isinstance(self.clock, ServerClock):
+                self.clock.correct(takeover.server_now, sent, time.time())
             if not takeover.taken:
                 continue
             log.warning(
@@ -492,7 +506,7 @@ class Engine:
         # itself spawns the run, and the caller only waits for it.
         # Without a leaseId its one write is the reservation's INSERT, after every check.
         plan = await self._db.submit(
-            lambda c: service.reserve_start(c, self.config, conn, params, now),
+            lambda c: service.reserve_start(c, self.config, conn, params, self.instance_id, now),
             durable=False,
             committed=self._reserved,
             one_write=not params.lease_id,

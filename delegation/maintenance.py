@@ -8,6 +8,7 @@ to the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -95,6 +96,7 @@ class Takeover:
     stopping: list[int]
     resumable: list[Resumable]
     processes: list[ProcessId]
+    server_now: float = 0.0  # the database's time of the heartbeat (0: none taken)
 
 
 NOTHING = Takeover([], [], [], [])
@@ -124,9 +126,15 @@ def heartbeat(conn: Connection, cfg: EngineConfig, instance_id: str, now: float)
     Raises:
         errors.HostFenced: another host took this instance over (it was thought dead).
     """
-    if not lifecycle.heartbeat(conn, instance_id):
+    server_now = lifecycle.heartbeat(conn, instance_id)
+    if server_now is None:
         raise errors.HostFenced(f"host instance {instance_id} was taken over by another host")
-    return take_over(conn, cfg, instance_id, now, everyone=False)
+    takeover = take_over(conn, cfg, instance_id, now, everyone=False)
+    return dataclasses.replace(takeover, server_now=server_now)
+
+
+def server_time(conn: Connection) -> float:
+    return lifecycle.server_time(conn)
 
 
 def take_over(
@@ -143,7 +151,7 @@ def take_over(
     if not everyone:
         lifecycle.takeover_lock(conn)  # one takeover at a time across hosts
     taken = lifecycle.take_instances(conn, instance_id, now, cfg.host_timeout_s, everyone=everyone)
-    if not taken and not everyone:
+    if not taken and not everyone and not lifecycle.anything_lost(conn, instance_id):
         return NOTHING
     lost = [ProcessId(*p) for p in lifecycle.lost_processes(conn, instance_id)]
     lifecycle.forget_lost_processes(conn, instance_id)  # the engine kills them next
@@ -153,7 +161,7 @@ def take_over(
         (control.id, child.id)
         for control in controls.pending(conn)
         if control.action == "cancel"
-        and _lost(conn, control, instance_id, taken)
+        and _lost(conn, control, instance_id)
         and (child := apply_cancel(conn, control, now)) is not None
     ]
     # First the never-admitted: the restart, not what it ends below, interrupted them.
@@ -175,8 +183,10 @@ def take_over(
     return Takeover(taken, stopping, lifecycle.resumables(conn, instance_id, now), lost)
 
 
-def _lost(conn: Connection, control: ControlRecord, me: str, taken: list[str]) -> bool:
+def _lost(conn: Connection, control: ControlRecord, me: str) -> bool:
+    """Whether the child a control request names is among what a takeover acts on."""
     child = children.find(conn, control.conversation_id, control.run_id)
-    return child is not None and (
-        child.engine_instance_id is None or child.engine_instance_id in taken
-    )
+    if child is None or child.terminal:
+        return False
+    owner = child.engine_instance_id
+    return owner is None or (owner != me and not runners.instance_is_live(conn, owner))

@@ -123,9 +123,15 @@ def locate_child(
 
 
 def reserve_start(
-    conn: Connection, cfg: EngineConfig, rconn: RunnerConnection, params: Params, now: float
+    conn: Connection,
+    cfg: EngineConfig,
+    rconn: RunnerConnection,
+    params: Params,
+    instance_id: str,
+    now: float,
 ) -> StartPlan:
-    """Check a start in the order of SPEC §5 and reserve the child as ``prepared``.
+    """Check a start in the order of SPEC §5 and reserve the child as ``prepared``,
+    owned by the host instance ``instance_id`` (which runs it).
 
     Raises the first refusal that applies; nothing is written then.
     """
@@ -198,6 +204,7 @@ def reserve_start(
         depth=grant.depth,
         followup=1 if request.resume else 0,
         origin_grant_id=tool.id if tool is not None and tool_owned else None,
+        engine_instance_id=instance_id,
         created_at=now,
     )
     pending = grant.is_lease and grant.activated_at is None

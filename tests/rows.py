@@ -68,16 +68,22 @@ def scalar(url: str, sql: str, params: Mapping[str, Any] | None = None) -> Any:
     return value
 
 
+# What a live host rewrites by itself, every few seconds: its heartbeat, not a change.
+_LIVENESS = {"host_instances": {"heartbeat_at"}}
+
+
 def snapshot(url: str) -> dict[str, list[Row]]:
-    """Every row of every table (of the application and of Alembic), each sorted."""
+    """Every row of every table (of the application and of Alembic), each sorted,
+    without the liveness columns a host rewrites by itself (its heartbeat)."""
     with _engine(url).connect() as conn:
         names = sorted(inspect(conn).get_table_names())
-        return {
-            name: sorted(
-                (tuple(row) for row in conn.exec_driver_sql(f'SELECT * FROM "{name}"')), key=repr
-            )
-            for name in names
-        }
+        tables = {}
+        for name in names:
+            columns = [c["name"] for c in inspect(conn).get_columns(name)]
+            kept = ", ".join(f'"{c}"' for c in columns if c not in _LIVENESS.get(name, set()))
+            found = conn.exec_driver_sql(f'SELECT {kept} FROM "{name}"')
+            tables[name] = sorted((tuple(row) for row in found), key=repr)
+        return tables
 
 
 def dispose() -> None:

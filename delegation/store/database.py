@@ -98,6 +98,13 @@ class _Queue:
     events: list[EventRow] = field(default_factory=list)
 
 
+def boot_clock() -> float:
+    """Seconds on a clock that keeps counting while the process is stopped (SIGSTOP) or
+    the machine sleeps: what a host's heartbeat freshness is measured on."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
+
+
 def sqlite_path(url: str) -> Path:
     """The file behind a ``sqlite:///`` URL; in-memory databases are refused."""
     prefix = "sqlite:///"
@@ -595,6 +602,9 @@ class Database:
 
     def claim(self, instance_id: str) -> None:
         """This host's instance (SQLite: the file's lock already makes it the only one)."""
+
+    def alive_until(self, deadline: float) -> None:
+        """Until ``deadline`` (:func:`boot_clock`) no other host can take this one over."""
 
     def _guard(self, conn: Connection) -> None:
         """Refuse the batch if this host may no longer write (SQLite: it always may)."""

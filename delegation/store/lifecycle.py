@@ -44,13 +44,15 @@ def _fire(trigger: Trigger, among: list[str]) -> str:
 
 
 _DUE = "kind = 'lease' AND revoked_at IS NULL AND expires_at < :now"
-# The children a takeover acts on: owned by an instance this host took over (or by
-# none). A live host's children are never among them (SPEC §12).
 TAKEOVER_LOCK = 0x64656C6567617466  # PostgreSQL advisory lock key ("delegatf")
 INSTANCE_LOCKS = 0x6465  # a host instance's own lock: (INSTANCE_LOCKS, hashtext(its id))
+# The children a takeover acts on: owned by no instance, or by one that was taken over
+# (by this host now, or by any earlier: what a fenced host wrote after its takeover is
+# picked up by the next). A live host's children are never among them (SPEC §12).
+_BUSY_RETRY_S = 1.0  # another host holds the expiry: look again this much later
 LOST = (
     "(engine_instance_id IS NULL OR engine_instance_id IN"
-    " (SELECT id FROM host_instances WHERE taken_by = :me))"
+    " (SELECT id FROM host_instances WHERE taken_by IS NOT NULL AND id != :me))"
 )
 
 
@@ -97,16 +99,35 @@ def takeover_lock(conn: Connection) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": TAKEOVER_LOCK})
 
 
-def heartbeat(conn: Connection, me: str) -> bool:
-    """Record this instance's heartbeat; False once another host has taken it over."""
-    updated = conn.execute(
+def heartbeat(conn: Connection, me: str) -> float | None:
+    """Record this instance's heartbeat: the database's time of it, or None once
+    another host has taken this instance over."""
+    value = conn.execute(
         text(
             f"UPDATE host_instances SET heartbeat_at = {db_clock(conn)}"
-            " WHERE id = :me AND taken_by IS NULL"
+            " WHERE id = :me AND taken_by IS NULL RETURNING heartbeat_at"
         ),
         {"me": me},
-    ).rowcount
-    return bool(updated)
+    ).scalar()
+    return None if value is None else float(value)
+
+
+def server_time(conn: Connection) -> float:
+    """The database's clock, in epoch seconds."""
+    return float(conn.execute(text(f"SELECT {db_clock(conn)}")).scalar_one())
+
+
+EXPIRY_LOCK = TAKEOVER_LOCK + 1  # PostgreSQL: one host expires leases at a time
+PURGE_LOCK = TAKEOVER_LOCK + 2  # and one purges
+
+
+def first_to(conn: Connection, key: int) -> bool:
+    """Whether this transaction may do the work ``key`` names now: on PostgreSQL, no
+    other host is doing it (a transaction advisory lock, not waited for); SQLite has
+    one host per file."""
+    if is_sqlite(conn):
+        return True
+    return bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}).scalar())
 
 
 def lost_processes(conn: Connection, me: str) -> list[tuple[int, int, str]]:
@@ -114,18 +135,31 @@ def lost_processes(conn: Connection, me: str) -> list[tuple[int, int, str]]:
     return [
         (int(pid), int(start), str(boot))
         for pid, start, boot in conn.execute(
-            text(
-                "SELECT p.pid, p.start_ticks, p.boot_id FROM processes p JOIN children c"
-                f" ON c.id = p.child_id WHERE c.{LOST}"
+            _q(
+                conn,
+                "SELECT pid, start_ticks, boot_id FROM processes"
+                f" WHERE child_id IN (SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST})",
             ),
             {"me": me},
         )
     ]
 
 
+def anything_lost(conn: Connection, me: str) -> bool:
+    """Whether an unfinished child is owned by no live instance (see ``LOST``)."""
+    row = conn.execute(
+        _q(conn, f"SELECT 1 FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST} LIMIT 1"), {"me": me}
+    ).first()
+    return row is not None
+
+
 def forget_lost_processes(conn: Connection, me: str) -> None:
     conn.execute(
-        text(f"DELETE FROM processes WHERE child_id IN (SELECT id FROM children WHERE {LOST})"),
+        _q(
+            conn,
+            "DELETE FROM processes WHERE child_id IN"
+            f" (SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST})",
+        ),
         {"me": me},
     )
 
@@ -206,6 +240,9 @@ def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], fl
     A lease is live at exactly ``expires_at`` and expired one tick after. Returns the
     children whose cancellation was requested and the next deadline, if any.
     """
+    if not first_to(conn, EXPIRY_LOCK):  # another host expires them right now
+        deadline = next_deadline(conn)
+        return [], None if deadline is None else max(deadline, now + _BUSY_RETRY_S)
     under_due = f"grant_id IN (SELECT id FROM grants WHERE {_DUE})"
     affected = children.active_ids(conn, _q(conn, under_due).bindparams(now=now))
     if affected:
@@ -297,6 +334,8 @@ def purge(conn: Connection, retention_s: float, now: float, batch: int = 1000) -
     Purged children are remembered (ids only) for one more period. Returns how many
     children were purged; call again while it returns ``batch``.
     """
+    if not first_to(conn, PURGE_LOCK):
+        return 0  # another host purges right now; the next sweep finds what is left
     p = {"cutoff": now - retention_s, "now": now, "batch": batch}
     # Only a finished child has finished_at (CHECK finished_iff_terminal). Naming the
     # states too made SQLite pick the state index and sort every finished child, each

@@ -38,7 +38,9 @@ its events are kept for the next batch).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -50,7 +52,14 @@ from sqlalchemy.pool import NullPool
 
 from delegation import errors
 from delegation.store import dbapi, migrate
-from delegation.store.database import Database, _Queue, at_head, translate, translated
+from delegation.store.database import (
+    Database,
+    _Queue,
+    at_head,
+    boot_clock,
+    translate,
+    translated,
+)
 from delegation.store.lifecycle import INSTANCE_LOCKS
 from delegation.store.stores import libpq
 from delegation.watch import Watch
@@ -66,6 +75,7 @@ _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
 # Inline commits run on the event loop's thread: a row lock held elsewhere may hold them
 # this long before the batch goes to the writer thread, which waits the full lock_timeout.
 INLINE_LOCK_TIMEOUT_MS = 20
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # the ids a host gives itself
 
 
 def _nul_safe(dbapi_connection: Any, _record: Any = None) -> None:
@@ -133,6 +143,8 @@ class PostgresDatabase(Database):
         self._init_state()
         self._lock_conn: Any = None  # holds this host instance's session lock
         self._claimed: str | None = None  # the instance whose lock is held; its fence
+        self._taken_by: str | None = None  # the fence, as the current transaction read it
+        self._alive_until = 0.0  # boot_clock(): until then no host can have taken us over
         self._relaxed = False  # the next batch may commit without waiting for the flush
 
     shared = True  # several hosts may open this database (SPEC §12)
@@ -183,13 +195,20 @@ class PostgresDatabase(Database):
         """Hold ``instance_id``'s lock for this host's life (letting go of an earlier
         instance's), and fence every later batch on it: a batch commits only while no
         other host has taken the instance over (``host_instances.taken_by``)."""
+        if not _INSTANCE_ID.fullmatch(instance_id):
+            raise ValueError(f"not a host instance id: {instance_id!r}")
         lock = self._lock_conn
         assert lock is not None
         with self._cond:
             previous, self._claimed = self._claimed, instance_id
+            self._alive_until = 0.0  # fresh once its first heartbeat committed
         if previous is not None:
             lock.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (INSTANCE_LOCKS, previous))
         lock.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance_id))
+
+    def alive_until(self, deadline: float) -> None:
+        with self._cond:
+            self._alive_until = deadline
 
     def _release_lock(self) -> None:
         lock, self._lock_conn = self._lock_conn, None
@@ -213,18 +232,38 @@ class PostgresDatabase(Database):
         if raw.closed:
             return False
         try:
-            raw.execute(self._begin_sql(inline=True))
+            self._open_transaction(raw, inline=True)
         except Exception:
+            with contextlib.suppress(Exception):
+                if self._in_transaction(raw):
+                    raw.execute("ROLLBACK")
             return False
         return True
 
     def _begin(self, raw: Any) -> None:
-        raw.execute(self._begin_sql(inline=False))
+        self._open_transaction(raw, inline=False)
 
-    def _begin_sql(self, *, inline: bool) -> str:
-        # One round trip: BEGIN and the batch's settings go in one simple query.
+    def _open_transaction(self, raw: Any, *, inline: bool) -> None:
+        """BEGIN, the batch's settings and the fence's read in one round trip (a simple
+        query of several statements); who took this instance over is kept for _guard."""
         sql = "BEGIN" if inline else f"BEGIN; SET LOCAL lock_timeout = {self._busy_timeout_ms}"
-        return f"{sql}; SET LOCAL synchronous_commit = off" if self._relaxed else sql
+        if self._relaxed:
+            sql += "; SET LOCAL synchronous_commit = off"
+        self._taken_by = None
+        instance = self._claimed
+        if instance is None:
+            raw.execute(sql)
+            return
+        # The row is share-locked until the batch commits, so a takeover (which updates
+        # it) waits for the batch, and a batch after the takeover sees it. The id is
+        # this host's own (checked in claim), safe as a literal.
+        cursor = raw.execute(
+            f"{sql}; SELECT taken_by FROM host_instances WHERE id = '{instance}' FOR SHARE"
+        )
+        while cursor.nextset():
+            pass
+        row = cursor.fetchone()
+        self._taken_by = row[0] if row is not None else None
 
     def _commit_alone(self, conn: Connection, batch: _Queue) -> bool | None:
         # A lone one-write job runs in autocommit: its one writing statement is its
@@ -232,8 +271,15 @@ class PostgresDatabase(Database):
         # even for a ``durable=False`` job: one flush costs less than BEGIN and COMMIT).
         # Its reads before that statement see what READ COMMITTED would show them
         # inside a transaction: each statement's own snapshot.
+        # On a shared database this write is fenced by time instead of by the row: it
+        # runs so only while this host's last heartbeat is recent enough that no host
+        # can have declared it dead (see alive_until); otherwise it is a guarded batch.
+        # What a host paused between that check and its statement writes after its
+        # takeover is taken over by the next heartbeat of a live host (lifecycle.LOST).
         pending = batch.jobs[0]
         if not pending.one_write or pending.fn is None:
+            return None
+        if self._claimed is not None and boot_clock() >= self._alive_until:
             return None
         raw = dbapi(conn)
         if raw.closed or self._in_transaction(raw):
@@ -264,20 +310,12 @@ class PostgresDatabase(Database):
         self._relaxed = not (batch.events or any(p.durable for p in batch.jobs))
 
     def _guard(self, conn: Connection) -> None:
-        """The fence: refuse the batch if another host took this instance over. The row
-        is share-locked until the batch commits, so a takeover (which updates it) waits
-        for the batch, and a batch after the takeover sees it."""
-        instance = self._claimed
-        if instance is None:
-            return
-        row = (
-            dbapi(conn)
-            .execute("SELECT taken_by FROM host_instances WHERE id = %s FOR SHARE", (instance,))
-            .fetchone()
-        )
-        if row is not None and row[0] is not None:
+        """The fence (read as the transaction began): refuse the batch if another host
+        took this instance over."""
+        if self._taken_by is not None:
             raise errors.HostFenced(
-                f"host instance {instance} was taken over by {row[0]}; its writes are refused"
+                f"host instance {self._claimed} was taken over by {self._taken_by};"
+                " its writes are refused"
             )
 
     def _announce_in(self, conn: Connection, batch: _Queue) -> None:

@@ -1,0 +1,397 @@
+"""Several hosts on one PostgreSQL database (SPEC §12): takeover of a killed host, the
+fence against a paused one, and cross-host cancel, steer, release, read and follow.
+
+The hosts are real processes (``tests/multi_host.py``) on a real server; what a host
+acknowledged is what it printed after its flush returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from delegation import ChildContext, Engine, EngineConfig, Params, Preset, Request
+from delegation.clock import ManualClock, ServerClock
+from tests import rows
+
+HOST = Path(__file__).with_name("multi_host.py")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Host:
+    """One host process and the lines it printed, each with when it arrived."""
+
+    def __init__(self, url: str, name: str, children: int, heartbeat: float, timeout: float):
+        self.name = name
+        self.lines: list[tuple[float, str]] = []
+        self._changed = threading.Condition()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HOST), url, name, str(children), str(heartbeat), str(timeout)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        self.stderr: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_errors, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append((time.monotonic(), line.strip()))
+                self._changed.notify_all()
+
+    def _read_errors(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+
+    def wait(self, found: Callable[[list[str]], bool], timeout: float, what: str) -> float:
+        """Wait until ``found`` holds for the lines so far; when it first held."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not found([line for _, line in self.lines]):
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None:
+                    tail = "".join(self.stderr[-20:])
+                    raise AssertionError(f"{self.name}: no {what} in {timeout} s\n{tail}")
+                self._changed.wait(min(left, 0.1))
+            return time.monotonic()
+
+    def when(self, line: str, timeout: float) -> float:
+        """When a line starting with ``line`` was printed (waiting up to ``timeout``)."""
+        self.wait(lambda lines: any(p.startswith(line) for p in lines), timeout, line)
+        return next(at for at, printed in self.lines if printed.startswith(line))
+
+    def words(self, first: str) -> list[list[str]]:
+        return [line.split(" ") for _, line in list(self.lines) if line.startswith(first + " ")]
+
+    @property
+    def instance(self) -> str:
+        return self.words("INSTANCE")[0][1]
+
+    def started(self) -> dict[str, str]:
+        """conversation -> leaseId"""
+        return {w[1]: w[2] for w in self.words("STARTED")}
+
+    def acked(self) -> set[tuple[str, int, str]]:
+        return {(w[1], int(w[2]), w[3]) for w in self.words("ACK")}
+
+    def acks_of(self, conversation: str) -> int:
+        return sum(1 for w in self.words("ACK") if w[1] == conversation)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for reader in self._readers:  # the pipes end with the process
+            reader.join(10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def hosts() -> Iterator[list[Host]]:
+    started: list[Host] = []
+    yield started
+    for host in started:
+        host.stop()
+
+
+def launch(hosts: list[Host], url: str, name: str, children: int, beat: float, dead: float) -> Host:
+    host = Host(url, name, children, beat, dead)
+    hosts.append(host)
+    host.wait(lambda lines: "READY" in lines, 60, "READY")
+    return host
+
+
+def streaming(host: Host, at_least: int = 5) -> None:
+    for conversation in host.started():
+        host.wait(lambda _, c=conversation: host.acks_of(c) >= at_least, 30, f"{at_least} acks")
+
+
+def events(url: str, conversation: str) -> list[tuple[int, str, str]]:
+    """(sequence, kind, text) of the conversation's one execution, in order."""
+    found = rows.rows(
+        url,
+        "SELECT e.sequence, e.body FROM events e JOIN children c ON c.id = e.child_id"
+        " WHERE c.conversation_id = :c ORDER BY e.sequence",
+        {"c": conversation},
+    )
+    decoded = [(int(seq), json.loads(bytes(body))) for seq, body in found]
+    return [(seq, body.get("kind", ""), body.get("text", "")) for seq, body in decoded]
+
+
+def owner(url: str, conversation: str) -> tuple[str, str | None]:
+    row = rows.rows(
+        url,
+        "SELECT state, engine_instance_id FROM children WHERE conversation_id = :c",
+        {"c": conversation},
+    )[0]
+    return str(row[0]), row[1]
+
+
+def check_stream(url: str, conversation: str, acked: set[tuple[str, int, str]]) -> None:
+    """Gap-free sequences from 1; every acknowledged event of it stored as acknowledged."""
+    stored = events(url, conversation)
+    assert [seq for seq, _, _ in stored] == list(range(1, len(stored) + 1))
+    texts = {seq: text for seq, _, text in stored}
+    for conv, seq, text in acked:
+        if conv == conversation:
+            assert texts.get(seq) == text, f"acknowledged {conv}#{seq} {text} lost"
+
+
+def after_recovery(url: str, conversation: str) -> list[str]:
+    """The texts written after the (last) recovery event of the conversation."""
+    stored = events(url, conversation)
+    recoveries = [seq for seq, kind, _ in stored if kind == "recovery"]
+    assert recoveries, f"{conversation} has no recovery event"
+    return [text for seq, kind, text in stored if seq > recoveries[-1] and kind == "text"]
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_host_is_taken_over_by_exactly_one_live_host_within_the_timeout(
+    postgres_db: str, hosts: list[Host]
+) -> None:
+    cfg = EngineConfig()
+    assert (cfg.host_heartbeat_s, cfg.host_timeout_s) == (2.0, 10.0)
+    a, b, c = (launch(hosts, postgres_db, name, 2, 2.0, 10.0) for name in ("A", "B", "C"))
+    for host in (a, b, c):
+        streaming(host)
+    lost = list(a.started())
+    a.proc.kill()  # SIGKILL: no cleanup, no flush
+    killed = time.monotonic()
+    a.proc.wait()
+    acked_by_a = a.acked()
+
+    taken_at: dict[str, float] = {}
+    for conversation in lost:
+        line_of = {host: f"RESUMED {conversation} 1" for host in (b, c)}
+        deadline = killed + cfg.host_timeout_s + 2
+        while not taken_at.get(conversation):
+            for host, line in line_of.items():
+                if any(printed.startswith(line) for _, printed in list(host.lines)):
+                    taken_at[conversation] = host.when(line, 0)
+            assert time.monotonic() < deadline, f"{conversation} not resumed in time"
+            time.sleep(0.05)
+        assert taken_at[conversation] - killed <= cfg.host_timeout_s + 2
+    for host in (b, c):  # the takers go on streaming what they took
+        streaming(host, at_least=10)
+    time.sleep(0.5)
+
+    resumed = [w[1] for host in (b, c) for w in host.words("RESUMED")]
+    assert sorted(resumed) == sorted(lost), "each lost child resumed exactly once"
+    live = {b.instance, c.instance}
+    for conversation in lost:
+        state, instance = owner(postgres_db, conversation)
+        assert state == "running" and instance in live
+        check_stream(postgres_db, conversation, acked_by_a)
+        written_after = after_recovery(postgres_db, conversation)
+        assert written_after, "the taker streams on"
+        assert not [t for t in written_after if t.startswith("A:")], "A wrote after takeover"
+    for host in (b, c):
+        for conversation in host.started():
+            assert owner(postgres_db, conversation)[1] == host.instance, "live work stays"
+            check_stream(postgres_db, conversation, host.acked())
+    for host in (b, c):
+        host.stop()
+    for conversation in [*lost, *b.started(), *c.started()]:
+        check_stream(postgres_db, conversation, acked_by_a | b.acked() | c.acked())
+
+
+@pytest.mark.timeout(240)
+def test_a_paused_host_is_fenced_and_stops_the_runs_it_lost(
+    postgres_db: str, hosts: list[Host]
+) -> None:
+    beat, dead = 0.5, 3.0
+    a = launch(hosts, postgres_db, "A", 2, beat, dead)
+    b = launch(hosts, postgres_db, "B", 0, beat, dead)
+    streaming(a)
+    lost = list(a.started())
+    os.kill(a.proc.pid, signal.SIGSTOP)
+    for conversation in lost:
+        b.when(f"RESUMED {conversation} 1", dead + 15)
+    b.wait(lambda _: all(b.acks_of(conv) >= 5 for conv in lost), 30, "the taker streaming")
+    os.kill(a.proc.pid, signal.SIGCONT)
+    for conversation in lost:
+        a.when(f"STOPPED {conversation}", 10)
+    b.wait(lambda _: all(b.acks_of(conv) >= 10 for conv in lost), 30, "the taker streaming on")
+    assert a.proc.poll() is None, "the fenced host lives on as a new instance"
+    a_acks_after = [w for w in a.words("ACK")]
+    for conversation in lost:
+        state, instance = owner(postgres_db, conversation)
+        assert state == "running" and instance == b.instance
+        written_after = after_recovery(postgres_db, conversation)
+        assert written_after and all(t.startswith("B:") for t in written_after), written_after
+        check_stream(postgres_db, conversation, a.acked() | b.acked())
+    stored = {(conv, seq, text) for conv in lost for seq, _, text in events(postgres_db, conv)}
+    assert {(w[1], int(w[2]), w[3]) for w in a_acks_after} <= stored, "no ack of A was lost"
+    instances = rows.rows(postgres_db, "SELECT id, taken_by FROM host_instances")
+    taken = {str(i): t for i, t in instances}
+    assert taken[a.instance] == b.instance
+
+
+class Holding:
+    """Host B's runner in the cross-host test: what it starts admits and holds."""
+
+    async def prepare(self, request: Request, preset: Preset, identity: object, recovery: object):  # type: ignore[no-untyped-def]
+        async def run(ctx: ChildContext) -> None:
+            await ctx.admit()
+            await asyncio.sleep(3600)
+
+        return run
+
+
+@pytest.mark.timeout(240)
+async def test_cancel_steer_release_read_and_follow_reach_the_host_running_the_child(
+    postgres_db: str, hosts: list[Host]
+) -> None:
+    a = await asyncio.to_thread(launch, hosts, postgres_db, "A", 3, 0.5, 3.0)
+    await asyncio.to_thread(streaming, a)
+    (c0, l0), (c1, l1), (c2, l2) = a.started().items()
+    config = EngineConfig(host_heartbeat_s=0.5, host_timeout_s=3.0, release_drain_s=5.0)
+    b = Engine(postgres_db, runner=Holding(), config=config)
+    await b.open()
+    try:
+        # The runner reconnects to host B with the same hostInstanceId: its leases live.
+        conn = await b.connect("runner-A", "hi-A")
+        owner_of = {"run_id": "parent-A", "extension_id": "ext", "generation": 7}
+        page = await b.call(conn, "child.read", Params(**owner_of, lease_id=l0, child_id=c0))
+        assert not page.done and page.events
+        assert all(e.text.startswith("A:") for e in page.events)
+        leases = rows.rows(
+            postgres_db, "SELECT lease_id, revoked_at FROM grants WHERE kind = 'lease'"
+        )
+        assert {lease: revoked for lease, revoked in leases} == {l0: None, l1: None, l2: None}
+
+        # follow on B sees what A commits next, woken across hosts.
+        last = page.events[-1].sequence
+
+        async def next_from_a() -> str:
+            async for event in b.follow(c0, after=last):
+                return event.text
+            return ""
+
+        assert (await asyncio.wait_for(next_from_a(), 2)).startswith("A:")
+
+        steer = Params(**owner_of, lease_id=l0, child_id=c0, request_id="s-1", message="hello")
+        asked = time.monotonic()
+        outcome = await b.call(conn, "child.steer", steer)
+        assert outcome.outcome == "injected"
+        got = await asyncio.to_thread(a.when, f"STEER {c0} hello", 5)
+        assert got - asked <= 1.0, f"the steer took {got - asked:.2f} s to reach A"
+
+        asked = time.monotonic()
+        await b.call(conn, "child.cancel", Params(**owner_of, lease_id=l1, child_id=c1))
+        got = await asyncio.to_thread(a.when, f"STOPPED {c1}", 5)
+        assert got - asked <= 1.0, f"the cancel took {got - asked:.2f} s to reach A"
+
+        asked = time.monotonic()
+        await b.call(conn, "child.lease.release", Params(**owner_of, lease_id=l2))
+        got = await asyncio.to_thread(a.when, f"STOPPED {c2}", 5)
+        assert got - asked <= 1.0, f"the release took {got - asked:.2f} s to reach A"
+
+        for conversation in (c1, c2):  # ended by A, as asked on B
+            for _ in range(100):
+                if owner(postgres_db, conversation)[0] == "cancelled":
+                    break
+                await asyncio.sleep(0.05)
+            assert owner(postgres_db, conversation)[0] == "cancelled"
+        done = await b.call(conn, "child.read", Params(**owner_of, lease_id=l1, child_id=c1))
+        assert done.done and done.cancelled
+        assert owner(postgres_db, c0) == ("running", a.instance), "A keeps its own child"
+    finally:
+        await b.close()
+
+
+def test_a_server_clock_takes_the_servers_time_halfway_through_the_round_trip() -> None:
+    clock = ServerClock()
+    clock.correct(server_now=1_000.0, sent=400.0, answered=402.0)
+    assert clock.offset == 599.0
+    assert abs(clock.now() - (time.time() + 599.0)) < 0.1
+
+
+async def test_hosts_on_one_database_stamp_with_its_servers_clock(postgres_db: str) -> None:
+    engine = Engine(postgres_db, runner=Holding())
+    await engine.open()
+    try:
+        assert isinstance(engine.clock, ServerClock)
+        server = float(rows.scalar(postgres_db, "SELECT EXTRACT(EPOCH FROM clock_timestamp())"))
+        assert abs(engine.clock.now() - server) < 0.5
+        started = rows.scalar(postgres_db, "SELECT started_at FROM host_instances")
+        assert abs(float(started) - server) < 5
+    finally:
+        await engine.close()
+
+
+async def test_two_hosts_expire_a_deadline_once(
+    postgres_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both hosts' timers fire at the shared deadline; one of them expires the leases."""
+    clock = ManualClock(start=time.time())
+    config = EngineConfig(lease_lifetime_s=60.0, host_heartbeat_s=0.5, host_timeout_s=3.0)
+    first = Engine(postgres_db, runner=Holding(), config=config, clock=clock)
+    second = Engine(postgres_db, runner=Holding(), config=config, clock=clock)
+    await first.open()
+    await second.open()
+    try:
+        conn = await first.connect("runner-1", "hi-1")
+        await first.open_tool(
+            conn,
+            run_id="parent",
+            conversation_id="parent-conv",
+            tool_call_id="call-1",
+            extension_id="ext",
+            presets=[Preset(name="worker", extension_id="ext", generation=7)],
+            workspace="/tmp",
+        )
+        for i in range(5):
+            lease = f"lease-{i}"
+            request = Request(request_id=f"q{i}", profile="worker", message="go", lease_id=lease)
+            params = Params(
+                run_id="parent",
+                tool_call_id="call-1",
+                extension_id="ext",
+                generation=7,
+                lease_id=lease,
+                request=request,
+            )
+            await first.call(conn, "child.start", params)
+        clock.advance(61.0)
+        caplog.set_level("INFO", logger="delegation")
+        await asyncio.gather(first.expire_due(), second.expire_due())
+        for _ in range(100):
+            states = {s for (s,) in rows.rows(postgres_db, "SELECT state FROM children")}
+            if states == {"cancelled"}:
+                break
+            await asyncio.sleep(0.05)
+        assert states == {"cancelled"}
+        assert rows.scalar(postgres_db, "SELECT COUNT(*) FROM grants WHERE kind = 'lease'") == 0
+        expired = [r for r in caplog.records if getattr(r, "action", "") == "lease_expired"]
+        assert len(expired) == 1, "one host expired the deadline's leases, not each"
+    finally:
+        await second.close()
+        await first.close()
