@@ -129,9 +129,11 @@ class Engine:
                     sent = time.time()
                     server_now = await self._db.read(maintenance.server_time)
                     self.clock.correct(server_now, sent, time.time())
+                beat = boot_clock()
                 takeover = await self._write(
                     maintenance.reconcile, self.config, self.instance_id, self._db.shared
                 )
+                self._alive_since(beat)  # the boot's own heartbeat
                 await self._kill_lost(takeover)
                 await self._stop(takeover.stopping)
                 deadline = await self._db.read(maintenance.next_deadline)
@@ -186,10 +188,7 @@ class Engine:
             except errors.DelegationError as exc:  # busy, or the server away: next beat
                 log.warning("heartbeat failed: %s", exc, extra={"action": "heartbeat_failed"})
                 continue
-            # No host declares this one dead before host_timeout_s after the beat (on the
-            # database's clock); a heartbeat's margin covers the clocks' drift.
-            cfg = self.config
-            self._db.alive_until(beat + cfg.host_timeout_s - cfg.host_heartbeat_s)
+            self._alive_since(beat)
             if isinstance(self.clock, ServerClock):
                 self.clock.correct(takeover.server_now, sent, time.time())
             if not takeover.taken:
@@ -203,6 +202,13 @@ class Engine:
             await self._stop(takeover.stopping)
             self.timers.arm(await self._db.read(maintenance.next_deadline))
             self._resume(takeover)
+
+    def _alive_since(self, beat: float) -> None:
+        """A heartbeat sent at ``beat`` (``boot_clock``) committed: no host declares this
+        one dead before host_timeout_s after it (on the database's clock); a heartbeat's
+        margin covers the clocks' drift."""
+        cfg = self.config
+        self._db.alive_until(beat + cfg.host_timeout_s - cfg.host_heartbeat_s)
 
     async def _fenced(self) -> None:
         """Another host declared this one dead (it was paused, or cut off, past

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, create_engine, make_url
+from sqlalchemy import Connection, create_engine, func, make_url, select
 from sqlalchemy.pool import NullPool
 
 from delegation import errors
-from delegation.store import children, grants, migrate, run, run_many, steers, stores
+from delegation.store import children, grants, migrate, run, run_many, steers, stores, tables
 from delegation.store.events import EventRow
 from delegation.store.interface import Store
 from tests import rows
@@ -508,6 +508,33 @@ async def test_the_loop_keeps_turning_while_a_write_waits_for_a_lock(db_url: str
         assert stalled >= 10, f"the loop turned {stalled} times in 0.5 s: it waited for a lock"
     finally:
         await store.aclose()
+
+
+async def test_a_one_write_job_is_committed_when_its_answer_comes(
+    store: Store, db_url: str
+) -> None:
+    """``one_write`` (a server store may commit the job as its statement's own
+    transaction): its write is committed, and seen by others, once it is answered,
+    also when a Core statement in it began a transaction; one that raises before
+    writing leaves nothing."""
+
+    def core_then_write(conn: Connection) -> str:
+        conn.execute(select(func.count()).select_from(tables.host_instances)).scalar()
+        return insert("core")(conn)
+
+    def refuse(conn: Connection) -> str:
+        raise errors.LeaseNotActivated()
+
+    for durable in (True, False):
+        name = f"plain-{durable}"
+        assert await store.submit(insert(name), durable=durable, one_write=True) == name
+        assert name in instances(db_url)
+    assert await store.submit(core_then_write, one_write=True) == "core"
+    assert "core" in instances(db_url), "committed before it was answered"
+    with pytest.raises(errors.LeaseNotActivated):
+        await store.submit(refuse, one_write=True)
+    assert await store.write(insert("after")) == "after"
+    assert instances(db_url) == {"plain-True", "plain-False", "core", "after"}
 
 
 # --- ownership ------------------------------------------------------------------------

@@ -146,6 +146,8 @@ class PostgresDatabase(Database):
         self._taken_by: str | None = None  # the fence, as the current transaction read it
         self._alive_until = 0.0  # boot_clock(): until then no host can have taken us over
         self._relaxed = False  # the next batch may commit without waiting for the flush
+        self._unflushed_engine: Engine | None = None
+        self._unflushed: Connection | None = None
 
     shared = True  # several hosts may open this database (SPEC §12)
 
@@ -172,6 +174,15 @@ class PostgresDatabase(Database):
                 options={
                     "lock_timeout": str(INLINE_LOCK_TIMEOUT_MS),
                     "idle_in_transaction_session_timeout": "5000",
+                },
+            )
+            self._unflushed_engine = _engine(
+                self.url,
+                "delegation-writer",
+                begin=f"BEGIN; SET LOCAL lock_timeout = {self._busy_timeout_ms}",
+                options={
+                    "lock_timeout": str(INLINE_LOCK_TIMEOUT_MS),
+                    "synchronous_commit": "off",
                 },
             )
             self._read_engine = _engine(
@@ -276,17 +287,32 @@ class PostgresDatabase(Database):
         # can have declared it dead (see alive_until); otherwise it is a guarded batch.
         # What a host paused between that check and its statement writes after its
         # takeover is taken over by the next heartbeat of a live host (lifecycle.LOST).
+        # A durable=False job (a reservation) runs on a second connection whose session
+        # commits without waiting for the WAL flush: the admission's flush on the main
+        # one makes it durable too (the WAL is one sequence), as on SQLite.
         pending = batch.jobs[0]
         if not pending.one_write or pending.fn is None:
             return None
         if self._claimed is not None and boot_clock() >= self._alive_until:
             return None
+        if not pending.durable:
+            conn = self._unflushed_connection()
         raw = dbapi(conn)
         if raw.closed or self._in_transaction(raw):
             return False
         try:
             pending.ok, pending.value = True, pending.fn(conn)
+            # A Core statement began a transaction (SQLAlchemy's begin): commit it now.
+            if conn.in_transaction():
+                conn.commit()
+            elif self._in_transaction(raw):
+                raw.execute("COMMIT")
         except Exception as exc:
+            with contextlib.suppress(Exception):
+                if conn.in_transaction():
+                    conn.rollback()
+                if self._in_transaction(raw):
+                    raw.execute("ROLLBACK")
             failure = translate(exc)
             if isinstance(failure, errors.DatabaseBusy) or raw.closed:
                 return False  # nothing was written: the writer runs it, waiting its turn
@@ -294,6 +320,23 @@ class PostgresDatabase(Database):
             if not isinstance(exc, errors.DelegationError):
                 log.error("write job failed", extra={"action": "write_job_failed"}, exc_info=exc)
         return True
+
+    def _unflushed_connection(self) -> Connection:
+        """The connection of lone ``durable=False`` commits (used only while ``_busy``)."""
+        assert self._unflushed_engine is not None
+        if self._unflushed is None:
+            self._unflushed = self._unflushed_engine.connect()
+        self._unflushed = self._healthy(self._unflushed, self._unflushed_engine)
+        return self._unflushed
+
+    def _stop_writer(self) -> None:
+        super()._stop_writer()
+        unflushed, self._unflushed = self._unflushed, None
+        if unflushed is not None:
+            unflushed.close()
+        if self._unflushed_engine is not None:
+            self._unflushed_engine.dispose()
+            self._unflushed_engine = None
 
     @staticmethod
     def _in_transaction(raw: Any) -> bool:
