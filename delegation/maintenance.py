@@ -148,8 +148,8 @@ def take_over(
     their running children; and for every admitted child of a live lease, within the
     attempt limit, commits a ``recovery`` event and sets it running under this instance.
     """
-    if not everyone:
-        lifecycle.takeover_lock(conn)  # one takeover at a time across hosts
+    if not everyone and not lifecycle.first_to(conn, lifecycle.TAKEOVER_LOCK):
+        return NOTHING  # another host is taking over right now; the next beat looks again
     taken = lifecycle.take_instances(conn, instance_id, now, cfg.host_timeout_s, everyone=everyone)
     if not taken and not everyone and not lifecycle.anything_lost(conn, instance_id):
         return NOTHING

@@ -93,12 +93,6 @@ def take_instances(
     return [row[0] for row in rows]
 
 
-def takeover_lock(conn: Connection) -> None:
-    """Hold, until the transaction ends, the lock every takeover takes on PostgreSQL."""
-    if not is_sqlite(conn):
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": TAKEOVER_LOCK})
-
-
 def heartbeat(conn: Connection, me: str) -> float | None:
     """Record this instance's heartbeat: the database's time of it, or None once
     another host has taken this instance over."""
