@@ -59,13 +59,27 @@ def positive_int(text: str) -> int:
     return value
 
 
+DEFAULT_DB = "./delegation.db"
+
+
 def _add_db(parser: argparse.ArgumentParser) -> None:
+    # Before the command or after it; unset, DELEGATION_DB, then ./delegation.db.
     parser.add_argument(
         "--db",
-        default="./delegation.db",
+        default=argparse.SUPPRESS,
         help="database file, or a URL such as postgresql+psycopg://user@host/db"
-        " (default ./delegation.db)",
+        f" (default $DELEGATION_DB, else {DEFAULT_DB})",
     )
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("delegation")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def _add_json(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="delegation", description="Durable, credential-free child runs for agent hosts."
     )
+    parser.add_argument("--version", action="version", version=f"delegation {version()}")
+    _add_db(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run a host speaking JSON-RPC 2.0")
@@ -181,6 +197,8 @@ class _ActionFormatter(logging.Formatter):
 
 
 def _run(args: argparse.Namespace) -> int:
+    if getattr(args, "db", None) is None:
+        args.db = os.environ.get("DELEGATION_DB") or DEFAULT_DB
     try:
         args.url = db_url(args.db)
     except ValueError as exc:
