@@ -126,9 +126,7 @@ class Engine:
             try:
                 await loop.run_in_executor(None, self._db.claim, self.instance_id)
                 if isinstance(self.clock, ServerClock):  # before anything is stamped
-                    sent = time.time()
-                    server_now = await self._db.read(maintenance.server_time)
-                    self.clock.correct(server_now, sent, time.time())
+                    await self._correct_clock(self.clock)
                 beat = boot_clock()
                 takeover = await self._write(
                     maintenance.reconcile, self.config, self.instance_id, self._db.shared
@@ -179,9 +177,11 @@ class Engine:
         while True:
             await asyncio.sleep(delay)
             delay = self.config.host_heartbeat_s
-            beat, sent = boot_clock(), time.time()
-            try:
-                takeover = await self._write(maintenance.heartbeat, self.config, self.instance_id)
+            beat = boot_clock()
+            try:  # a closing host only beats: it takes nothing over
+                takeover = await self._write(
+                    maintenance.heartbeat, self.config, self.instance_id, self._open
+                )
             except errors.HostFenced:
                 await self._fenced()
                 continue
@@ -190,7 +190,7 @@ class Engine:
                 continue
             self._alive_since(beat)
             if isinstance(self.clock, ServerClock):
-                self.clock.correct(takeover.server_now, sent, time.time())
+                await self._correct_clock(self.clock)
             if not takeover.taken:
                 continue
             log.warning(
@@ -202,6 +202,17 @@ class Engine:
             await self._stop(takeover.stopping)
             self.timers.arm(await self._db.read(maintenance.next_deadline))
             self._resume(takeover)
+
+    async def _correct_clock(self, clock: ServerClock) -> None:
+        """Read the server's clock on the reader (not behind queued writes), so the
+        round trip that brackets it is one statement's."""
+        sent = time.time()
+        try:
+            server_now = await self._db.read_now(maintenance.server_time)
+        except errors.DelegationError as exc:
+            log.warning("server clock not read: %s", exc, extra={"action": "clock_unread"})
+            return
+        clock.correct(server_now, sent, time.time())
 
     def _alive_since(self, beat: float) -> None:
         """A heartbeat sent at ``beat`` (``boot_clock``) committed: no host declares this
@@ -216,10 +227,11 @@ class Engine:
         write (the store refuses them anyway), and the host goes on as a new instance."""
         lost = len(self._local)
         await self._suspend_runs()
-        old, self.instance_id = self.instance_id, f"h-{secrets.token_hex(16)}"
+        old, new = self.instance_id, f"h-{secrets.token_hex(16)}"
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._db.claim, self.instance_id)
-        await self._write(maintenance.rejoin, self.instance_id)
+        await loop.run_in_executor(None, self._db.claim, new)
+        await self._write(maintenance.rejoin, new)
+        self.instance_id = new  # once its row exists: connections name it
         log.error(
             "this host was taken over while it could not heartbeat; %d runs stopped",
             lost,
@@ -261,10 +273,6 @@ class Engine:
             return
         self._open = False
         self._notices.close()
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            await asyncio.gather(self._heartbeat, return_exceptions=True)
-            self._heartbeat = None
         if self._controls is not None:
             await self._controls.stop()
             self._controls = None
@@ -279,9 +287,17 @@ class Engine:
                 reaped = await self._suspend_runs()
             if reaped:  # their processes are reaped: no record may outlive them
                 await self._write(_forget_processes, reaped)
+            await self._stop_heartbeats()  # beating through the drains: never thought dead
             await self._write(service.close_instance, self.instance_id)
         finally:
+            await self._stop_heartbeats()
             await self._db.aclose()
+
+    async def _stop_heartbeats(self) -> None:
+        beating, self._heartbeat = self._heartbeat, None
+        if beating is not None:
+            beating.cancel()
+            await asyncio.gather(beating, return_exceptions=True)
 
     async def _suspend_runs(self) -> list[int]:
         """Stop every local run without a state change; leased ones resume at next boot.

@@ -119,7 +119,9 @@ def rejoin(conn: Connection, instance_id: str, now: float) -> None:
     lifecycle.heartbeat(conn, instance_id)
 
 
-def heartbeat(conn: Connection, cfg: EngineConfig, instance_id: str, now: float) -> Takeover:
+def heartbeat(
+    conn: Connection, cfg: EngineConfig, instance_id: str, take: bool, now: float
+) -> Takeover:
     """A live host's heartbeat on a shared database, and the takeover of whatever host
     instance has died meanwhile (none, most of the time).
 
@@ -129,6 +131,8 @@ def heartbeat(conn: Connection, cfg: EngineConfig, instance_id: str, now: float)
     server_now = lifecycle.heartbeat(conn, instance_id)
     if server_now is None:
         raise errors.HostFenced(f"host instance {instance_id} was taken over by another host")
+    if not take:  # a closing host only beats
+        return dataclasses.replace(NOTHING, server_now=server_now)
     takeover = take_over(conn, cfg, instance_id, now, everyone=False)
     return dataclasses.replace(takeover, server_now=server_now)
 
@@ -153,6 +157,7 @@ def take_over(
     taken = lifecycle.take_instances(conn, instance_id, now, cfg.host_timeout_s, everyone=everyone)
     if not taken and not everyone and not lifecycle.anything_lost(conn, instance_id):
         return NOTHING
+    lifecycle.lock_lost(conn, instance_id)
     lost = [ProcessId(*p) for p in lifecycle.lost_processes(conn, instance_id)]
     lifecycle.forget_lost_processes(conn, instance_id)  # the engine kills them next
     # Operators' cancels left for these children: requested now, so nothing they name

@@ -313,6 +313,7 @@ def finish(conn: Connection, child_id: int, error: str, tracked: bool, now: floa
     it recorded (``tracked``) is forgotten, since the run reaped it."""
     if tracked:
         processes.forget(conn, child_id)
+    children.lock(conn, child_id)  # a cancel from another host waits, or is seen here
     child = children.get(conn, child_id)
     if child is None:
         raise errors.ChildPurged()

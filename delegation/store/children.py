@@ -12,7 +12,7 @@ from sqlalchemy import Connection, select, update
 from delegation import errors, machine
 from delegation.machine import State, Trigger
 from delegation.records import ChildRecord
-from delegation.store import chunks, run
+from delegation.store import chunks, is_sqlite, run
 from delegation.store.tables import children, purged
 
 ACTIVE_STATES = [s.value for s in machine.ACTIVE]
@@ -53,6 +53,14 @@ def from_row(row: tuple[Any, ...]) -> ChildRecord:
     values = list(row)
     values[_FOLLOWUP] = bool(values[_FOLLOWUP])
     return ChildRecord(*values)
+
+
+def lock(conn: Connection, child_id: int) -> None:
+    """Hold the child's row until the transaction ends, so what is read next is not
+    changed by another host before this transaction writes it (PostgreSQL; a SQLite
+    write transaction already excludes every other writer)."""
+    if not is_sqlite(conn):
+        run(conn, "SELECT id FROM children WHERE id = ? FOR UPDATE", (child_id,))
 
 
 def get(conn: Connection, child_id: int) -> ChildRecord | None:

@@ -147,6 +147,17 @@ def anything_lost(conn: Connection, me: str) -> bool:
     return row is not None
 
 
+def lock_lost(conn: Connection, me: str) -> None:
+    """Hold the rows of the children a takeover acts on until it commits (PostgreSQL):
+    a cancel or finish another host commits meanwhile waits, then sees the takeover's
+    result, instead of being overwritten between its statements."""
+    if not is_sqlite(conn):
+        conn.execute(
+            _q(conn, f"SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST} FOR UPDATE"),
+            {"me": me},
+        ).all()
+
+
 def forget_lost_processes(conn: Connection, me: str) -> None:
     conn.execute(
         _q(
@@ -170,9 +181,11 @@ def end_unadmitted(conn: Connection, me: str, error: str, now: float) -> None:
         f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [PREPARED])}, error = cancel_reason,"
         f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{PREPARED}'"
         f" AND cancel_requested_at IS NOT NULL AND {LOST}",
+        # A cancel another host commits meanwhile is not overwritten: such a child stays
+        # lost, and the next takeover ends it by the statement above.
         f"UPDATE {ACTIVE} SET {_fire(Trigger.FINISH, [PREPARED])}, error = :error,"
         f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{PREPARED}'"
-        f" AND {LOST}",
+        f" AND cancel_requested_at IS NULL AND {LOST}",
     ):
         conn.execute(_q(conn, statement), {"now": now, "error": error, "me": me})
 

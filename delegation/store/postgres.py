@@ -183,6 +183,7 @@ class PostgresDatabase(Database):
                 options={
                     "lock_timeout": str(INLINE_LOCK_TIMEOUT_MS),
                     "synchronous_commit": "off",
+                    "idle_in_transaction_session_timeout": "5000",
                 },
             )
             self._read_engine = _engine(
