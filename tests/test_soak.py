@@ -1,11 +1,14 @@
 """The soak of the issue: ``python -m delegation.soak --seconds 20 --json`` runs hosts
 that are closed gracefully and killed with SIGKILL on one database, and must report no
-violation. The checker it relies on is a plain function over a file: the last test
-breaks a database on purpose and expects each break to be reported."""
+violation; with ``--url`` on a PostgreSQL server and ``--hosts 3`` it runs three hosts at
+once and also pauses them past the host timeout. The checker it relies on is a plain
+function over a database: the last tests break one on purpose and expect each break to
+be reported, and read either store."""
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +19,7 @@ import pytest
 from delegation import ChildContext, Event
 from delegation.soak.check import Checker, check_file
 from delegation.soak.journal import Acks
+from tests import rows
 from tests.support import Harness
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +73,66 @@ def test_soak_for_twenty_seconds_reports_no_violation(tmp_path: Path) -> None:
     assert report["p99_ms"] > 0 and report["rss_mb"] > 0
     assert report["checks"] > report["restarts"]
     assert hosts_left(tmp_path) == []
+
+
+@pytest.mark.timeout(180)
+def test_soak_of_three_hosts_on_postgres_kills_pauses_and_takes_over(
+    postgres_db: str, tmp_path: Path
+) -> None:
+    """Three hosts at once on a new database of the server (dropped at the end): at
+    least one is killed, one paused past the host timeout (then fenced), one taken
+    over, and every invariant holds."""
+    soak = ["--url", postgres_db, "--hosts", "3", "--seconds", "15", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "delegation.soak", *soak],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # its folder, for hosts_left
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout + proc.stderr
+    report = json.loads(lines[0])
+    assert report["violations"] == 0, report["violation_samples"]
+    assert proc.returncode == 0, proc.stderr
+    assert (report["store"], report["hosts"]) == ("postgresql", 3)
+    assert report["kills"] >= 1 and report["pauses"] >= 1 and report["graceful"] >= 1
+    assert report["takeovers"] >= 1 and report["fenced"] >= 1
+    assert report["ops"] > 200 and report["acked"]["events"] > 0
+    assert report["checks"] > report["restarts"] + report["pauses"]
+    assert hosts_left(tmp_path) == []
+    soak_db = report["database"].rsplit("/", 1)[1]
+    assert soak_db.startswith("delegation_soak_")
+    found = rows.rows(postgres_db, "SELECT 1 FROM pg_database WHERE datname = :n", {"n": soak_db})
+    assert found == [], "the soak's own database is dropped at the end"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hosts", "2"], "--hosts 2 needs --url"),
+        (["--hosts", "0"], "--hosts must be at least 1"),
+        (["--url", "sqlite:///x.db"], "--url takes a PostgreSQL URL"),
+        (["--url", "mysql://db/x"], "--url:"),
+        (["--heartbeat", "2", "--host-timeout", "3"], "more than two heartbeats"),
+    ],
+)
+def test_soak_refuses_what_it_cannot_run(args: list[str], message: str, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "delegation.soak", "--seconds", "1", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_soak_summary_for_people_and_exit_status(tmp_path: Path) -> None:
@@ -171,6 +235,9 @@ async def test_the_checker_reports_each_broken_invariant(harness: Harness, db_pa
     found = kinds(check_file(db_path, acks))
     assert found == {"lost_event", "lost_tombstone"}
 
+    acks.add({"t": "ev", "run": leased.run_id, "a": 1, "b": 1, "who": "h-someone"})
+    assert kinds(check_file(db_path, acks)) == {"lost_event", "lost_tombstone"}
+
     checker = Checker(retention_s=60.0)
     assert checker.check(db_path) == []
     vanished = broken(db_path, "vanished", "DELETE FROM events", "DELETE FROM children")
@@ -179,3 +246,25 @@ async def test_the_checker_reports_each_broken_invariant(harness: Harness, db_pa
     assert kinds(check_file(db_path, final=True)) == {"lease_left"}
     overdue = Checker().check(db_path, live=True, now=4e9)
     assert "lease_overdue" in kinds(overdue)
+
+
+async def test_the_checker_reads_either_store(harness: Harness, db_url: str) -> None:
+    """On PostgreSQL the checker reads through the store (one read-only snapshot), not
+    through a file: the same findings on either store."""
+
+    async def written_by(ctx: ChildContext) -> None:
+        await ctx.admit()
+        for n in range(1, 3):
+            ctx.emit(Event(kind="text", text=f"t{n}@h-one"))
+        ctx.emit(Event(kind="result", text="r3@h-one"))
+
+    harness.runner.script = written_by
+    leased = await harness.start("q1", lease_id="lease-1")
+    await harness.wait_done(leased.conversation_id)
+    await harness.engine.close()
+    acks = Acks()
+    acks.add({"t": "ev", "run": leased.run_id, "a": 1, "b": 3, "who": "h-one"})
+    assert check_file(db_url, acks) == []
+    acks.add({"t": "ev", "run": leased.run_id, "a": 2, "b": 2, "who": "h-two"})
+    assert kinds(check_file(db_url, acks)) == {"lost_event"}
+    assert kinds(check_file(db_url, final=True)) == {"lease_left"}

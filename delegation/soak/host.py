@@ -1,498 +1,124 @@
 """The host process of ``python -m delegation.soak``: a real :class:`Engine` on the soak's
-database, running the soak's runner (:mod:`delegation.soak.runner`) and driven by a
-seeded random workload of several runners until SIGTERM (a graceful close) or SIGKILL
-(a crash). What the engine acknowledged goes to the journal
-(:mod:`delegation.soak.journal`), and so does whatever the host sees go wrong itself:
-a refusal no correct engine gives, an exception escaping the API, an error log.
+database (its URL in ``$DELEGATION_SOAK_DB``, so that no password shows in ``ps``),
+running the soak's runner (:mod:`delegation.soak.runner`) and driven by the soak's
+random workload (:mod:`delegation.soak.workload`) until SIGTERM (a graceful close) or
+SIGKILL (a crash); beside other hosts on a PostgreSQL database it may also be paused
+(SIGSTOP) past the host timeout, then fenced. What the engine acknowledged goes to the
+host's journal (:mod:`delegation.soak.journal`), and so does whatever the host sees go
+wrong itself: a refusal no correct engine gives, an exception escaping the API, an error
+log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
-import resource
 import signal
 import sys
 import time
-import traceback
-from collections import Counter, deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-import msgspec
+from dataclasses import dataclass
 
 from delegation import errors
 from delegation.config import EngineConfig
 from delegation.engine import Engine
-from delegation.records import RunnerConnection, ToolHandle
 from delegation.soak.journal import Journal
-from delegation.soak.runner import PLANS, SoakRunner
-from delegation.wire import (
-    CANCEL_METHOD,
-    READ_METHOD,
-    RELEASE_METHOD,
-    START_METHOD,
-    STEER_INJECTED,
-    STEER_METHOD,
-    Params,
-    Preset,
-    Request,
-    Result,
-    SteerResult,
-)
-
-T = TypeVar("T")
+from delegation.soak.runner import SoakRunner
+from delegation.soak.workload import Side, Woken, Workload
 
 # Short lifetimes, so that leases expire and finished children are purged (with their
 # events, steers and the tombstones nothing needs) while the soak runs.
 LEASE_LIFETIME_S = 3.0
 RETENTION_S = 10.0
+# Several hosts on PostgreSQL: a host without a heartbeat for HOST_TIMEOUT_S is taken
+# over. Shorter than the engine's own 5 s waits for a lock and for an idle transaction of
+# a paused host, a timeout lets a live host blocked by a paused one be declared dead:
+# ``--heartbeat 0.5 --host-timeout 3`` shows it (README, "Soak").
+HEARTBEAT_S = 1.0
+HOST_TIMEOUT_S = 6.0
 CONFIG = EngineConfig(
     lease_lifetime_s=LEASE_LIFETIME_S,
     release_drain_s=2.0,
     retention_s=RETENTION_S,
     retention_sweep_s=1.0,
+    host_heartbeat_s=HEARTBEAT_S,
+    host_timeout_s=HOST_TIMEOUT_S,
 )
-EXTENSION = "soak-ext"
-PRESETS = (
-    Preset(name="worker", extension_id=EXTENSION, generation=1),
-    Preset(name="helper", extension_id=EXTENSION, generation=1),
-)
+DB_ENV = "DELEGATION_SOAK_DB"
 RUNNERS = ("runner-0", "runner-1", "runner-2")
+RUNNERS_PER_HOST = 2  # with several hosts: runner-<slot>-<n>, each host its own
 WORKERS_PER_RUNNER = 3
-# Refusals no correct engine gives to this workload: each one is a finding.
-SUSPECT_REASONS = frozenset(
-    {"illegal_transition", "internal_error", "store_error", "database_busy", "host_closing"}
-)
-STATS_EVERY_S = 0.25
+# Several hosts writing the same rows wait for each other's locks, a paused one's until
+# the server ends its idle transaction: a lock timeout or a deadlock is then an answer
+# (database_busy), journaled as contention. Their SQLSTATEs:
+CONTENTION = frozenset({"55P03", "40P01", "40001"})
 
 
-# --- the workload ------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class ChildRef:
-    """A child this host started or found, and how to address it."""
-
-    conv: str
-    run: str
-    parent_run: str
-    tool_call: str
-    lease: str
-    after: int = 0
-    done: bool = False
-    steers: dict[str, tuple[str, str]] = field(default_factory=dict)  # req -> (msg, outcome)
-
-
-@dataclass(eq=False)
-class Side:
-    """One runner as the workload sees it."""
-
-    runner_id: str
-    hid: str
-    conn: RunnerConnection | None = None
-    tools: list[ToolHandle] = field(default_factory=list)
-    runs: dict[str, str] = field(default_factory=dict)  # open parent run -> its conversation
-    leases: dict[str, str] = field(default_factory=dict)  # lease id -> its parent run
-    children: deque[ChildRef] = field(default_factory=lambda: deque(maxlen=200))
-    starts: deque[tuple[Params, ChildRef]] = field(default_factory=lambda: deque(maxlen=50))
-
-
-class Stats:
-    """Calls since the last report: latencies, methods and refusals by reason."""
-
-    def __init__(self) -> None:
-        self.latencies: list[float] = []
-        self.calls: Counter[str] = Counter()
-        self.refusals: Counter[str] = Counter()
-
-    def flush_to(self, journal: Journal) -> None:
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        lat = [round(x, 2) for x in self.latencies]
-        journal.write("stats", ops=len(lat), lat=lat, calls=self.calls, err=self.refusals, rss=rss)
-        self.latencies, self.calls, self.refusals = [], Counter(), Counter()
-
-
-class Workload:
-    """Random calls of every kind, from several workers per runner."""
-
-    def __init__(
-        self, engine: Engine, journal: Journal, rng: random.Random, epoch: int, workspace: str
-    ) -> None:
-        self.engine, self.journal, self.rng = engine, journal, rng
-        self.epoch, self.workspace = epoch, workspace
-        self.stats = Stats()
-        self.count = 0
-        self.closing = False  # the engine is closing under the workers' feet
-        self.ops: list[tuple[Callable[[Side], Awaitable[None]], float]] = [
-            (self.start, 30),
-            (self.read, 20),
-            (self.steer, 10),
-            (self.open_tool, 8),
-            (self.cancel, 6),
-            (self.close_tool, 5),
-            (self.replay, 4),
-            (self.release, 4),
-            (self.finish_run, 2),
-            (self.reconnect, 1.5),
-            (self.disconnect, 0.5),
-        ]
-
-    def tag(self) -> str:
-        self.count += 1
-        return f"e{self.epoch}-{self.count}"
-
-    async def call(self, name: str, fn: Callable[[], Awaitable[T]]) -> T | None:
-        """One timed engine call; a refusal is counted by reason and answers None."""
-        started = time.perf_counter()
-        self.stats.calls[name] += 1
-        try:
-            return await fn()
-        except errors.DelegationError as exc:
-            self.stats.refusals[exc.reason] += 1
-            if exc.reason in SUSPECT_REASONS and not self.closing:
-                self.journal.bad(f"refusal: {name} refused with {exc.reason}: {exc}")
-            return None
-        except Exception as exc:
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            self.journal.bad(
-                f"crash: {name} raised {type(exc).__name__} ({exc}) at"
-                f" {os.path.basename(where.filename)}:{where.lineno}"
-            )
-            return None
-        finally:
-            self.stats.latencies.append((time.perf_counter() - started) * 1000)
-
-    async def rpc(self, side: Side, method: str, params: Params) -> Result | SteerResult | None:
-        conn = side.conn
-        if conn is None:
-            return None
-        return await self.call(method, lambda: self.engine.call(conn, method, params))
-
-    # --- setup ---------------------------------------------------------------------
-
-    async def connect(self, side: Side) -> None:
-        """Connect, and learn the leases and leased children earlier hosts left."""
-        sent, hid = time.time(), side.hid
-        conn = await self.call("connect", lambda: self.engine.connect(side.runner_id, hid))
-        if conn is None:
-            return
-        side.conn = conn
-        self.journal.write("instance", runner=side.runner_id, hid=hid, sent=sent)
-        for lease in await self.call("leases", lambda: self.engine.leases(side.runner_id)) or []:
-            if lease.revoked_at is None and lease.run_id is not None:
-                side.leases[lease.lease_id] = lease.run_id
-                side.runs.setdefault(lease.run_id, lease.conversation_id or "")
-        for child in await self.call("list", lambda: self.engine.list_children(limit=300)) or []:
-            if child.runner_id == side.runner_id and child.lease_id in side.leases:
-                ref = ChildRef(
-                    child.conversation_id,
-                    child.run_id,
-                    child.parent_run_id,
-                    "",
-                    child.lease_id or "",
-                    done=child.terminal,
-                )
-                side.children.append(ref)
-
-    async def worker(self, side: Side) -> None:
-        ops, weights = zip(*self.ops, strict=True)
-        while True:
-            op = self.rng.choices(ops, weights)[0]
-            try:
-                await op(side)
-            except Exception as exc:  # a fault of the soak's own: still a finding
-                self.journal.bad(f"worker: {op.__name__} raised {type(exc).__name__}: {exc}")
-            await asyncio.sleep(self.rng.uniform(0.0, 0.01))
-
-    async def report(self) -> None:
-        while True:
-            await asyncio.sleep(STATS_EVERY_S)
-            self.stats.flush_to(self.journal)
-            self.journal.sync()
-
-    # --- helpers --------------------------------------------------------------------
-
-    def generation(self) -> int:
-        return 2 if self.rng.random() < 0.03 else 1  # a stale extension process, now and then
-
-    def handle(self, ref: ChildRef, **extra: Any) -> Params:
-        """Params addressing ``ref`` through its lease, or else its tool call."""
-        run_id = "" if self.rng.random() < 0.08 else ref.run  # sometimes omit childRunId
-        owner: dict[str, Any] = {"lease_id": ref.lease} if ref.lease else {}
-        if not ref.lease:
-            owner["tool_call_id"] = ref.tool_call
-        return Params(
-            run_id=ref.parent_run,
-            extension_id=EXTENSION,
-            generation=self.generation(),
-            child_id=ref.conv,
-            child_run_id=run_id,
-            **owner,
-            **extra,
-        )
-
-    def check_page(self, ref: ChildRef, result: Result, after: int) -> None:
-        """Events after ``after``, gap-free, each with the text its run gave it."""
-        expected = after + 1
-        for event in result.events:
-            if event.sequence != expected:
-                self.journal.bad(f"page: child {ref.run} after {after} gave {event.sequence}")
-                return
-            if event.kind in ("text", "result") and event.text != f"{event.kind[0]}{expected}":
-                self.journal.bad(f"page: child {ref.run} event {expected} reads {event.text!r}")
-            expected += 1
-        ref.after = expected - 1
-        ref.done = ref.done or result.done
-
-    def forget(self, side: Side, gone: Callable[[ChildRef], bool]) -> None:
-        """Stop addressing most children whose authority ended (a few stay, to be refused)."""
-        keep = [ref for ref in side.children if not gone(ref) or self.rng.random() < 0.1]
-        side.children = deque(keep, maxlen=side.children.maxlen)
-
-    def pick(self, side: Side) -> ChildRef | None:
-        return self.rng.choice(side.children) if side.children else None
-
-    # --- operations -------------------------------------------------------------------
-
-    async def open_tool(self, side: Side) -> None:
-        conn = side.conn
-        if conn is None:
-            return None
-        if len(side.tools) >= 3:
-            return await self.start(side)
-        if side.runs and self.rng.random() < 0.6:
-            run_id = self.rng.choice(list(side.runs))
-        else:
-            run_id = f"pr-{self.tag()}"
-            side.runs[run_id] = f"pc-{run_id}"
-        tool = await self.call(
-            "open_tool",
-            lambda: self.engine.open_tool(
-                conn,
-                run_id=run_id,
-                conversation_id=side.runs.get(run_id) or f"pc-{run_id}",
-                tool_call_id=f"call-{self.tag()}",
-                extension_id=EXTENSION,
-                presets=PRESETS,
-                workspace=self.workspace,
-            ),
-        )
-        if tool is not None:
-            side.tools.append(tool)
-
-    async def start(self, side: Side) -> None:
-        rng = self.rng
-        plan = f"{rng.choice(PLANS)} {rng.randint(1, 8)}"
-        request_id = f"q-{self.tag()}"
-        lease = resume = tool_call = ""
-        if side.tools and rng.random() < 0.85:
-            tool = rng.choice(side.tools)
-            run_id, tool_call = tool.run_id, tool.tool_call_id
-            if rng.random() < 0.45:
-                own = [name for name, run in side.leases.items() if run == run_id]
-                lease = rng.choice(own) if own and rng.random() < 0.5 else f"L-{self.tag()}"
-                side.leases.setdefault(lease, run_id)
-            finished = [c for c in side.children if c.parent_run == run_id and c.done]
-            if finished and rng.random() < 0.15:
-                resume = rng.choice(finished).conv
-        elif side.leases:
-            lease, run_id = rng.choice(list(side.leases.items()))
-        else:
-            return await self.open_tool(side)
-        profile = "worker" if rng.random() < 0.95 else "helper"
-        request = Request(
-            request_id=request_id, profile=profile, message=plan, lease_id=lease, resume=resume
-        )
-        params = Params(
-            run_id=run_id,
-            tool_call_id=tool_call,
-            extension_id=EXTENSION,
-            generation=self.generation(),
-            lease_id=lease,
-            request=request,
-        )
-        sent = time.time()
-        if rng.random() < 0.1:  # the same start twice at once: one child, one answer
-            first, result = await asyncio.gather(
-                self.rpc(side, START_METHOD, params), self.rpc(side, START_METHOD, params)
-            )
-            if len({r.run_id for r in (first, result) if isinstance(r, Result)}) > 1:
-                self.journal.bad(f"race: requestId {request_id} started two children")
-            result = result if isinstance(result, Result) else first
-        else:
-            result = await self.rpc(side, START_METHOD, params)
-        if not isinstance(result, Result):
-            return
-        self.journal.write(
-            "start",
-            runner=side.runner_id,
-            run=result.run_id,
-            lease=lease,
-            sent=sent,
-            at=time.time(),
-        )
-        ref = ChildRef(result.conversation_id, result.run_id, run_id, tool_call, lease)
-        self.check_page(ref, result, 0)
-        side.children.append(ref)
-        side.starts.append((params, ref))
-
-    async def replay(self, side: Side) -> None:
-        """The same requestId again: the same child; with other input: a refusal."""
-        if not side.starts:
-            return
-        params, ref = self.rng.choice(side.starts)
-        request = params.request
-        assert isinstance(request, Request)
-        changed = self.rng.random() < 0.25
-        if changed:
-            request = msgspec.structs.replace(request, message=request.message + " again")
-        again = msgspec.structs.replace(params, request=request)
-        result = await self.rpc(side, START_METHOD, again)
-        if not isinstance(result, Result):
-            return
-        if result.run_id == ref.run and not changed:
-            return
-        # Under a lease that expired meanwhile the grant is new, and so is the child.
-        old = await self.call("get_child", lambda: self.engine.get_child(ref.conv, ref.run))
-        if not params.lease_id or (old is not None and old.grant_id is not None):
-            what = "with other input accepted" if changed else "started another child"
-            self.journal.bad(f"replay: requestId {request.request_id} {what}")
-
-    async def read(self, side: Side) -> None:
-        ref = self.pick(side)
-        if ref is None:
-            return
-        params = self.handle(ref, after=ref.after)
-        result = await self.rpc(side, READ_METHOD, params)
-        if isinstance(result, Result) and params.child_run_id:
-            self.check_page(ref, result, params.after)
-
-    async def steer(self, side: Side) -> None:
-        ref = self.pick(side)
-        if ref is None:
-            return
-        again = bool(ref.steers) and self.rng.random() < 0.2
-        if again:
-            request_id, (message, outcome) = self.rng.choice(list(ref.steers.items()))
-            changed = self.rng.random() < 0.3
-            message = message + " changed" if changed else message
-        else:
-            request_id = f"st-{self.tag()}"
-            message, outcome, changed = f"m {request_id}", "", False
-        params = msgspec.structs.replace(
-            self.handle(ref), child_run_id=ref.run, request_id=request_id, message=message
-        )
-        result = await self.rpc(side, STEER_METHOD, params)
-        if not isinstance(result, SteerResult):
-            return
-        if changed:
-            self.journal.bad(f"steer: requestId {request_id} with another message accepted")
-        elif again and result.outcome != outcome:
-            self.journal.bad(f"steer: receipt {request_id} changed {outcome} -> {result.outcome}")
-        elif not again:
-            ref.steers[request_id] = (message, result.outcome)
-            if result.outcome == STEER_INJECTED:
-                self.journal.write("steer", run=ref.run, req=request_id)
-
-    async def cancel(self, side: Side) -> None:
-        ref = self.pick(side)
-        if ref is None:
-            return
-        params = msgspec.structs.replace(self.handle(ref), child_run_id=ref.run)
-        result = await self.rpc(side, CANCEL_METHOD, params)
-        if isinstance(result, Result):
-            self.journal.write("cancel", run=ref.run, done=result.done, at=time.time())
-
-    async def release(self, side: Side) -> None:
-        if side.leases and self.rng.random() < 0.9:
-            lease, run_id = self.rng.choice(list(side.leases.items()))
-        else:
-            lease, run_id = f"L-ghost-{self.tag()}", ""  # an unknown lease: a tombstone
-        params = Params(
-            run_id=run_id, extension_id=EXTENSION, generation=self.generation(), lease_id=lease
-        )
-        sent = time.time()
-        result = await self.rpc(side, RELEASE_METHOD, params)
-        if isinstance(result, Result) and result.done:
-            self.journal.write(
-                "release", runner=side.runner_id, lease=lease, sent=sent, at=time.time()
-            )
-            side.leases.pop(lease, None)
-            self.forget(side, lambda ref: ref.lease == lease)
-
-    async def close_tool(self, side: Side) -> None:
-        if side.tools:
-            tool = side.tools.pop(self.rng.randrange(len(side.tools)))
-            await self.call("close_tool", lambda: self.engine.close_tool(tool))
-            self.forget(side, lambda ref: ref.tool_call == tool.tool_call_id and not ref.lease)
-
-    async def finish_run(self, side: Side) -> None:
-        if not side.runs:
-            return
-        run_id = self.rng.choice(list(side.runs))
-        del side.runs[run_id]
-        side.tools = [t for t in side.tools if t.run_id != run_id]
-        succeeded = self.rng.random() < 0.6
-
-        async def finish() -> bool:
-            await self.engine.finish_run(run_id, succeeded)
-            return True
-
-        sent = time.time()
-        if await self.call("finish_run", finish):
-            self.journal.write("finish", run_id=run_id, ok=succeeded, sent=sent, at=time.time())
-        if not succeeded:
-            side.leases = {k: v for k, v in side.leases.items() if v != run_id}
-
-    async def reconnect(self, side: Side) -> None:
-        """Register again: the same hostInstanceId, or now and then a new one."""
-        if self.rng.random() < 0.15:
-            side.hid = f"hi-{self.tag()}"
-        side.tools = []
-        await self.connect(side)
-
-    async def disconnect(self, side: Side) -> None:
-        conn = side.conn
-        if conn is None:
-            return
-        side.conn, side.tools = None, []
-        await self.call("disconnect", lambda: self.engine.disconnect(conn))
-        await asyncio.sleep(self.rng.uniform(0.0, 0.1))
-        await self.connect(side)
-
-
-# --- the process ---------------------------------------------------------------------------
+def runners_of(slot: int, hosts: int) -> tuple[str, ...]:
+    """The runners of host ``slot``: each host its own, kept by the host started in its
+    place, so no two live hosts connect the same runner (the soak's choice: a runner's
+    leased children still move between hosts, by takeover)."""
+    if hosts == 1:
+        return RUNNERS
+    return tuple(f"runner-{slot}-{n}" for n in range(RUNNERS_PER_HOST))
 
 
 class _Problems(logging.Handler):
-    """Error logs of the library are findings: the journal keeps them."""
+    """Error logs of the library are findings: the journal keeps them. A takeover this
+    host made and the fence it met itself are facts the driver checks instead."""
 
-    def __init__(self, journal: Journal) -> None:
-        super().__init__(logging.ERROR)
-        self.journal = journal
+    def __init__(self, journal: Journal, runner: SoakRunner, woken: Woken, shared: bool) -> None:
+        super().__init__(logging.WARNING)
+        self.journal, self.runner, self.woken, self.shared = journal, runner, woken, shared
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.journal.bad(f"log: {record.name}: {record.getMessage()}")
+        action = getattr(record, "action", "")
+        if action == "hosts_taken_over":
+            self.journal.write("takeover", instances=list(getattr(record, "instances", [])))
+        elif action == "host_fenced":
+            old = str(getattr(record, "old_instance", ""))
+            self.journal.write("fenced", old=old, new=str(getattr(record, "instance", "")))
+            left = sorted(run for run, who in self.runner.owners.items() if who == old)
+            if left:
+                self.journal.bad(f"fence: runs of taken-over instance still execute: {left}")
+        elif record.levelno >= logging.ERROR:
+            exc = record.exc_info[1] if record.exc_info is not None else None
+            what = f"log: {record.name}: {record.getMessage()}"
+            if exc is not None:
+                what += f" ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0]})"
+            if self.shared and _contention(exc):
+                self.journal.write("contention", what=what)
+            else:
+                self.journal.bad(what, woken=self.woken.recently())
+
+
+def _contention(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a lock timeout, deadlock or serialization failure, the server's
+    or the driver's error wrapping one (its SQLSTATE, see ``CONTENTION``)."""
+    for found in (exc, getattr(exc, "orig", None), getattr(exc, "__cause__", None)):
+        if getattr(found, "sqlstate", None) in CONTENTION:
+            return True
+    return isinstance(exc, errors.DatabaseBusy)
 
 
 @dataclass(frozen=True)
 class HostOptions:
-    db: str
+    url: str
     workspace: str
     journal: str
     seed: int
     epoch: int
     instances: dict[str, str]
     final: bool
+    heartbeat_s: float = HEARTBEAT_S
+    timeout_s: float = HOST_TIMEOUT_S
+    shared: bool = False  # several hosts at once: lock contention is an answer
 
 
 async def serve(opts: HostOptions) -> None:
     journal = Journal(opts.journal)
-    logging.getLogger("delegation").addHandler(_Problems(journal))
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(lambda _, context: journal.bad(f"loop: {context.get('message')}"))
     stop = asyncio.Event()
@@ -500,14 +126,21 @@ async def serve(opts: HostOptions) -> None:
     # The driver holds our stdin: end of file means it is gone, and so must we be.
     loop.add_reader(0, lambda: os.read(0, 512) or os._exit(3))
     rng = random.Random(f"{opts.seed}/{opts.epoch}")
-    runner = SoakRunner(journal, random.Random(rng.random()))
-    engine = Engine(f"sqlite:///{opts.db}", runner=runner, config=CONFIG)
+    engine: Engine | None = None
+    runner = SoakRunner(journal, random.Random(rng.random()), lambda: _instance(engine))
+    woken = Woken()
+    logging.getLogger("delegation").addHandler(_Problems(journal, runner, woken, opts.shared))
+    config = dataclasses.replace(
+        CONFIG, host_heartbeat_s=opts.heartbeat_s, host_timeout_s=opts.timeout_s
+    )
+    engine = Engine(opts.url, runner=runner, config=config)
     await engine.open()
-    journal.write("boot", instance=engine.instance_id, epoch=opts.epoch)
+    offset = float(getattr(engine.clock, "offset", 0.0))
+    journal.write("boot", instance=engine.instance_id, epoch=opts.epoch, off=offset)
     print("READY", flush=True)
-    workload = Workload(engine, journal, rng, opts.epoch, opts.workspace)
+    workload = Workload(engine, journal, rng, opts.epoch, opts.workspace, woken, opts.shared)
     sides = [Side(runner_id, hid) for runner_id, hid in opts.instances.items()]
-    tasks: list[asyncio.Task[None]] = [asyncio.create_task(workload.report())]
+    tasks = [asyncio.create_task(workload.report()), asyncio.create_task(woken.watch())]
     for side in sides:
         await workload.connect(side)
     if opts.final:
@@ -519,16 +152,27 @@ async def serve(opts: HostOptions) -> None:
     if rng.random() < 0.5:
         # A deploy does not wait for callers: close while the workers still call.
         workload.closing = True
-        await engine.close()
+        await _close(engine, journal, opts.shared)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    await engine.close()
+    await _close(engine, journal, opts.shared)
     if runner.live:
         journal.bad(f"close: runs still executing after engine.close(): {sorted(runner.live)}")
-    workload.stats.flush_to(journal)
+    workload.stats.flush_to(journal, workload.offset())
     journal.write("closed", instance=engine.instance_id)
     journal.close()
+
+
+async def _close(engine: Engine, journal: Journal, shared: bool) -> None:
+    """Close the engine; beside other hosts a lock timeout or deadlock of its last writes
+    is an answer too (the engine is closed all the same, and its instance taken over)."""
+    try:
+        await engine.close()
+    except errors.DelegationError as exc:
+        if not (shared and _contention(exc)):
+            raise
+        journal.write("contention", what=f"close: {exc.reason}: {exc}")
 
 
 async def _drain(engine: Engine, journal: Journal) -> None:
@@ -547,6 +191,10 @@ async def _drain(engine: Engine, journal: Journal) -> None:
             journal.bad(f"drain: children still active 30 s after their leases ended: {active}")
             return
         await asyncio.sleep(0.05)
+
+
+def _instance(engine: Engine | None) -> str:
+    return engine.instance_id if engine is not None else ""
 
 
 def main(opts: HostOptions) -> int:

@@ -1,12 +1,14 @@
 """The soak's runner: runs that follow the plan their request names, emit events whose
-text names their sequence, and journal every range they flushed and every steer they
-took (:mod:`delegation.soak.journal`)."""
+text names their sequence and the host instance that wrote them (``t7@h-…``), and
+journal every range they flushed and every steer they took
+(:mod:`delegation.soak.journal`)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections import Counter
+from collections.abc import Callable
 
 from delegation.runs import ChildContext, NotResumable, Recovery, Run
 from delegation.soak.journal import Journal
@@ -17,16 +19,25 @@ PREPARE_FAILURE = "planned prepare failure"
 PLANS = ("quick", "quick", "fail", "hold", "hold", "steer", "slow", "noadmit", "prefail")
 
 
-class Emitter:
-    """Emits events whose text names their sequence, and journals each flushed range."""
+def event_text(kind: str, sequence: int, who: str) -> str:
+    """The text the soak's runs give an event: its kind's initial, its sequence and the
+    host instance that wrote it (none in a database a test wrote)."""
+    return f"{kind[:1]}{sequence}@{who}" if who else f"{kind[:1]}{sequence}"
 
-    def __init__(self, ctx: ChildContext, journal: Journal, run_id: str, last: int) -> None:
-        self.ctx, self.journal, self.run_id = ctx, journal, run_id
+
+class Emitter:
+    """Emits events whose text names their sequence and writer, and journals each
+    flushed range."""
+
+    def __init__(
+        self, ctx: ChildContext, journal: Journal, run_id: str, last: int, who: str
+    ) -> None:
+        self.ctx, self.journal, self.run_id, self.who = ctx, journal, run_id, who
         self.next = last + 1
         self.acked = last
 
     def emit(self, kind: str = "text") -> None:
-        sequence = self.ctx.emit(Event(kind=kind, text=f"{kind[0]}{self.next}"))
+        sequence = self.ctx.emit(Event(kind=kind, text=event_text(kind, self.next, self.who)))
         if sequence != self.next:
             self.journal.bad(f"emit: child {self.run_id} got sequence {sequence}, not {self.next}")
         self.next = sequence + 1
@@ -34,17 +45,22 @@ class Emitter:
     async def flush(self) -> None:
         await self.ctx.flush()
         if self.next - 1 > self.acked:
-            self.journal.write("ev", run=self.run_id, a=self.acked + 1, b=self.next - 1)
+            self.journal.write(
+                "ev", run=self.run_id, a=self.acked + 1, b=self.next - 1, who=self.who
+            )
             self.acked = self.next - 1
 
 
 class SoakRunner:
-    """Runs follow the plan named in the request message: ``<plan> <n>``."""
+    """Runs follow the plan named in the request message: ``<plan> <n>``. ``owner``
+    names the host instance that runs them (the engine's, when the run is prepared)."""
 
-    def __init__(self, journal: Journal, rng: random.Random) -> None:
+    def __init__(self, journal: Journal, rng: random.Random, owner: Callable[[], str]) -> None:
         self.journal = journal
         self.rng = rng
+        self.owner = owner
         self.live: Counter[str] = Counter()  # run id -> runs executing it in this process
+        self.owners: dict[str, str] = {}  # run id -> the instance its last run is under
 
     async def prepare(
         self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
@@ -56,22 +72,24 @@ class SoakRunner:
             raise NotResumable()
         attempt = recovery.attempt if recovery is not None else 0
         last = recovery.last_sequence if recovery is not None else 0
+        who = self.owner()
 
         async def run(ctx: ChildContext) -> None:
-            await self._run(ctx, plan, int(count.split()[0]), identity.run_id, attempt, last)
+            out = Emitter(ctx, self.journal, identity.run_id, last, who)
+            await self._run(ctx, plan, int(count.split()[0]), attempt, out)
 
         return run
 
-    async def _run(
-        self, ctx: ChildContext, plan: str, n: int, run_id: str, attempt: int, last: int
-    ) -> None:
+    async def _run(self, ctx: ChildContext, plan: str, n: int, attempt: int, out: Emitter) -> None:
+        run_id, who = out.run_id, out.who
         if self.live[run_id]:
             self.journal.bad(f"twice: child {run_id} started while its run still executes")
         self.live[run_id] += 1
-        self.journal.write("run", run=run_id, attempt=attempt)
+        self.owners[run_id] = who
+        self.journal.write("run", run=run_id, attempt=attempt, who=who)
         how = "returned"
         try:
-            await self._plan(ctx, plan, n, Emitter(ctx, self.journal, run_id, last))
+            await self._plan(ctx, plan, n, out)
         except asyncio.CancelledError:
             how = "cancelled"
             raise
@@ -82,7 +100,8 @@ class SoakRunner:
             self.live[run_id] -= 1
             if not self.live[run_id]:
                 del self.live[run_id]
-            self.journal.write("end", run=run_id, attempt=attempt, how=how)
+                self.owners.pop(run_id, None)
+            self.journal.write("end", run=run_id, attempt=attempt, how=how, who=who)
 
     async def _plan(self, ctx: ChildContext, plan: str, n: int, out: Emitter) -> None:
         rng = self.rng
@@ -116,7 +135,9 @@ class SoakRunner:
                 message = await ctx.wait_steer(0.5)
                 messages = [] if message is None else [message]
             for message in messages:
-                self.journal.write("took", run=ctx.identity.run_id, req=message.split()[-1])
+                self.journal.write(
+                    "took", run=ctx.identity.run_id, req=message.split()[-1], who=out.who
+                )
                 taken += 1
             out.emit()
             await out.flush()
