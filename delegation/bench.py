@@ -9,7 +9,9 @@ durability is changed. Prints a table, or with ``--json`` one line of JSON.
 ``--url postgresql+psycopg://USER@HOST/DB`` runs every scenario on that PostgreSQL
 server instead, beside raw psycopg 3 on the same server: each scenario on a new
 database it creates and drops (the role needs ``CREATEDB``; nothing is written to
-``DB`` itself). See :mod:`delegation.bench_postgres`.
+``DB`` itself). See :mod:`delegation.bench_postgres`. With ``--hosts`` besides: 1, 2
+and 3 host processes on one database, and the takeover of a killed one
+(:mod:`delegation.bench_hosts`).
 """
 
 from __future__ import annotations
@@ -631,7 +633,15 @@ def main(argv: list[str] | None = None) -> int:
         help="a PostgreSQL server, postgresql+psycopg://USER@HOST/DB: USER needs CREATEDB;"
         " each scenario runs on a new database, dropped after it (default: SQLite files)",
     )
+    parser.add_argument(
+        "--hosts",
+        action="store_true",
+        help="with --url: 1, 2 and 3 host processes on one database (starts/s, events/s)"
+        " and the takeover time after a kill, instead of the scenarios",
+    )
     args = parser.parse_args(argv)
+    if args.hosts and args.url is None:
+        parser.error("--hosts needs --url: several hosts share one PostgreSQL database")
     if args.url is not None:
         try:
             postgres = stores.is_postgres(stores.normalize(args.url))
@@ -640,6 +650,13 @@ def main(argv: list[str] | None = None) -> int:
         if not postgres:
             parser.error("--url takes a PostgreSQL URL; SQLite runs on temporary files")
     resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
+    if args.hosts:
+        from delegation import bench_hosts
+
+        sizes = bench_hosts.QUICK if args.quick else bench_hosts.FULL
+        report = asyncio.run(bench_hosts.run_all(args.url, sizes))
+        print(msgspec.json.encode(report).decode() if args.json else bench_hosts.table(report))
+        return 0
     report = asyncio.run(run_all(QUICK if args.quick else FULL, args.only, args.url))
     print(msgspec.json.encode(report).decode() if args.json else table(report))
     return 0

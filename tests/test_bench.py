@@ -157,3 +157,36 @@ def test_bench_table_on_postgres_names_the_server(postgres_server: str) -> None:
     assert "synchronous_commit=" in header
     assert "raw psycopg" in proc.stdout
     assert "events_1" in proc.stdout
+
+
+def test_quick_bench_of_several_hosts_on_postgres(postgres_server: str) -> None:
+    """``--hosts``: starts/s and events/s with 1, 2 and 3 host processes on one database,
+    and the takeover of a killed host. Every figure is reported and positive; no rate is
+    asserted, only that the takeover came within the contract's bound."""
+    report = quick_report("--url", postgres_server, "--hosts", timeout=110)
+    assert set(report) == {"hosts_1", "hosts_2", "hosts_3", "takeover", "machine"}
+    for n in (1, 2, 3):
+        row = report[f"hosts_{n}"]
+        assert row["starts_per_s"] > 0
+        assert row["events_per_s"] > 0
+        for per_host in (row["starts_by_host"], row["events_by_host"]):
+            assert len(per_host) == n  # every host reported its count
+            assert all(rate > 0 for rate in per_host), per_host
+    takeover = report["takeover"]
+    assert takeover["runs"] == 1
+    assert takeover["live_hosts"] >= 1
+    assert takeover["children"] >= 1
+    noticed, taken, streaming = (takeover[k] for k in ("noticed_s", "taken_s", "streaming_s"))
+    for spread in (taken, streaming):
+        assert 0 < spread["min"] <= spread["median"] <= spread["max"]
+    # A heartbeat begun just before the kill may take it over: noticed at 0 s.
+    assert 0 <= noticed["median"] <= taken["median"] <= streaming["median"]
+    assert taken["max"] <= 10 + 2  # host_timeout_s + 2 s (SPEC §12), at the default heartbeat
+    assert report["machine"]["store"] == "postgresql"
+    import psycopg
+
+    with psycopg.connect(postgres_server.replace("+psycopg", "")) as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'delegation\\_bench\\_%'"
+        ).fetchall()
+    assert left == []
