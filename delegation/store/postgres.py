@@ -178,7 +178,7 @@ class PostgresDatabase(Database):
             )
             self._unflushed_engine = _engine(
                 self.url,
-                "delegation-writer",
+                "delegation-writer-unflushed",
                 begin=f"BEGIN; SET LOCAL lock_timeout = {self._busy_timeout_ms}",
                 options={
                     "lock_timeout": str(INLINE_LOCK_TIMEOUT_MS),
