@@ -220,9 +220,6 @@ HOST_SECRETS = {
 }
 
 
-# Its [postgres] variant failed in a fresh-clone CI run (2026-12-01); SQLite-only
-# until that is understood (see the closing note).
-@pytest.mark.sqlite_only
 async def test_the_commands_environment_holds_no_host_secret(
     db_url: str, workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
