@@ -517,6 +517,13 @@ class Database:
                 if begun:  # inline: the loop must not wait for the lock a second time
                     raise
                 self._transaction(conn, batch, savepoints=True, begun=False)
+            except Exception as exc:
+                # An event a constraint refuses (its child is gone: purged, or never
+                # ours) must not fail the jobs beside it: run the batch again, each
+                # event and job on its own, dropping only what is refused.
+                if begun or not batch.events or not refused(exc):
+                    raise
+                self._transaction(conn, batch, savepoints=True, begun=False)
             return True
         except _Redo:
             raise
@@ -660,7 +667,9 @@ class Database:
 
     def _run_batch(self, conn: Connection, batch: _Queue, *, savepoints: bool) -> None:
         raw = dbapi(conn)
-        if batch.events:
+        if batch.events and savepoints:
+            self._insert_events_apart(conn, batch)
+        elif batch.events:
             insert_events(conn, batch.events)
         for pending in batch.jobs:
             if pending.fn is None:
@@ -682,6 +691,38 @@ class Database:
                     raise _Redo() from exc  # it may have written: undo, use savepoints
             if savepoints:
                 raw.execute("RELEASE SAVEPOINT job")
+
+    def _insert_events_apart(self, conn: Connection, batch: _Queue) -> None:
+        """The batch's events in a savepoint; if a constraint refuses them, each in its
+        own, the refused ones dropped and logged (they would fail every later batch)."""
+        raw = dbapi(conn)
+        raw.execute("SAVEPOINT events")
+        try:
+            insert_events(conn, batch.events)
+        except Exception as exc:
+            raw.execute("ROLLBACK TO SAVEPOINT events")
+            if not refused(exc):
+                raise
+            kept = []
+            for row in batch.events:
+                raw.execute("SAVEPOINT event")
+                try:
+                    insert_events(conn, [row])
+                except Exception as one:
+                    raw.execute("ROLLBACK TO SAVEPOINT event")
+                    if not refused(one):
+                        raise
+                    log.warning(
+                        "event refused and dropped: child %d sequence %d",
+                        row.child_id,
+                        row.sequence,
+                        extra={"action": "event_dropped", "child_id": row.child_id},
+                    )
+                else:
+                    kept.append(row)
+                raw.execute("RELEASE SAVEPOINT event")
+            batch.events[:] = kept  # what committed: whose followers are told
+        raw.execute("RELEASE SAVEPOINT events")
 
     def _deliver(self, jobs: list[_Pending], *, inline: bool) -> None:
         waiting = [p for p in jobs if p.future is not None]

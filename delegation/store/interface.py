@@ -25,7 +25,8 @@ The guarantees a store gives, and the engine relies on:
 * **Events.** ``append_event`` never blocks; an event commits in the next batch, with
   or before any job queued after it (``barrier`` is therefore a flush). An event a
   failed batch could not commit is kept for the next one (never a gap), unless the
-  store is closing.
+  store is closing. An event a constraint refuses (its child is gone) is dropped and
+  logged alone: the jobs and events beside it commit.
 * **Reads** see committed data only: ``read`` one consistent snapshot, ``read_now``
   the newest commit per statement. Reads never wait for the writer.
 * **Notices.** ``on_events``, if set, is called on the loop's thread with the ids of
