@@ -108,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--lease-lifetime", type=positive_seconds, help="lease lifetime in seconds")
     serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="what is logged on stderr (default $DELEGATION_LOG, else warning)",
+    )
+    serve.add_argument(
+        "--log-json", action="store_true", help="one JSON object per log line, with its fields"
+    )
+    serve.add_argument(
         "--max-inflight",
         type=positive_int,
         help="requests served at once per connection (default 64)",
@@ -169,12 +177,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = os.environ.get("DELEGATION_LOG", "WARNING").upper()
+    level = (
+        getattr(args, "log_level", None) or os.environ.get("DELEGATION_LOG", "WARNING")
+    ).upper()
     if not isinstance(logging.getLevelName(level), int):
         return _usage(f"DELEGATION_LOG={level.lower()} is not a log level (try info or debug)")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_ActionFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    if getattr(args, "log_json", False):
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(_ActionFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=level, handlers=[handler])
+    for chatty in ("alembic", "apscheduler"):  # their routine steps are not ours to show
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLevelName(level)))
     try:
         return _run(args)
     except errors.DelegationError as exc:
@@ -194,6 +209,32 @@ class _ActionFormatter(logging.Formatter):
         line = super().formatMessage(record)
         action = getattr(record, "action", None)
         return line if action is None else f"{line} action={action}"
+
+
+# The attributes every LogRecord has: what is left in a record's __dict__ is what the
+# call passed in ``extra`` (the structured fields).
+_RECORD_FIELDS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, and every structured
+    field the call passed (``action``, ids, counts); a traceback as ``exception``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        line: dict[str, object] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _RECORD_FIELDS and key not in line:
+                line[key] = value
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -3,6 +3,10 @@ after the command, or from ``DELEGATION_DB``."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -57,3 +61,35 @@ def test_without_db_anywhere_it_is_the_current_directorys_file(
     monkeypatch.delenv("DELEGATION_DB", raising=False)
     assert cli.main(["children"]) == 1
     assert f"no delegation database at {tmp_path / 'delegation.db'}" in capsys.readouterr().err
+
+
+def _serve_and_hang_up(db: Path, *flags: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "delegation.cli", "serve", "--stdio", "--db", str(db), *flags],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "DELEGATION_LOG"},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stderr.splitlines()
+
+
+def test_serve_logs_one_json_object_per_line_with_its_fields(tmp_path: Path) -> None:
+    lines = _serve_and_hang_up(tmp_path / "new.db", "--log-level", "debug", "--log-json")
+    records = [json.loads(line) for line in lines]  # every line is one object
+    started = [r for r in records if r.get("action") == "serve_started"]
+    assert started and started[0]["level"] == "info" and started[0]["message"] == "serving"
+    assert {"time", "level", "logger", "message"} <= set(started[0])
+    hung_up = next(r for r in records if r.get("action") == "peer_hung_up")
+    assert hung_up["in_flight"] == 0, "the structured fields come along"
+    chatty = [r for r in records if r["logger"].split(".")[0] in ("alembic", "apscheduler")]
+    assert chatty == [], "a new file was migrated and timers armed, quietly"
+
+
+def test_serve_log_level_for_people_and_its_default(tmp_path: Path) -> None:
+    lines = _serve_and_hang_up(tmp_path / "new.db", "--log-level", "info")
+    assert any("serving action=serve_started" in line for line in lines)
+    assert not any(" alembic" in line or " apscheduler" in line for line in lines)
+    assert _serve_and_hang_up(tmp_path / "new.db") == [], "warnings only, by default"
