@@ -147,7 +147,11 @@ class Engine:
             self._controls.start()  # operators' requests: those left while down first
             if self._db.shared:
                 self._heartbeat = asyncio.create_task(self._heartbeats(), name="delegation-beat")
-            await asyncio.sleep(0)  # each resumed run takes its first step
+            try:
+                await asyncio.sleep(0)  # each resumed run takes its first step
+            except BaseException:  # cancelled here, the caller would never close it
+                await self.close()
+                raise
 
     async def _kill_lost(self, takeover: maintenance.Takeover) -> None:
         """Before anything resumes: a process a lost run started and that outlived its

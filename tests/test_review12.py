@@ -114,7 +114,6 @@ async def test_an_open_cancelled_while_the_file_opens_gives_the_file_back(
         assert again.is_open
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed here: Engine.open's last await is unguarded")
 async def test_an_open_cancelled_at_its_last_step_leaves_no_open_engine(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
