@@ -155,9 +155,10 @@ def take_over(
     if not everyone and not lifecycle.first_to(conn, lifecycle.TAKEOVER_LOCK):
         return NOTHING  # another host is taking over right now; the next beat looks again
     taken = lifecycle.take_instances(conn, instance_id, now, cfg.host_timeout_s, everyone=everyone)
-    if not taken and not everyone and not lifecycle.anything_lost(conn, instance_id):
+    # SQLite (everyone): the boot's write transaction already excludes every writer.
+    lost_any = not everyone and lifecycle.lock_lost(conn, instance_id)
+    if not taken and not everyone and not lost_any:
         return NOTHING
-    lifecycle.lock_lost(conn, instance_id)
     lost = [ProcessId(*p) for p in lifecycle.lost_processes(conn, instance_id)]
     lifecycle.forget_lost_processes(conn, instance_id)  # the engine kills them next
     # Operators' cancels left for these children: requested now, so nothing they name

@@ -574,16 +574,33 @@ class Database:
             self._guard(conn)
             self._run_batch(conn, batch, savepoints=savepoints)
             self._announce_in(conn, batch)
-            if conn.in_transaction():
-                conn.commit()
-            else:
-                raw.execute("COMMIT")
+            self._commit_open(conn)
         except BaseException:  # a failed COMMIT too: never leave the write lock held
-            if conn.in_transaction():
-                conn.rollback()
-            if self._in_transaction(raw):
-                raw.execute("ROLLBACK")
+            self._roll_back(conn)
             raise
+
+    def _commit_open(self, conn: Connection) -> None:
+        """Commit the transaction open on ``conn``: through SQLAlchemy if a Core
+        statement began it (``_on_begin``), else on the driver's connection."""
+        if conn.in_transaction():
+            conn.commit()
+        elif self._in_transaction(dbapi(conn)):
+            dbapi(conn).execute("COMMIT")
+
+    def _roll_back(self, conn: Connection) -> None:
+        """Roll back whatever transaction is open on ``conn`` (SQLAlchemy's, the driver's)."""
+        if conn.in_transaction():
+            conn.rollback()
+        if self._in_transaction(dbapi(conn)):
+            dbapi(conn).execute("ROLLBACK")
+
+    @staticmethod
+    def _job_failed(pending: _Pending, exc: Exception) -> None:
+        """``pending``'s job raised ``exc``: its caller gets the domain error; a fault
+        of ours (not a refusal) is logged with its traceback."""
+        pending.ok, pending.value = False, translate(exc)
+        if not isinstance(exc, errors.DelegationError):
+            log.error("write job failed", extra={"action": "write_job_failed"}, exc_info=exc)
 
     # --- what differs between stores (PostgresDatabase overrides these) -----------
 
@@ -680,11 +697,7 @@ class Database:
             try:
                 pending.ok, pending.value = True, pending.fn(conn)
             except Exception as exc:
-                pending.ok, pending.value = False, translate(exc)
-                if not isinstance(exc, errors.DelegationError):
-                    log.error(
-                        "write job failed", extra={"action": "write_job_failed"}, exc_info=exc
-                    )
+                self._job_failed(pending, exc)
                 if savepoints:
                     raw.execute("ROLLBACK TO SAVEPOINT job")
                 elif before is None or self._changes(raw) != before:

@@ -139,23 +139,14 @@ def lost_processes(conn: Connection, me: str) -> list[tuple[int, int, str]]:
     ]
 
 
-def anything_lost(conn: Connection, me: str) -> bool:
-    """Whether an unfinished child is owned by no live instance (see ``LOST``)."""
-    row = conn.execute(
-        _q(conn, f"SELECT 1 FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST} LIMIT 1"), {"me": me}
-    ).first()
-    return row is not None
-
-
-def lock_lost(conn: Connection, me: str) -> None:
+def lock_lost(conn: Connection, me: str) -> bool:
     """Hold the rows of the children a takeover acts on until it commits (PostgreSQL):
     a cancel or finish another host commits meanwhile waits, then sees the takeover's
-    result, instead of being overwritten between its statements."""
-    if not is_sqlite(conn):
-        conn.execute(
-            _q(conn, f"SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST} FOR UPDATE"),
-            {"me": me},
-        ).all()
+    result, instead of being overwritten between its statements. Whether there is any
+    (SQLite: only looked for, its write transaction already excludes other writers)."""
+    lock = "" if is_sqlite(conn) else " FOR UPDATE"
+    sql = f"SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST}{lock}"
+    return bool(conn.execute(_q(conn, sql), {"me": me}).all())
 
 
 def forget_lost_processes(conn: Connection, me: str) -> None:

@@ -165,26 +165,9 @@ class PostgresDatabase(Database):
         try:
             self._lock_conn = _connect(self.url, "delegation-host")
             upgrade(self.url, beside_hosts=True)
-            self._write_engine = _engine(
-                self.url,
-                "delegation-writer",
-                begin=f"BEGIN; SET LOCAL lock_timeout = {self._busy_timeout_ms}",
-                # A host stopped mid-batch (SIGSTOP) must not hold its rows locked
-                # against the host taking over from it: the server ends its session.
-                options={
-                    "lock_timeout": str(INLINE_LOCK_TIMEOUT_MS),
-                    "idle_in_transaction_session_timeout": "5000",
-                },
-            )
-            self._unflushed_engine = _engine(
-                self.url,
-                "delegation-writer-unflushed",
-                begin=f"BEGIN; SET LOCAL lock_timeout = {self._busy_timeout_ms}",
-                options={
-                    "lock_timeout": str(INLINE_LOCK_TIMEOUT_MS),
-                    "synchronous_commit": "off",
-                    "idle_in_transaction_session_timeout": "5000",
-                },
+            self._write_engine = self._writer("delegation-writer")
+            self._unflushed_engine = self._writer(
+                "delegation-writer-unflushed", synchronous_commit="off"
             )
             self._read_engine = _engine(
                 self.url,
@@ -202,6 +185,26 @@ class PostgresDatabase(Database):
                 raise
             raise translate(exc) from exc
         self._start_writer()
+
+    def _writer(self, application: str, **settings: str) -> Engine:
+        """An engine for write connections: inline statements wait INLINE_LOCK_TIMEOUT_MS
+        for a row lock, the writer's transactions busy_timeout (their BEGIN sets it)."""
+        return _engine(
+            self.url,
+            application,
+            begin=self._writer_begin(),
+            # A host stopped mid-batch (SIGSTOP) must not hold its rows locked against
+            # the host taking over from it: the server ends its session.
+            options={
+                "lock_timeout": str(INLINE_LOCK_TIMEOUT_MS),
+                "idle_in_transaction_session_timeout": "5000",
+                **settings,
+            },
+        )
+
+    def _writer_begin(self) -> str:
+        """The writer thread's BEGIN: its transactions wait busy_timeout for a lock."""
+        return f"BEGIN; SET LOCAL lock_timeout = {self._busy_timeout_ms}"
 
     def claim(self, instance_id: str) -> None:
         """Hold ``instance_id``'s lock for this host's life (letting go of an earlier
@@ -258,7 +261,7 @@ class PostgresDatabase(Database):
     def _open_transaction(self, raw: Any, *, inline: bool) -> None:
         """BEGIN, the batch's settings and the fence's read in one round trip (a simple
         query of several statements); who took this instance over is kept for _guard."""
-        sql = "BEGIN" if inline else f"BEGIN; SET LOCAL lock_timeout = {self._busy_timeout_ms}"
+        sql = "BEGIN" if inline else self._writer_begin()
         if self._relaxed:
             sql += "; SET LOCAL synchronous_commit = off"
         self._taken_by = None
@@ -303,23 +306,13 @@ class PostgresDatabase(Database):
             return False
         try:
             pending.ok, pending.value = True, pending.fn(conn)
-            # A Core statement began a transaction (SQLAlchemy's begin): commit it now.
-            if conn.in_transaction():
-                conn.commit()
-            elif self._in_transaction(raw):
-                raw.execute("COMMIT")
+            self._commit_open(conn)  # a Core statement began a transaction: commit it now
         except Exception as exc:
             with contextlib.suppress(Exception):
-                if conn.in_transaction():
-                    conn.rollback()
-                if self._in_transaction(raw):
-                    raw.execute("ROLLBACK")
-            failure = translate(exc)
-            if isinstance(failure, errors.DatabaseBusy) or raw.closed:
+                self._roll_back(conn)
+            if isinstance(translate(exc), errors.DatabaseBusy) or raw.closed:
                 return False  # nothing was written: the writer runs it, waiting its turn
-            pending.ok, pending.value = False, failure
-            if not isinstance(exc, errors.DelegationError):
-                log.error("write job failed", extra={"action": "write_job_failed"}, exc_info=exc)
+            self._job_failed(pending, exc)
         return True
 
     def _unflushed_connection(self) -> Connection:
