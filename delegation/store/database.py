@@ -574,25 +574,26 @@ class Database:
             self._guard(conn)
             self._run_batch(conn, batch, savepoints=savepoints)
             self._announce_in(conn, batch)
-            self._commit_open(conn)
+            self._commit_open(conn, raw)
         except BaseException:  # a failed COMMIT too: never leave the write lock held
-            self._roll_back(conn)
+            self._roll_back(conn, raw)
             raise
 
-    def _commit_open(self, conn: Connection) -> None:
+    def _commit_open(self, conn: Connection, raw: Any) -> None:
         """Commit the transaction open on ``conn``: through SQLAlchemy if a Core
-        statement began it (``_on_begin``), else on the driver's connection."""
+        statement began it (``_on_begin``), else on ``raw``, the driver's connection
+        taken before the work (SQLAlchemy refuses to hand out an invalidated one)."""
         if conn.in_transaction():
             conn.commit()
-        elif self._in_transaction(dbapi(conn)):
-            dbapi(conn).execute("COMMIT")
+        elif self._in_transaction(raw):
+            raw.execute("COMMIT")
 
-    def _roll_back(self, conn: Connection) -> None:
-        """Roll back whatever transaction is open on ``conn`` (SQLAlchemy's, the driver's)."""
+    def _roll_back(self, conn: Connection, raw: Any) -> None:
+        """Roll back whatever transaction is open on ``conn`` (SQLAlchemy's) or ``raw``."""
         if conn.in_transaction():
             conn.rollback()
-        if self._in_transaction(dbapi(conn)):
-            dbapi(conn).execute("ROLLBACK")
+        if self._in_transaction(raw):
+            raw.execute("ROLLBACK")
 
     @staticmethod
     def _job_failed(pending: _Pending, exc: Exception) -> None:

@@ -306,10 +306,10 @@ class PostgresDatabase(Database):
             return False
         try:
             pending.ok, pending.value = True, pending.fn(conn)
-            self._commit_open(conn)  # a Core statement began a transaction: commit it now
+            self._commit_open(conn, raw)  # a Core statement began a transaction: commit it now
         except Exception as exc:
             with contextlib.suppress(Exception):
-                self._roll_back(conn)
+                self._roll_back(conn, raw)
             if isinstance(translate(exc), errors.DatabaseBusy) or raw.closed:
                 return False  # nothing was written: the writer runs it, waiting its turn
             self._job_failed(pending, exc)
