@@ -722,3 +722,73 @@ async def test_a_write_connection_the_server_dropped_is_opened_again(
     finally:
         await store.aclose()
     assert "Exception in callback" not in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("one_write", [False, True])
+@pytest.mark.parametrize("at", ["statement", "commit"])
+async def test_a_session_the_server_ends_inside_a_batch_fails_that_batch_only(
+    at: str, one_write: bool, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server ends the session after a job's Core statement (as
+    ``idle_in_transaction_session_timeout`` does to a paused host), so the job's next
+    statement or the COMMIT fails: SQLAlchemy marks the connection invalid with its
+    transaction still to roll back. That job fails; the next ones commit on a new
+    connection (one kept waiting for that rollback refused every later batch)."""
+    if rows.is_sqlite(db_url):
+        pytest.skip("a connection to a server: PostgreSQL's")
+    store = open_store(db_url)
+    try:
+
+        def dies(conn: Connection) -> None:
+            conn.execute(select(func.count()).select_from(tables.host_instances))
+            terminate(db_url, backend_pid(conn))
+            if at == "statement":
+                conn.execute(select(func.count()).select_from(tables.host_instances))
+
+        with pytest.raises(errors.StoreError):
+            await store.submit(dies, one_write=one_write)
+        for name in ("after", "again"):
+            assert await store.write(insert(name)) == name
+        assert {"after", "again"} <= set(instances(db_url))
+    finally:
+        await store.aclose()
+    assert "Exception in callback" not in caplog.text, caplog.text
+
+
+async def test_a_rejoin_refuses_what_the_earlier_instance_left_queued(db_url: str) -> None:
+    """A fenced host claims a new instance: the events and jobs its earlier instance left
+    queued are refused (``HostFenced``), not committed under the new one's fence, where
+    an event would land beside the taking host's. The batch being committed when the
+    claim came ends first, under the earlier fence."""
+    if rows.is_sqlite(db_url):
+        pytest.skip("a fence: several hosts share only a PostgreSQL database")
+    import psycopg
+
+    store = open_store(db_url)
+    try:
+        await store.write(insert("first"))
+        store.claim("first")
+        child = await store.write(add_child)
+        with psycopg.connect(_libpq(db_url), autocommit=True) as blocker:
+            blocker.execute("BEGIN")  # holds the writer at its fence, on the instance row
+            blocker.execute("SELECT 1 FROM host_instances WHERE id = 'first' FOR UPDATE")
+            held = asyncio.ensure_future(store.write(insert("held")))
+            await asyncio.sleep(0.2)
+            store.append_event(event(child, 1))
+            flushed = asyncio.ensure_future(store.barrier())
+            queued = asyncio.ensure_future(store.write(insert("queued")))
+            await asyncio.sleep(0.1)
+            claiming = asyncio.get_running_loop().run_in_executor(None, store.claim, "second")
+            await asyncio.sleep(0.1)
+            assert not claiming.done(), "the claim waits for the batch being committed"
+            blocker.execute("ROLLBACK")
+        assert await held == "held"
+        await claiming
+        for refused in (flushed, queued):
+            with pytest.raises(errors.HostFenced):
+                await refused
+        assert events_of(db_url) == []
+        assert "queued" not in instances(db_url)
+        assert await store.write(insert("after")) == "after"
+    finally:
+        await store.aclose()

@@ -205,6 +205,7 @@ class Database:
         self._stopping = False
         self._dispatching = False  # a _dispatch is scheduled on the loop
         self._busy = False  # a batch is being committed (by the writer or inline)
+        self._claiming = False  # a claim waits for the batch being committed (PostgreSQL)
         self._conn: Connection | None = None  # the write connection, while the writer runs
         self._level = self._levels[True]
         self._thread: threading.Thread | None = None
@@ -435,8 +436,8 @@ class Database:
                 self._busy = False
                 if not committed:
                     self._queue.jobs[:0] = queue.jobs
-                if self._queue.jobs or self._queue.events or self._stopping:
-                    self._cond.notify()
+                if self._queue.jobs or self._queue.events or self._stopping or self._claiming:
+                    self._cond.notify_all()  # the writer, or a claim waiting for this commit
         if committed:
             self._deliver(queue.jobs, inline=True)
 
@@ -487,6 +488,8 @@ class Database:
                 finally:
                     with self._cond:
                         self._busy = False
+                        if self._claiming:
+                            self._cond.notify_all()  # it waits for this batch to end
                 self._deliver(batch.jobs, inline=False)
                 if committed and batch.events and self.on_events is not None:
                     self._announce({row.child_id for row in batch.events})
@@ -589,10 +592,13 @@ class Database:
             raw.execute("COMMIT")
 
     def _roll_back(self, conn: Connection, raw: Any) -> None:
-        """Roll back whatever transaction is open on ``conn`` (SQLAlchemy's) or ``raw``."""
-        if conn.in_transaction():
-            conn.rollback()
-        if self._in_transaction(raw):
+        """Roll back whatever transaction is open on ``conn`` (SQLAlchemy's) or ``raw``.
+
+        SQLAlchemy's rollback is called even when ``conn`` reports no transaction: a
+        COMMIT that lost the connection leaves one it refuses every later use for until
+        rolled back (``PendingRollbackError``); with none, the call does nothing."""
+        conn.rollback()
+        if not self._lost(raw) and self._in_transaction(raw):
             raw.execute("ROLLBACK")
 
     @staticmethod
@@ -639,19 +645,22 @@ class Database:
         (SQLite: nothing to do, ``PRAGMA data_version`` moves by itself)."""
 
     @staticmethod
-    def _lost(conn: Connection) -> bool:
-        """Whether the server dropped ``conn`` (a SQLite file cannot)."""
+    def _lost(raw: Any) -> bool:
+        """Whether the server dropped the driver's connection ``raw`` (a SQLite file
+        cannot)."""
         return False
 
     def _healthy(self, conn: Connection, engine: Engine | None = None) -> Connection:
         """``conn``, or a new connection of ``engine`` (the writer's by default) if the
         server dropped it: a lost connection fails one batch or one read, not all after."""
-        if not self._lost(conn):
+        if not conn.invalidated and not self._lost(dbapi(conn)):
             return conn
         engine = engine or self._write_engine
         assert engine is not None
         log.warning("a connection to the store was lost; connecting again")
-        conn.invalidate()
+        with contextlib.suppress(Exception):  # gone already: only SQLAlchemy's state is left
+            conn.rollback()
+            conn.invalidate()
         conn.close()
         return engine.connect()
 

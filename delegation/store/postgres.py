@@ -215,11 +215,33 @@ class PostgresDatabase(Database):
         lock = self._lock_conn
         assert lock is not None
         with self._cond:
-            previous, self._claimed = self._claimed, instance_id
+            previous, left = self._claimed, _Queue()
+            if previous is not None:
+                # A rejoin: what the earlier instance queued belongs to runs it lost;
+                # fenced on the new instance, it would commit (an event beside the
+                # taking host's). The batch being committed, fenced on the earlier one,
+                # ends first.
+                self._claiming = True
+                while self._busy:
+                    self._cond.wait()
+                self._claiming = False
+                left, self._queue = self._queue, _Queue()
+            self._claimed = instance_id
             self._alive_until = 0.0  # fresh once its first heartbeat committed
+        if left.jobs or left.events:
+            self._refuse(left, errors.HostFenced(f"host instance {previous} was taken over"))
         if previous is not None:
             lock.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (INSTANCE_LOCKS, previous))
         lock.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance_id))
+
+    def _refuse(self, left: _Queue, fenced: errors.HostFenced) -> None:
+        for pending in left.jobs:
+            pending.ok, pending.value = False, fenced
+        self._deliver(left.jobs, inline=False)
+        log.warning(
+            "writes of a taken-over instance dropped",
+            extra={"action": "fenced_writes_dropped", "events": len(left.events)},
+        )
 
     def alive_until(self, deadline: float) -> None:
         with self._cond:
@@ -365,8 +387,8 @@ class PostgresDatabase(Database):
             )
 
     @staticmethod
-    def _lost(conn: Connection) -> bool:
-        return bool(dbapi(conn).closed)
+    def _lost(raw: Any) -> bool:
+        return bool(raw.closed)
 
 
 def _connect(url: str, application: str) -> Any:
