@@ -157,7 +157,8 @@ def take_over(
     taken = lifecycle.take_instances(conn, instance_id, now, cfg.host_timeout_s, everyone=everyone)
     # SQLite (everyone): the boot's write transaction already excludes every writer.
     lost_any = not everyone and lifecycle.lock_lost(conn, instance_id)
-    if not taken and not everyone and not lost_any:
+    previous = runners.open_connections_of_taken(conn)
+    if not taken and not everyone and not lost_any and not previous:
         return NOTHING
     lost = [ProcessId(*p) for p in lifecycle.lost_processes(conn, instance_id)]
     lifecycle.forget_lost_processes(conn, instance_id)  # the engine kills them next
@@ -173,7 +174,6 @@ def take_over(
     # First the never-admitted: the restart, not what it ends below, interrupted them.
     # A cancellation requested before the restart still wins.
     lifecycle.end_unadmitted(conn, instance_id, ADMISSION_INTERRUPTED, now)
-    previous = [c for instance in taken for c in runners.open_connections(conn, instance)]
     previous_tools = grants.tools_of_connections(conn, previous)
     stopping = service.close_tools(conn, previous_tools, now, HOST_RESTARTED)
     for connection_id in previous:

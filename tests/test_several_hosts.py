@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy
+from sqlalchemy.pool import NullPool
 
 from delegation import ChildContext, Engine, EngineConfig, Params, Preset, Request
 from delegation.clock import ManualClock, ServerClock
@@ -395,3 +397,39 @@ async def test_two_hosts_expire_a_deadline_once(
     finally:
         await second.close()
         await first.close()
+
+
+async def test_a_connection_written_late_under_a_taken_instance_is_ended_at_the_next_beat(
+    postgres_db: str,
+) -> None:
+    """A fenced host rejoining as a new instance may commit a connect it began under its
+    old one (the batches of that window are fenced on the new instance): a live host's
+    next heartbeat ends that connection, as the takeover ended the instance's others."""
+    config = EngineConfig(host_heartbeat_s=0.2, host_timeout_s=3.0)
+    engine = Engine(postgres_db, runner=Holding(), config=config)
+    await engine.open()
+    try:
+        writer = sqlalchemy.create_engine(postgres_db, poolclass=NullPool)
+        late = (
+            "INSERT INTO host_instances (id, started_at, closed_at, taken_by)"
+            " VALUES ('h-gone', 1, 2, :me)",
+            "INSERT INTO runners (runner_id, host_instance_id, generation, connection_id,"
+            " updated_at) VALUES ('late', 'hi-late', 1, 'c-late', 3)",
+            "INSERT INTO connections (id, runner_id, generation, host_instance_id,"
+            " engine_instance_id, opened_at) VALUES ('c-late', 'late', 1, 'hi-late', 'h-gone', 3)",
+        )
+        with writer.begin() as conn:
+            for statement in late:
+                conn.execute(sqlalchemy.text(statement), {"me": engine.instance_id})
+        writer.dispose()
+        for _ in range(100):
+            closed = rows.scalar(
+                postgres_db, "SELECT closed_at FROM connections WHERE id = 'c-late'"
+            )
+            if closed is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert closed is not None, "the late connection of a taken instance is still open"
+        assert rows.scalar(postgres_db, "SELECT connection_id FROM runners") is None
+    finally:
+        await engine.close()

@@ -100,3 +100,14 @@ def open_connections(conn: Connection, engine_instance_id: str | None = None) ->
     if engine_instance_id is not None:
         query = query.where(connections.c.engine_instance_id == engine_instance_id)
     return list(conn.execute(query).scalars())
+
+
+def open_connections_of_taken(conn: Connection) -> list[str]:
+    """Open connections of instances another host took over: those taken right now, and
+    any a fenced host opened under its old instance while it rejoined (its batches in
+    that window are fenced on the instance it rejoins as)."""
+    taken = select(host_instances.c.id).where(host_instances.c.taken_by.is_not(None))
+    query = select(connections.c.id).where(
+        connections.c.closed_at.is_(None), connections.c.engine_instance_id.in_(taken)
+    )
+    return list(conn.execute(query).scalars())
