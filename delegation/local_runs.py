@@ -9,6 +9,9 @@ A local run goes through one lifecycle (:class:`Phase`)::
 *without* recording an end (a leased child resumes at the next boot). It can arrive in
 any phase, a run that is already FINISHING included; then the end it is recording is
 not retried once refused, and callers waiting for its admission get ``HostClosing``.
+What a suspended run emits after that is not written, and its flushes raise
+``HostClosing``: its child resumes from what was committed, here at the next boot or
+on the host that took it over (where an event written late would sit beside its own).
 
 The run object is also the hooks (``runs.Hooks``) by which its context reaches the
 engine: one object per child, as a long-lived child's footprint is what the garbage
@@ -22,7 +25,7 @@ import enum
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from delegation import authority, processes, queries, service
+from delegation import authority, errors, processes, queries, service
 from delegation.records import ChildRecord
 from delegation.store import Connection
 from delegation.store import processes as store_processes
@@ -134,12 +137,18 @@ class LocalRun:
             self.admitted()
 
     def append(self, sequence: int, body: bytes, output: str | None) -> None:
+        if self.suspended:
+            return  # see the module
         # Set before queueing: a batch that holds this event sees it when it admits.
         self.emitted = True
         self.engine._db.append_event(EventRow(self.child_id, sequence, body, output))
 
     async def flush(self) -> None:
         await self.engine._db.barrier()
+        if self.suspended:  # what it emitted since is not written (see the module)
+            raise errors.HostClosing(
+                "this run was stopped with its host: what it emitted since is not written"
+            )
 
     async def record_process(self, pid: int) -> None:
         process = processes.identify(pid)
