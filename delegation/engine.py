@@ -15,7 +15,7 @@ import gc
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -176,36 +176,48 @@ class Engine:
         """Heartbeat every ``host_heartbeat_s``, and take over what dead hosts left.
 
         The first beat comes at once: a host killed just before this one opened is seen
-        dead (its lock free) without waiting a whole period."""
+        dead (its lock free) without waiting a whole period. Nothing a beat meets ends
+        the loop: a host that stopped beating would be taken over while it runs."""
         delay = 0.25
         while True:
             await asyncio.sleep(delay)
             delay = self.config.host_heartbeat_s
-            beat = boot_clock()
-            try:  # a closing host only beats: it takes nothing over
-                takeover = await self._write(
-                    maintenance.heartbeat, self.config, self.instance_id, self._open
-                )
-            except errors.HostFenced:
-                await self._fenced()
-                continue
+            try:
+                await self._beat()
             except errors.DelegationError as exc:  # busy, or the server away: next beat
                 log.warning("heartbeat failed: %s", exc, extra={"action": "heartbeat_failed"})
-                continue
-            self._alive_since(beat)
-            if isinstance(self.clock, ServerClock):
-                await self._correct_clock(self.clock)
-            if not takeover.taken:
-                continue
-            log.warning(
-                "took over %d dead host instances",
-                len(takeover.taken),
-                extra={"action": "hosts_taken_over", "instances": takeover.taken},
+            except Exception:
+                log.exception("heartbeat failed", extra={"action": "heartbeat_failed"})
+
+    async def _beat(self) -> None:
+        beat = boot_clock()
+        try:  # a closing host only beats: it takes nothing over
+            takeover = await self._write(
+                maintenance.heartbeat, self.config, self.instance_id, self._open
             )
-            await self._kill_lost(takeover)
+        except errors.HostFenced:
+            await self._fenced()
+            return
+        self._alive_since(beat)
+        if isinstance(self.clock, ServerClock):
+            await self._correct_clock(self.clock)
+        if takeover.taken:
+            await self._take_over(takeover)
+
+    async def _take_over(self, takeover: maintenance.Takeover) -> None:
+        """Run what a takeover committed to this instance: nothing else would (the
+        children are a live host's now), so a failure on the way resumes them anyway."""
+        log.warning(
+            "took over %d dead host instances",
+            len(takeover.taken),
+            extra={"action": "hosts_taken_over", "instances": takeover.taken},
+        )
+        await self._kill_lost(takeover)
+        try:
             await self._stop(takeover.stopping)
-            self.timers.arm(await self._db.read(maintenance.next_deadline))
+        finally:
             self._resume(takeover)
+        self.timers.arm(await self._db.read(maintenance.next_deadline))
 
     async def _correct_clock(self, clock: ServerClock) -> None:
         """Read the server's clock on the reader (not behind queued writes), so the
@@ -295,13 +307,13 @@ class Engine:
             await self._write(service.close_instance, self.instance_id)
         finally:
             await self._stop_heartbeats()
+            await _cancelled(self._watching)
             await self._db.aclose()
 
     async def _stop_heartbeats(self) -> None:
         beating, self._heartbeat = self._heartbeat, None
         if beating is not None:
-            beating.cancel()
-            await asyncio.gather(beating, return_exceptions=True)
+            await _cancelled([beating])
 
     async def _suspend_runs(self) -> list[int]:
         """Stop every local run without a state change; leased ones resume at next boot.
@@ -791,6 +803,13 @@ class Engine:
         task.add_done_callback(self._watching.discard)
         return ended
 
+    async def _terminal_or_gone(self, child_id: int) -> bool:
+        try:
+            child = await self._db.read_now(lambda c: queries.child_by_id(c, child_id))
+        except errors.DelegationError:  # busy or away: looked at again (close cancels)
+            return False
+        return child is None or child.terminal
+
     @staticmethod
     async def _drain(waits: list[asyncio.Event], timeout: float) -> None:
         if not waits:
@@ -842,6 +861,14 @@ class Engine:
 def _forget_processes(conn: Connection, child_ids: list[int], now: float) -> None:
     for child_id in child_ids:
         store_processes.forget(conn, child_id)
+
+
+async def _cancelled(tasks: Iterable[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them, their exceptions retrieved (and dropped)."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _kill_orphans(recorded: Sequence[processes.ProcessId]) -> None:

@@ -19,7 +19,9 @@ import random
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass
+from typing import Any
 
 from delegation import errors
 from delegation.config import EngineConfig
@@ -92,6 +94,8 @@ class _Problems(logging.Handler):
                 self.journal.write("contention", what=what)
             else:
                 self.journal.bad(what, woken=self.woken.recently())
+                if exc is not None:  # the whole story, in the host's stderr file
+                    traceback.print_exception(exc, file=sys.stderr)
 
 
 def _contention(exc: BaseException | None) -> bool:
@@ -117,10 +121,23 @@ class HostOptions:
     shared: bool = False  # several hosts at once: lock contention is an answer
 
 
+def _loop_problem(context: dict[str, Any]) -> str:
+    """What the loop's exception handler saw, with the exception and the task it came from
+    (the message alone, "Task exception was never retrieved", names neither)."""
+    exc = context.get("exception")
+    where = context.get("future") or context.get("task")
+    what = str(context.get("message"))
+    if where is not None and hasattr(where, "get_coro"):
+        what += f" in {getattr(where.get_coro(), '__qualname__', where)}"
+    if exc is not None:
+        what += f": {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    return what
+
+
 async def serve(opts: HostOptions) -> None:
     journal = Journal(opts.journal)
     loop = asyncio.get_running_loop()
-    loop.set_exception_handler(lambda _, context: journal.bad(f"loop: {context.get('message')}"))
+    loop.set_exception_handler(lambda _, context: journal.bad(f"loop: {_loop_problem(context)}"))
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     # The driver holds our stdin: end of file means it is gone, and so must we be.
