@@ -79,6 +79,11 @@ class Engine:
         self._controls: ControlWatcher | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._watching: set[asyncio.Task[None]] = set()
+        # Children a committed takeover gave this host, not yet spawned; and those among
+        # them whose cancellation came meanwhile (see _stop).
+        self._resuming: set[int] = set()
+        self._rejoining = False  # fenced, and not yet a new instance: writes are refused
+        self._cancel_on_resume: set[int] = set()
         self._open = False
         self.timers = Timers(
             self.clock, self.expire_due, self._sweep, self.config.retention_sweep_s
@@ -164,7 +169,11 @@ class Engine:
         for item in takeover.resumable:
             recovery = Recovery(item.attempt, item.last_sequence, item.delivered)
             plan = service.plan_of(item.child, item.policy)
-            self._spawn(item.child, plan, recovery, item.steers)
+            local = self._spawn(item.child, plan, recovery, item.steers)
+            self._resuming.discard(item.child.id)
+            if item.child.id in self._cancel_on_resume:
+                self._cancel_on_resume.discard(item.child.id)
+                local.cancel()
             log.info(
                 "child resumed",
                 extra={"action": "child_recovered", "run_id": item.child.run_id},
@@ -193,7 +202,11 @@ class Engine:
         beat = boot_clock()
         try:  # a closing host only beats: it takes nothing over
             takeover = await self._write(
-                maintenance.heartbeat, self.config, self.instance_id, self._open
+                maintenance.heartbeat,
+                self.config,
+                self.instance_id,
+                self._open,
+                committed=self._will_resume,
             )
         except errors.HostFenced:
             await self._fenced()
@@ -203,6 +216,12 @@ class Engine:
             await self._correct_clock(self.clock)
         if takeover.taken:
             await self._take_over(takeover)
+
+    def _will_resume(self, takeover: maintenance.Takeover) -> None:
+        """At the takeover's commit, before any other task sees it: until spawned, its
+        children are this host's runs to stop (a lease expiring meanwhile would find no
+        run and finish the child, then see it resumed)."""
+        self._resuming.update(item.child.id for item in takeover.resumable)
 
     async def _take_over(self, takeover: maintenance.Takeover) -> None:
         """Run what a takeover committed to this instance: nothing else would (the
@@ -240,14 +259,21 @@ class Engine:
     async def _fenced(self) -> None:
         """Another host declared this one dead (it was paused, or cut off, past
         ``host_timeout_s``) and took its children: every local run stops without a
-        write (the store refuses them anyway), and the host goes on as a new instance."""
+        write (the store refuses them anyway), and the host goes on as a new instance.
+
+        Until it has, writes are refused: one begun now would name the instance that
+        was taken over, yet be fenced on the new one (a connection left open on it)."""
         lost = len(self._local)
-        await self._suspend_runs()
-        old, new = self.instance_id, f"h-{secrets.token_hex(16)}"
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._db.claim, new)
-        await self._write(maintenance.rejoin, new)
-        self.instance_id = new  # once its row exists: connections name it
+        self._rejoining = True
+        try:
+            await self._suspend_runs()
+            old, new = self.instance_id, f"h-{secrets.token_hex(16)}"
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._db.claim, new)
+            await self._submit(maintenance.rejoin, new)
+            self.instance_id = new  # once its row exists: connections name it
+        finally:
+            self._rejoining = False
         log.error(
             "this host was taken over while it could not heartbeat; %d runs stopped",
             lost,
@@ -686,13 +712,14 @@ class Engine:
         plan: service.StartPlan,
         recovery: Recovery | None,
         steers: Sequence[tuple[int, str]] = (),
-    ) -> None:
+    ) -> LocalRun:
         local = LocalRun(self, child.id, child.cwd, plan.lease_pending)
         self._local.add(local)
         local.task = asyncio.create_task(
             self._execute(local, child, plan, recovery, steers),
             name=f"delegation-child-{child.run_id}",
         )
+        return local
 
     async def _execute(
         self,
@@ -743,8 +770,14 @@ class Engine:
             try:
                 await self._finish(local, error)
             except errors.DelegationError as exc:
-                log.error(
-                    "child finish not recorded: %s", exc, extra={"action": "child_finish_failed"}
+                # A run stopped with its host meanwhile was not to record its end: its
+                # child resumes at the next boot or on the host that took it over.
+                level = logging.WARNING if local.suspended else logging.ERROR
+                log.log(
+                    level,
+                    "child finish not recorded: %s",
+                    exc,
+                    extra={"action": "child_finish_failed"},
                 )
             finally:
                 self._local.remove(child.id)
@@ -771,6 +804,9 @@ class Engine:
         orphans: list[int] = []
         for child_id in child_ids:
             local = self._local.get(child_id)
+            if local is None and child_id in self._resuming:
+                self._cancel_on_resume.add(child_id)  # stopped as it is spawned
+                continue
             if local is None:
                 orphans.append(child_id)
                 continue
@@ -850,6 +886,19 @@ class Engine:
     ) -> T:
         """Run a use case in the next write batch with the clock's ``now`` appended
         (``one_write``: see ``Store.submit``)."""
+        if self._rejoining:
+            raise errors.HostFenced(
+                f"host instance {self.instance_id} was taken over; this host is rejoining"
+            )
+        return await self._submit(fn, *args, committed=committed, one_write=one_write)
+
+    async def _submit(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        committed: Callable[[T], None] | None = None,
+        one_write: bool = False,
+    ) -> T:
         now = self.clock.now()
 
         def job(conn: Connection) -> T:
