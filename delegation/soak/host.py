@@ -78,7 +78,10 @@ class _Problems(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         action = getattr(record, "action", "")
         if action == "hosts_taken_over":
-            self.journal.write("takeover", instances=list(getattr(record, "instances", [])))
+            taken = list(getattr(record, "instances", []))
+            self.journal.write("takeover", instances=taken, at=record.created)
+        elif action == "heartbeat_failed":  # a fact for whoever reads why a takeover was late
+            self.journal.write("beat_failed", what=record.getMessage(), at=record.created)
         elif action == "host_fenced":
             old = str(getattr(record, "old_instance", ""))
             self.journal.write("fenced", old=old, new=str(getattr(record, "instance", "")))

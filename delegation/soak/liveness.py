@@ -57,7 +57,8 @@ def several_hosts(snap: Snapshot, fleet: Fleet, *, final: bool) -> Iterator[str]
         if h["taken_by"] is not None and instance in fleet.known - fleet.stopped:
             yield f"live_taken: host instance {instance} of a running host was taken over"
         if h["closed_at"] is None and instance in settled:
-            yield f"not_taken_over: host instance {instance} is open {fleet.settle_s} s after death"
+            late = now - fleet.dead[instance]
+            yield f"not_taken_over: host instance {instance} is open {late:.1f} s after death"
     for c in snap.children:
         if c["state"] == "running" and c["engine_instance_id"] in settled:
             yield f"running_on_dead_host: child {c['run_id']} runs on a dead host instance"
@@ -71,11 +72,15 @@ def _closed(snap: Snapshot) -> Iterator[str]:
     the host instance they close, in the same transaction."""
     closed = {h["id"] for h in snap.instances if h["closed_at"] is not None}
     for c in snap.open_connections:
-        if c["engine_instance_id"] in closed:
-            yield "connection_left: a connection of a closed host instance is open"
+        if (instance := c["engine_instance_id"]) in closed:
+            yield f"connection_left: a connection of closed host instance {instance} is open"
     for g in snap.grants.values():
-        if g["kind"] == "tool" and g["closed_at"] is None and g["engine_instance_id"] in closed:
-            yield "tool_left: a tool call of a closed host instance is open"
+        if (
+            g["kind"] == "tool"
+            and g["closed_at"] is None
+            and (i := g["engine_instance_id"]) in closed
+        ):
+            yield f"tool_left: a tool call of closed host instance {i} is open"
 
 
 def _final(snap: Snapshot, open_ids: set[str]) -> Iterator[str]:
