@@ -129,9 +129,12 @@ def reserve_start(
     params: Params,
     instance_id: str,
     now: float,
+    *,
+    trace_context: str | None = None,
 ) -> StartPlan:
     """Check a start in the order of SPEC §5 and reserve the child as ``prepared``,
-    owned by the host instance ``instance_id`` (which runs it).
+    owned by the host instance ``instance_id`` (which runs it). ``trace_context`` (the
+    start's W3C traceparent, when traced) is kept with the child for its executions.
 
     Raises the first refusal that applies; nothing is written then.
     """
@@ -206,6 +209,7 @@ def reserve_start(
         origin_grant_id=tool.id if tool is not None and tool_owned else None,
         engine_instance_id=instance_id,
         created_at=now,
+        trace_context=trace_context,
     )
     pending = grant.is_lease and grant.activated_at is None
     return StartPlan(child, False, run_request, preset, identity_of(child), new_lease, pending)
