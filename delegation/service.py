@@ -334,11 +334,13 @@ def finish(conn: Connection, child_id: int, error: str, tracked: bool, now: floa
 
 def stop_unowned(
     conn: Connection, instance_id: str, child_ids: Sequence[int], now: float
-) -> list[int]:
+) -> tuple[list[int], int]:
     """Finish cancelled children that no local task is running (nothing left to stop),
     unless another live host runs them (several hosts on one database): that host is
-    asked to stop them with a control request. Returns the children asked of others."""
+    asked to stop them with a control request. Returns the children asked of others,
+    and how many children were finished here."""
     elsewhere: list[int] = []
+    stopped = 0
     for child_id in child_ids:
         child = children.get(conn, child_id)
         if child is None or child.terminal or child.cancel_requested_at is None:
@@ -351,7 +353,8 @@ def stop_unowned(
             elsewhere.append(child_id)
             continue
         children.transition(conn, child_id, Trigger.STOP, now, error=child.cancel_reason or "")
-    return elsewhere
+        stopped += 1
+    return elsewhere, stopped
 
 
 # --- child.cancel, child.steer, child.lease.release ------------------------------------
