@@ -723,12 +723,10 @@ class Engine:
     ) -> None:
         local = LocalRun(self, child.id, child.cwd, plan.lease_pending)
         self._local.add(local)
-        run = functools.partial(self._execute, local, child, plan, recovery, steers)
-        if self._telemetry is None:
-            body = run()
-        else:  # the coroutine is made inside: a task cancelled unstarted leaves none behind
-            body = self._telemetry.execution(child, recovery.attempt if recovery else 0, run)
-        local.task = asyncio.create_task(body, name=f"delegation-child-{child.run_id}")
+        local.task = asyncio.create_task(
+            self._execute(local, child, plan, recovery, steers),
+            name=f"delegation-child-{child.run_id}",
+        )
 
     async def _execute(
         self,
@@ -737,12 +735,12 @@ class Engine:
         plan: service.StartPlan,
         recovery: Recovery | None,
         steers: Sequence[tuple[int, str]],
-    ) -> ChildRecord | None:
-        """Prepare and run the child; returns its terminal record, or None when this
-        process stopped it without an end (closing) or could not record its end."""
+    ) -> None:
         error = ""
         ctx: ChildContext | None = None
-        ended: ChildRecord | None = None
+        ended: ChildRecord | None = None  # its terminal record, once recorded
+        tel = self._telemetry
+        traced = tel.begin(child, recovery.attempt if recovery else 0) if tel else None
         try:
             run = await self._runner.prepare(plan.request, plan.preset, plan.identity, recovery)
             if recovery is not None:
@@ -788,7 +786,8 @@ class Engine:
             finally:
                 self._local.remove(child.id)
                 local.end()
-        return ended
+                if tel is not None:
+                    tel.end(traced, ended)
 
     async def _finish(self, local: LocalRun, error: str) -> ChildRecord | None:
         """Record the end of a run (unless the engine is closing): its terminal record,

@@ -70,7 +70,7 @@ class LocalRun:
         self.suspended = False  # graceful close: stop without recording an end
         self.decided = asyncio.Event()  # ADMITTED or ENDED: a caller may be answered
         self.ended = asyncio.Event()  # ENDED
-        self.task: asyncio.Task[ChildRecord | None] | None = None  # its end, if recorded
+        self.task: asyncio.Task[None] | None = None
         self.ctx: ChildContext | None = None
         self.admitted_page: Result | None = None  # the first page, read as admission committed
         self.emitted = False  # an event was appended in this process

@@ -24,7 +24,9 @@ Spans (names and attributes are a contract: dashboards are built on them):
   span that reserved the child, whose W3C ``traceparent`` is stored with the child
   (``children.trace_context``): an attempt resumed after a restart, in another
   process, is a span of the same trace with the same parent, linked to it with
-  ``delegation.recovery.attempt``.
+  ``delegation.recovery.attempt``. When nothing traces (the API without an SDK, and no
+  stored context) no span is kept for the attempt at all: a host holding thousands of
+  children would pay for each in objects its garbage collector walks.
 
 Metrics, each recorded after the commit it reports:
 
@@ -50,6 +52,7 @@ from delegation.records import ChildRecord
 from delegation.wire import Params, Request, Result, SteerResult
 
 try:
+    from opentelemetry import context as otel_context
     from opentelemetry import metrics, trace
     from opentelemetry.context import Context
     from opentelemetry.trace import Link, Status, StatusCode
@@ -60,10 +63,15 @@ else:
     AVAILABLE = True
 
 if TYPE_CHECKING:  # re-exported for the engine's signature
+    from contextvars import Token
+
     from opentelemetry.metrics import MeterProvider as MeterProvider
     from opentelemetry.trace import Span, SpanContext
     from opentelemetry.trace import TracerProvider as TracerProvider
     from opentelemetry.util.types import AttributeValue
+
+    # An attempt's span and the token that made it the task's current one.
+    Executing = tuple[Span, Token[Context]]
 
 T = TypeVar("T")
 
@@ -178,12 +186,14 @@ class Telemetry:
 
     # --- executions -------------------------------------------------------------------
 
-    async def execution(
-        self, child: ChildRecord, attempt: int, run: Callable[[], Awaitable[ChildRecord | None]]
-    ) -> ChildRecord | None:
-        """Execute ``run`` (attempt ``attempt`` of ``child``, 0 when fresh) inside its
-        ``child.execution`` span; ``run`` returns the child's terminal record, or None
-        when it stopped without an end."""
+    def begin(self, child: ChildRecord, attempt: int) -> Executing | None:
+        """Attempt ``attempt`` of ``child`` (0 when fresh) begins in the current task:
+        its ``child.execution`` span becomes the task's current span, until
+        :meth:`end`. None when nothing traces it (no SDK): then no span is kept, which
+        a host holding thousands of children would pay for in objects."""
+        if not attempt:
+            self._started.add(1)
+        self._active.add(1)
         parent = _stored(child.trace_context)
         links = []
         if attempt:
@@ -193,27 +203,24 @@ class Telemetry:
         span = self._tracer.start_span(
             EXECUTION, context=parent, attributes=_of_child(child, attempt), links=links
         )
-        if not attempt:
-            self._started.add(1)
-        self._active.add(1)
-        ended: ChildRecord | None = None
-        try:
-            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
-                ended = await run()
-        finally:
-            self._active.add(-1)
-            self._end_execution(span, ended)
-        return ended
+        if not span.get_span_context().is_valid:
+            return None
+        return span, otel_context.attach(trace.set_span_in_context(span))
 
-    def _end_execution(self, span: Span, ended: ChildRecord | None) -> None:
-        if ended is None:
-            span.set_attribute(OUTCOME, SUSPENDED)
-        else:
-            outcome = machine.outcome(ended.state, ended.error)
-            span.set_attribute(OUTCOME, outcome.value)
-            if outcome is machine.Outcome.FAILED:
-                span.set_status(Status(StatusCode.ERROR, ended.error[:_STATUS_LIMIT]))
+    def end(self, executing: Executing | None, ended: ChildRecord | None) -> None:
+        """The attempt :meth:`begin` began is over, in the same task: ``ended`` is the
+        child's terminal record, or None when it stopped without an end."""
+        self._active.add(-1)
+        outcome = None if ended is None else machine.outcome(ended.state, ended.error)
+        if outcome is not None:
             self._finished.add(1, {OUTCOME: outcome.value})
+        if executing is None:
+            return
+        span, token = executing
+        otel_context.detach(token)
+        span.set_attribute(OUTCOME, SUSPENDED if outcome is None else outcome.value)
+        if outcome is machine.Outcome.FAILED and ended is not None:
+            span.set_status(Status(StatusCode.ERROR, ended.error[:_STATUS_LIMIT]))
         span.end()
 
     def finished(self, counts: Mapping[machine.Outcome, int]) -> None:
