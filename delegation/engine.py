@@ -15,13 +15,30 @@ import gc
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from delegation import authority, errors, maintenance, processes, queries, service
+from delegation import (
+    authority,
+    errors,
+    machine,
+    maintenance,
+    processes,
+    queries,
+    service,
+    telemetry,
+)
 from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
@@ -38,13 +55,21 @@ from delegation.store.interface import Store
 from delegation.store.stores import open_store
 from delegation.watch import Notices
 from delegation.wire import (
+    CANCEL_METHOD,
     CHILD_METHODS,
+    READ_METHOD,
+    RELEASE_METHOD,
+    START_METHOD,
+    STEER_METHOD,
     Event,
     Params,
     Preset,
     Result,
     SteerResult,
 )
+
+if TYPE_CHECKING:
+    from delegation.telemetry import MeterProvider, TracerProvider
 
 log = logging.getLogger("delegation.engine")
 T = TypeVar("T")
@@ -56,7 +81,11 @@ _json = msgspec.json.Encoder()
 class Engine:
     """Durable child runs on SQLite or PostgreSQL.
 
-    Use as ``async with Engine(url, runner=...) as engine``."""
+    Use as ``async with Engine(url, runner=...) as engine``.
+
+    With OpenTelemetry's API installed (``delegation[otel]``), spans and metrics go to
+    ``tracer_provider`` and ``meter_provider``, or to the global providers when None
+    (see :mod:`delegation.telemetry`); without it, both are ignored."""
 
     def __init__(
         self,
@@ -65,6 +94,8 @@ class Engine:
         runner: Runner,
         config: EngineConfig | None = None,
         clock: Clock | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         self.instance_id = ""
@@ -72,6 +103,9 @@ class Engine:
         self._db: Store = open_store(
             url, synchronous=self.config.synchronous, busy_timeout_ms=self.config.busy_timeout_ms
         )
+        self._telemetry = telemetry.for_engine(tracer_provider, meter_provider)
+        if self._telemetry is not None:
+            self._db.on_commit = self._telemetry.committed
         # Several hosts share a database: its server's clock is everyone's (SPEC §12).
         self.clock: Clock = clock or (ServerClock() if self._db.shared else SystemClock())
         self._local = LocalRuns()
@@ -137,6 +171,7 @@ class Engine:
                     maintenance.reconcile, self.config, self.instance_id, self._db.shared
                 )
                 self._alive_since(beat)  # the boot's own heartbeat
+                self._ended(takeover.ended)
                 await self._kill_lost(takeover)
                 await self._stop(takeover.stopping)
                 deadline = await self._db.read(maintenance.next_deadline)
@@ -212,6 +247,7 @@ class Engine:
             await self._fenced()
             return
         self._alive_since(beat)
+        self._ended(takeover.ended)
         if isinstance(self.clock, ServerClock):
             await self._correct_clock(self.clock)
         if takeover.taken:
@@ -522,32 +558,47 @@ class Engine:
         # The typed method's own body (``_start`` for ``start``): one await less per call.
         handler: Callable[[RunnerConnection, Params], Awaitable[Result | SteerResult]]
         handler = getattr(self, f"_{name}")
-        return await handler(conn, self._params(params))
+        return await self._method(method, handler, conn, params)
 
     async def start(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.start``: the child's Result once it is admitted (SPEC §5)."""
         self._require_open()
-        return await self._start(conn, self._params(params))
+        return await self._method(START_METHOD, self._start, conn, params)
 
     async def read(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.read``: the page of events after ``params.after``."""
         self._require_open()
-        return await self._read(conn, self._params(params))
+        return await self._method(READ_METHOD, self._read, conn, params)
 
     async def cancel(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.cancel``: request cancellation of exactly that child."""
         self._require_open()
-        return await self._cancel(conn, self._params(params))
+        return await self._method(CANCEL_METHOD, self._cancel, conn, params)
 
     async def steer(self, conn: RunnerConnection, params: ParamsLike) -> SteerResult:
         """``child.steer``: queue a message for the running child, idempotently."""
         self._require_open()
-        return await self._steer(conn, self._params(params))
+        return await self._method(STEER_METHOD, self._steer, conn, params)
 
     async def release(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.lease.release``: revoke a lease and wait for its children to stop."""
         self._require_open()
-        return await self._release(conn, self._params(params))
+        return await self._method(RELEASE_METHOD, self._release, conn, params)
+
+    def _method(
+        self,
+        method: str,
+        handler: Callable[[RunnerConnection, Params], Awaitable[T]],
+        conn: RunnerConnection,
+        params: ParamsLike,
+    ) -> Awaitable[T]:
+        """``handler``'s answer to ``params``, decoded; in a span named ``method`` when
+        traced (decoding included: a malformed call is a call too)."""
+        if self._telemetry is None:
+            return handler(conn, self._params(params))
+        return self._telemetry.method(
+            method, lambda: self._params(params), lambda decoded: handler(conn, decoded)
+        )
 
     def _params(self, params: ParamsLike) -> Params:
         """``Params`` from Params, its JSON, or a dict of wire names (strictly decoded)."""
@@ -569,8 +620,11 @@ class Engine:
         # that goes away must not strand a committed reservation unrun: the commit
         # itself spawns the run, and the caller only waits for it.
         # Without a leaseId its one write is the reservation's INSERT, after every check.
+        traced = self._telemetry.trace_context() if self._telemetry is not None else None
         plan = await self._db.submit(
-            lambda c: service.reserve_start(c, self.config, conn, params, self.instance_id, now),
+            lambda c: service.reserve_start(
+                c, self.config, conn, params, self.instance_id, now, trace_context=traced
+            ),
             durable=False,
             committed=self._reserved,
             one_write=not params.lease_id,
@@ -731,6 +785,9 @@ class Engine:
     ) -> None:
         error = ""
         ctx: ChildContext | None = None
+        ended: ChildRecord | None = None  # its terminal record, once recorded
+        tel = self._telemetry
+        traced = tel.begin(child, recovery.attempt if recovery else 0) if tel else None
         try:
             run = await self._runner.prepare(plan.request, plan.preset, plan.identity, recovery)
             if recovery is not None:
@@ -768,7 +825,7 @@ class Engine:
             if ctx is not None:
                 ctx.close()
             try:
-                await self._finish(local, error)
+                ended = await self._finish(local, error)
             except errors.DelegationError as exc:
                 # A run stopped with its host meanwhile was not to record its end: its
                 # child resumes at the next boot or on the host that took it over.
@@ -782,17 +839,21 @@ class Engine:
             finally:
                 self._local.remove(child.id)
                 local.end()
+                if tel is not None:
+                    tel.end(traced, ended)
 
-    async def _finish(self, local: LocalRun, error: str) -> None:
-        """Record the end of a run (unless the engine is closing). A busy database
-        delays it, never loses it: the run is over, and no caller will retry for it."""
+    async def _finish(self, local: LocalRun, error: str) -> ChildRecord | None:
+        """Record the end of a run (unless the engine is closing): its terminal record,
+        None when closing. A busy database delays it, never loses it: the run is over,
+        and no caller will retry for it."""
         while not local.suspended:
             try:
-                await self._write(service.finish, local.child_id, error, local.tracked)
+                ended = await self._write(service.finish, local.child_id, error, local.tracked)
                 self._notices.bump([local.child_id])
-                return
+                return ended
             except errors.DatabaseBusy:
                 continue
+        return None
 
     async def _stop(self, child_ids: Sequence[int]) -> list[asyncio.Event]:
         """Stop the runs of children whose cancellation was requested.
@@ -813,12 +874,19 @@ class Engine:
             local.cancel()
             waits.append(local.ended)
         if orphans:
-            elsewhere = await self._write(service.stop_unowned, self.instance_id, orphans)
+            elsewhere, stopped = await self._write(service.stop_unowned, self.instance_id, orphans)
             self._notices.bump(orphans)
+            self._ended({machine.Outcome.CANCELLED: stopped})
             # Running on another live host: it was asked (a control request and a
             # NOTIFY), and stops them; their end is seen in the database.
             waits += [self._ended_elsewhere(child_id) for child_id in elsewhere]
         return waits
+
+    def _ended(self, counts: Mapping[machine.Outcome, int]) -> None:
+        """Children ended without a run in this process (a takeover, or a cancel of a
+        child nothing ran), counted once their end committed."""
+        if self._telemetry is not None:
+            self._telemetry.finished(counts)
 
     def _ended_elsewhere(self, child_id: int) -> asyncio.Event:
         """Set once the child, run by another host, is terminal (watched for at most

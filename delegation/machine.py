@@ -30,6 +30,21 @@ class Trigger(StrEnum):
     SUSPEND = "suspend"  # the host instance running it went away
 
 
+class Outcome(StrEnum):
+    """How an execution ended: its terminal state, a ``done`` with an error told apart."""
+
+    DONE = "done"  # the run returned
+    FAILED = "failed"  # done with an error: the run raised, or never got to run
+    CANCELLED = "cancelled"
+
+
+def outcome(state: str, error: str) -> Outcome:
+    """The outcome of a terminal execution in ``state`` that ended with ``error``."""
+    if state == State.CANCELLED:
+        return Outcome.CANCELLED
+    return Outcome.FAILED if error else Outcome.DONE
+
+
 TERMINAL: frozenset[State] = frozenset({State.DONE, State.CANCELLED})
 ACTIVE: frozenset[State] = frozenset({State.PREPARED, State.ADMITTED, State.RUNNING})
 

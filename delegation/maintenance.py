@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from delegation import errors, service
 from delegation.config import EngineConfig
+from delegation.machine import Outcome
 from delegation.processes import ProcessId
 from delegation.records import ChildRecord, Resumable
 from delegation.store import Connection, children, controls, grants, lifecycle, runners, steers
@@ -97,6 +100,7 @@ class Takeover:
     resumable: list[Resumable]
     processes: list[ProcessId]
     server_now: float = 0.0  # the database's time of the heartbeat (0: none taken)
+    ended: Mapping[Outcome, int] = dataclasses.field(default_factory=dict)  # what it ended
 
 
 NOTHING = Takeover([], [], [], [])
@@ -173,20 +177,23 @@ def take_over(
     ]
     # First the never-admitted: the restart, not what it ends below, interrupted them.
     # A cancellation requested before the restart still wins.
-    lifecycle.end_unadmitted(conn, instance_id, ADMISSION_INTERRUPTED, now)
+    ended = Counter(lifecycle.end_unadmitted(conn, instance_id, ADMISSION_INTERRUPTED, now))
     previous_tools = grants.tools_of_connections(conn, previous)
     stopping = service.close_tools(conn, previous_tools, now, HOST_RESTARTED)
     for connection_id in previous:
         runners.disconnect(conn, connection_id, now)
     expired, _ = expire_due(conn, now)
     stopping += expired
-    lifecycle.settle_for_resume(
-        conn, instance_id, cfg.max_recovery_attempts, INTERRUPTED, RECOVERY_TEXT, now
+    ended.update(
+        lifecycle.settle_for_resume(
+            conn, instance_id, cfg.max_recovery_attempts, INTERRUPTED, RECOVERY_TEXT, now
+        )
     )
     for control_id, child_id in cancelled:  # what the cancels came to
         if (child := children.get(conn, child_id)) is not None:
             controls.set_outcome(conn, control_id, json.dumps(_cancel_outcome(child)))
-    return Takeover(taken, stopping, lifecycle.resumables(conn, instance_id, now), lost)
+    resumable = lifecycle.resumables(conn, instance_id, now)
+    return Takeover(taken, stopping, resumable, lost, ended=dict(ended))
 
 
 def _lost(conn: Connection, control: ControlRecord, me: str) -> bool:

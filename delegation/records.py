@@ -109,6 +109,7 @@ class ChildRecord:
     admitted_at: float | None
     finished_at: float | None
     origin_grant_id: str | None = None
+    trace_context: str | None = None  # the W3C traceparent it was started in, if traced
 
     @property
     def terminal(self) -> bool:

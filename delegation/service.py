@@ -129,9 +129,12 @@ def reserve_start(
     params: Params,
     instance_id: str,
     now: float,
+    *,
+    trace_context: str | None = None,
 ) -> StartPlan:
     """Check a start in the order of SPEC §5 and reserve the child as ``prepared``,
-    owned by the host instance ``instance_id`` (which runs it).
+    owned by the host instance ``instance_id`` (which runs it). ``trace_context`` (the
+    start's W3C traceparent, when traced) is kept with the child for its executions.
 
     Raises the first refusal that applies; nothing is written then.
     """
@@ -206,6 +209,7 @@ def reserve_start(
         origin_grant_id=tool.id if tool is not None and tool_owned else None,
         engine_instance_id=instance_id,
         created_at=now,
+        trace_context=trace_context,
     )
     pending = grant.is_lease and grant.activated_at is None
     return StartPlan(child, False, run_request, preset, identity_of(child), new_lease, pending)
@@ -330,11 +334,13 @@ def finish(conn: Connection, child_id: int, error: str, tracked: bool, now: floa
 
 def stop_unowned(
     conn: Connection, instance_id: str, child_ids: Sequence[int], now: float
-) -> list[int]:
+) -> tuple[list[int], int]:
     """Finish cancelled children that no local task is running (nothing left to stop),
     unless another live host runs them (several hosts on one database): that host is
-    asked to stop them with a control request. Returns the children asked of others."""
+    asked to stop them with a control request. Returns the children asked of others,
+    and how many children were finished here."""
     elsewhere: list[int] = []
+    stopped = 0
     for child_id in child_ids:
         child = children.get(conn, child_id)
         if child is None or child.terminal or child.cancel_requested_at is None:
@@ -347,7 +353,8 @@ def stop_unowned(
             elsewhere.append(child_id)
             continue
         children.transition(conn, child_id, Trigger.STOP, now, error=child.cancel_reason or "")
-    return elsewhere
+        stopped += 1
+    return elsewhere, stopped
 
 
 # --- child.cancel, child.steer, child.lease.release ------------------------------------

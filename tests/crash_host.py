@@ -13,9 +13,19 @@ import asyncio
 import os
 import sys
 
-from delegation import ChildContext, Engine, EngineConfig, Event, Params, Preset, Request
+from delegation import (
+    ChildContext,
+    Engine,
+    EngineConfig,
+    Event,
+    Params,
+    Preset,
+    Request,
+    RunnerConnection,
+)
 
 CRASH = 77
+OWNER = {"run_id": "parent-run", "tool_call_id": "call-1", "extension_id": "ext"}
 PRESET = Preset(name="worker", extension_id="ext", generation=7)
 LEASE = "lease-1"
 REQUEST = Request(request_id="q-crash", profile="worker", message="count to ten", lease_id=LEASE)
@@ -60,28 +70,32 @@ class CrashRunner:
             raise
 
 
-async def main(url: str, workspace: str, fault: str) -> None:
-    lifetime = 1.0 if fault == "lease_expires_while_down" else 3600.0
-    config = EngineConfig(lease_lifetime_s=lifetime, release_drain_s=30.0)
-    engine = Engine(url, runner=CrashRunner(fault), config=config)
+async def begin(engine: Engine, workspace: str) -> RunnerConnection:
+    """Open ``engine``, connect the runner and open the tool call these hosts start under
+    (its ids are ``OWNER``)."""
     await engine.open()
     conn = await engine.connect("runner-1", "host-a")
     await engine.open_tool(
         conn,
-        run_id="parent-run",
         conversation_id="parent-conv",
-        tool_call_id="call-1",
-        extension_id="ext",
         presets=[PRESET],
         workspace=workspace,
+        **OWNER,
     )
-    owner = {"run_id": "parent-run", "tool_call_id": "call-1", "extension_id": "ext"}
-    params = Params(**owner, generation=7, lease_id=LEASE, request=REQUEST)
+    return conn
+
+
+async def main(url: str, workspace: str, fault: str) -> None:
+    lifetime = 1.0 if fault == "lease_expires_while_down" else 3600.0
+    config = EngineConfig(lease_lifetime_s=lifetime, release_drain_s=30.0)
+    engine = Engine(url, runner=CrashRunner(fault), config=config)
+    conn = await begin(engine, workspace)
+    params = Params(**OWNER, generation=7, lease_id=LEASE, request=REQUEST)
     result = await engine.call(conn, "child.start", params)
     say(f"STARTED {result.conversation_id}")
     if fault == "during_release_drain":
         await asyncio.sleep(0.2)
-        release = Params(**owner, generation=7, lease_id=LEASE)
+        release = Params(**OWNER, generation=7, lease_id=LEASE)
         await engine.call(conn, "child.lease.release", release)
     await asyncio.sleep(3600 if fault != "lease_expires_while_down" else 0.3)
     die()

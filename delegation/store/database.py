@@ -217,6 +217,8 @@ class Database:
         # Called on the loop's thread with the ids of children whose events a batch
         # committed: what wakes ``Engine.follow`` without polling.
         self.on_events: Callable[[set[int]], None] | None = None
+        # Called after each commit with its seconds and its events (telemetry).
+        self.on_commit: Callable[[float, int], None] | None = None
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -571,6 +573,7 @@ class Database:
         (SQLAlchemy's transaction bookkeeping cost a third of a small batch). A job that
         runs a Core statement joins this transaction (see ``_on_begin``)."""
         raw = dbapi(conn)
+        began = time.perf_counter() if self.on_commit is not None else 0.0
         if not begun:
             self._begin(raw)
         try:
@@ -581,6 +584,18 @@ class Database:
         except BaseException:  # a failed COMMIT too: never leave the write lock held
             self._roll_back(conn, raw)
             raise
+        self._report_commit(began, len(batch.events))
+
+    def _report_commit(self, began: float, events: int) -> None:
+        """Tell ``on_commit`` (if set) of a transaction that committed; a fault of the
+        hook is logged, never taken for the commit's own."""
+        hook = self.on_commit
+        if hook is None:
+            return
+        try:
+            hook(time.perf_counter() - began, events)
+        except Exception:
+            log.exception("commit hook failed", extra={"action": "commit_hook_failed"})
 
     def _commit_open(self, conn: Connection, raw: Any) -> None:
         """Commit the transaction open on ``conn``: through SQLAlchemy if a Core

@@ -30,7 +30,11 @@ The guarantees a store gives, and the engine relies on:
 * **Reads** see committed data only: ``read`` one consistent snapshot, ``read_now``
   the newest commit per statement. Reads never wait for the writer.
 * **Notices.** ``on_events``, if set, is called on the loop's thread with the ids of
-  the children whose events a batch committed, after the commit.
+  the children whose events a batch committed, after the commit. ``on_commit``, if
+  set, is called after every write transaction that committed, on the thread that
+  committed it, with its duration in seconds (``BEGIN`` to ``COMMIT`` returning) and
+  the number of events it committed (telemetry; it must not block, and what it
+  raises is logged, never the transaction's failure).
 * **Ownership.** ``open`` takes the database for this host (SQLite: the file's lock;
   PostgreSQL: a session advisory lock; refused with ``HostConflict`` while another host
   holds it), migrates it to the head revision, and refuses what it must not touch
@@ -63,6 +67,7 @@ class Store(Protocol):
     url: str
     shared: bool  # several hosts may open it (PostgreSQL); SQLite: one host per file
     on_events: Callable[[set[int]], None] | None
+    on_commit: Callable[[float, int], None] | None
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None: ...
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 from sqlalchemy import Connection, TextClause, text
 
-from delegation.machine import State, Trigger, sources, target
+from delegation.machine import Outcome, State, Trigger, sources, target
 from delegation.options import ExecutionOptions
 from delegation.records import Resumable
 from delegation.store import children, is_sqlite, run_many, spell
@@ -166,27 +166,42 @@ _LIVE_LEASE_CHILDREN = (
 )
 
 
-def end_unadmitted(conn: Connection, me: str, error: str, now: float) -> None:
-    """Lost children never admitted end: cancelled if asked to, else done with ``error``."""
-    for statement in (
-        f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [PREPARED])}, error = cancel_reason,"
-        f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{PREPARED}'"
-        f" AND cancel_requested_at IS NOT NULL AND {LOST}",
+def end_unadmitted(conn: Connection, me: str, error: str, now: float) -> dict[Outcome, int]:
+    """Lost children never admitted end: cancelled if asked to, else done with ``error``.
+    Returns how many ended, by outcome."""
+    ended: dict[Outcome, int] = {}
+    for outcome, statement in (
+        (
+            Outcome.CANCELLED,
+            f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [PREPARED])}, error = cancel_reason,"
+            f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM}"
+            f" AND state = '{PREPARED}' AND cancel_requested_at IS NOT NULL AND {LOST}",
+        ),
         # A cancel another host commits meanwhile is not overwritten: such a child stays
         # lost, and the next takeover ends it by the statement above.
-        f"UPDATE {ACTIVE} SET {_fire(Trigger.FINISH, [PREPARED])}, error = :error,"
-        f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{PREPARED}'"
-        f" AND cancel_requested_at IS NULL AND {LOST}",
+        (
+            Outcome.FAILED,
+            f"UPDATE {ACTIVE} SET {_fire(Trigger.FINISH, [PREPARED])}, error = :error,"
+            f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM}"
+            f" AND state = '{PREPARED}' AND cancel_requested_at IS NULL AND {LOST}",
+        ),
     ):
-        conn.execute(_q(conn, statement), {"now": now, "error": error, "me": me})
+        values = {"now": now, "error": error, "me": me}
+        ended[outcome] = _count(conn.execute(_q(conn, statement), values).rowcount)
+    return ended
+
+
+def _count(rowcount: int) -> int:
+    return max(rowcount, 0)  # -1: a driver that cannot tell (never for an UPDATE here)
 
 
 def settle_for_resume(
     conn: Connection, me: str, max_attempts: int, interrupted: str, recovery_text: str, now: float
-) -> None:
+) -> dict[Outcome, int]:
     """After a restart: finish the cancelled, suspend the running, end what cannot be
     resumed (no live lease, or resumed ``max_attempts`` times), and commit a
-    ``recovery`` event for every child left to resume."""
+    ``recovery`` event for every child left to resume. Returns how many ended, by
+    outcome."""
     statements = (
         # Asked to cancel, and nothing runs them any more.
         f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [ADMITTED, RUNNING])}, error = cancel_reason,"
@@ -209,8 +224,14 @@ def settle_for_resume(
         "interrupted": interrupted,
         "me": me,
     }
-    for statement in statements:
-        conn.execute(_q(conn, statement), {k: v for k, v in values.items() if f":{k}" in statement})
+    ended: dict[Outcome, int] = {}
+    for statement, outcome in zip(
+        statements, (Outcome.CANCELLED, None, Outcome.FAILED, None), strict=True
+    ):
+        params = {k: v for k, v in values.items() if f":{k}" in statement}
+        changed = conn.execute(_q(conn, statement), params).rowcount
+        if outcome is not None:
+            ended[outcome] = _count(changed)
     # The recovery events are encoded here, as the engine encodes events, so that both
     # stores hold the same bytes (SQLite's json_object and PostgreSQL's differ).
     resumed = conn.execute(
@@ -230,6 +251,7 @@ def settle_for_resume(
             for child_id, attempts, seq in resumed
         ],
     )
+    return ended
 
 
 def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], float | None]:

@@ -326,6 +326,7 @@ class PostgresDatabase(Database):
         raw = dbapi(conn)
         if raw.closed or self._in_transaction(raw):
             return False
+        began = time.perf_counter() if self.on_commit is not None else 0.0
         try:
             pending.ok, pending.value = True, pending.fn(conn)
             self._commit_open(conn, raw)  # a Core statement began a transaction: commit it now
@@ -335,6 +336,8 @@ class PostgresDatabase(Database):
             if isinstance(translate(exc), errors.DatabaseBusy) or raw.closed:
                 return False  # nothing was written: the writer runs it, waiting its turn
             self._job_failed(pending, exc)
+        else:
+            self._report_commit(began, 0)
         return True
 
     def _unflushed_connection(self) -> Connection:

@@ -168,6 +168,9 @@ children = Table(
     # The live tool grant that authorized the start: a first admission under a lease
     # cannot outlive it (SPEC §3.5).
     Column("origin_grant_id", Text),
+    # The W3C traceparent of the start that reserved it: every attempt to execute it
+    # is a span of that trace, after a restart too (OpenTelemetry; NULL: none).
+    Column("trace_context", Text),
     CheckConstraint(f"state IN {STATES}", name="state"),
     CheckConstraint(
         "(state IN ('done', 'cancelled')) = (finished_at IS NOT NULL)", name="finished_iff_terminal"
