@@ -101,11 +101,29 @@ def _children(inspector: Inspector, args: argparse.Namespace) -> int:
 
 
 def child_json(record: ChildRecord) -> dict[str, Any]:
-    """A child record for scripts: snake_case fields, request and preset decoded."""
-    values = dataclasses.asdict(record)
+    """A child record for scripts, named as the wire names it (camelCase: the runner's
+    ``runner_host_instance_id`` is the wire's ``hostInstanceId``), request and preset
+    decoded."""
+    values = wire_names(dataclasses.asdict(record))
     values["request"] = _decoded(record.request)
     values["preset"] = _decoded(record.preset)
     return values
+
+
+# A record's field whose wire name is not its camelCase form.
+_WIRE_NAMES = {"runner_host_instance_id": "hostInstanceId"}
+
+
+def wire_names(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the wire's camelCase names: ``conversation_id`` is
+    ``conversationId``, as in ``Result``; a field only the database has is named the same
+    way (``created_at``: ``createdAt``)."""
+    return {_WIRE_NAMES.get(key) or camel(key): value for key, value in values.items()}
+
+
+def camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(word.capitalize() for word in rest)
 
 
 def _decoded(raw: bytes) -> Any:
@@ -128,8 +146,8 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         recent.append(event)
     if args.json:
         document = child_json(record)
-        document["event_count"] = count
-        document["recent_events"] = [json.loads(encode(event)) for event in recent]
+        document["eventCount"] = count
+        document["recentEvents"] = [json.loads(encode(event)) for event in recent]
         _print_json(document)
         return 0
     table = Table("field", "value", show_header=False)
@@ -137,7 +155,7 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         if isinstance(value, dict):  # its newlines are layout: escaped line by line
             table.add_row(Text(key), Text(_printable_json(value)))
             continue
-        if key.endswith("_at"):
+        if key.endswith("At"):
             value = local_time(value)
         table.add_row(*_cells(key, "" if value is None else str(value)))
     table.add_row(*_cells("events", str(count)))
@@ -211,7 +229,9 @@ def _leases(inspector: Inspector, args: argparse.Namespace) -> int:
     records = inspector.leases(args.runner)
     now = time.time()
     if args.json:
-        _print_json([{**dataclasses.asdict(r), "status": lease_status(r, now)} for r in records])
+        _print_json(
+            [wire_names({**dataclasses.asdict(r), "status": lease_status(r, now)}) for r in records]
+        )
         return 0
     table = Table("lease", "runner", "extension", "parent run", "children", "created", "status")
     for r in records:

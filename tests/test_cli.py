@@ -22,14 +22,28 @@ import pytest
 
 from delegation import ChildContext, Event
 from delegation.cli import main
-from delegation.records import ChildRecord, LeaseRecord
+from delegation.codec import encode
 from delegation.store import migrate
 from tests.support import PRESET, Harness, Script, finish_after_admit, hold
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE = "lease-1"
-CHILD_KEYS = {f.name for f in dataclasses.fields(ChildRecord)}
-LEASE_KEYS = {f.name for f in dataclasses.fields(LeaseRecord)} | {"status"}
+# --json names every field as the wire does (Identity's and Result's camelCase names),
+# and the fields only the database has the same way.
+WIRE_KEYS = {
+    "runnerId", "hostInstanceId", "conversationId", "runId", "parentConversationId",
+    "parentRunId", "extensionId", "profile", "requestId", "leaseId", "generation",
+    "request", "preset", "cwd", "state", "error", "output",
+}  # fmt: skip
+CHILD_KEYS = WIRE_KEYS | {
+    "id", "grantId", "depth", "followup", "engineInstanceId", "cancelRequestedAt",
+    "cancelReason", "recoveryAttempts", "createdAt", "updatedAt", "admittedAt", "finishedAt",
+    "originGrantId",
+}  # fmt: skip
+LEASE_KEYS = {
+    "leaseId", "runnerId", "extensionId", "runId", "conversationId", "createdAt", "expiresAt",
+    "activatedAt", "revokedAt", "revokeReason", "children", "status",
+}  # fmt: skip
 Cli = Callable[..., tuple[int, str, str]]
 
 
@@ -125,7 +139,7 @@ def spawn(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def ids(document: list[dict[str, Any]]) -> list[str]:
-    return [item["conversation_id"] for item in document]
+    return [item["conversationId"] for item in document]
 
 
 def fingerprint(db_path: Path) -> tuple[str, str]:
@@ -168,7 +182,7 @@ async def test_children_json_is_one_document_of_records(cli: Cli, fleet: Fleet) 
     assert failed["request"] == {"requestId": "q2", "profile": "worker", "message": "boom"}
     assert failed["preset"] == {"name": "worker", "extensionId": "ext", "generation": 7}
     assert (failed["state"], failed["error"]) == ("done", "[red]tool failed[/red] badly")
-    assert isinstance(failed["created_at"], float)
+    assert isinstance(failed["createdAt"], float)
     assert failed["followup"] is False
 
 
@@ -214,13 +228,17 @@ async def test_show_json_has_every_field_and_recent_events(
     code, out, _ = cli("show", fleet.leased, "--json")
     document = json.loads(out)
     assert code == 0
-    assert set(document) == CHILD_KEYS | {"event_count", "recent_events"}
-    assert document["lease_id"] == LEASE
+    assert set(document) == CHILD_KEYS | {"eventCount", "recentEvents"}
+    assert document["leaseId"] == LEASE
     assert document["request"]["leaseId"] == LEASE
-    assert document["event_count"] == 1
-    assert document["recent_events"] == [{"sequence": 1, "kind": "text", "text": "working"}]
+    assert document["eventCount"] == 1
+    assert document["recentEvents"] == [{"sequence": 1, "kind": "text", "text": "working"}]
     record = await harness.engine.get_child(fleet.leased)
-    assert record is not None and document["run_id"] == record.run_id
+    assert record is not None and document["runId"] == record.run_id
+    # The names and values of the wire's own Result, for the fields both have.
+    result = json.loads(encode(await harness.read(fleet.leased, lease_id=LEASE)))
+    identity = {k: v for k, v in result.items() if k not in ("done", "events")}
+    assert {k: document[k] for k in identity} == identity
 
 
 async def test_show_table_and_run_selection(cli: Cli, fleet: Fleet, harness: Harness) -> None:
@@ -263,7 +281,7 @@ async def test_events_page_through_more_than_one_read(cli: Cli, harness: Harness
     assert out.splitlines()[-1].split() == ["300", "text", "line", "300"]
 
     _, out, _ = cli("show", child, "--json")
-    assert json.loads(out)["event_count"] == 300
+    assert json.loads(out)["eventCount"] == 300
 
 
 async def test_events_of_a_missing_child_fail(cli: Cli, fleet: Fleet) -> None:
@@ -321,13 +339,13 @@ async def test_leases_show_live_and_revoked(cli: Cli, fleet: Fleet) -> None:
     assert "revoked" in revoked and "other-run" in revoked
 
     code, out, _ = cli("leases", "--json")
-    document = {item["lease_id"]: item for item in json.loads(out)}
+    document = {item["leaseId"]: item for item in json.loads(out)}
     assert set(document) == {LEASE, "lease-2"}
     assert all(set(item) == LEASE_KEYS for item in document.values())
     assert document[LEASE]["children"] == 1
     assert document[LEASE]["status"].startswith("expires in ")
     assert document["lease-2"]["status"].startswith("revoked")
-    assert document["lease-2"]["revoked_at"] is not None
+    assert document["lease-2"]["revokedAt"] is not None
 
     assert json.loads(cli("leases", "--json", "--runner", "runner-1")[1]) != []
     assert json.loads(cli("leases", "--json", "--runner", "nobody")[1]) == []
@@ -350,7 +368,7 @@ async def test_cli_reads_beside_a_running_engine_and_writes_nothing(
     ]
     results = [await asyncio.to_thread(spawn, *c, "--db", str(db_path)) for c in commands]
     assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
-    listed = {item["conversation_id"]: item["state"] for item in json.loads(results[0].stdout)}
+    listed = {item["conversationId"]: item["state"] for item in json.loads(results[0].stdout)}
     engine_view = await harness.engine.list_children()
     assert listed == {r.conversation_id: r.state for r in engine_view}
     assert fingerprint(db_path) == before

@@ -104,4 +104,4 @@ async def test_json_output_carries_child_text_exactly(
     assert record["error"] == NASTY
     assert record["request"]["message"] == NASTY
     listed = json.loads(run(capsys, db_path, "children", "--json"))
-    assert {c["conversation_id"]: c["output"] for c in listed}[done] == NASTY
+    assert {c["conversationId"]: c["output"] for c in listed}[done] == NASTY
