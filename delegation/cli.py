@@ -82,6 +82,11 @@ def version() -> str:
         return "unknown"
 
 
+# Every id argument takes a unique prefix of the id too (delegation.show.resolve_ids).
+CHILD_HELP = "the child's conversationId, or a unique prefix of it"
+RUN_HELP = "one execution (runId, or a unique prefix of it); default the newest"
+
+
 def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON document for scripts")
 
@@ -128,21 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
     children = commands.add_parser("children", help="list child runs, newest first")
     _add_db(children)
     children.add_argument("--state", help="prepared, admitted, running, done or cancelled")
-    children.add_argument("--lease", help="only children under this leaseId")
-    children.add_argument("--parent", help="only children of this parent runId")
+    children.add_argument("--lease", help="only children under this leaseId (or its prefix)")
+    children.add_argument("--parent", help="only children of this parent runId (or its prefix)")
     children.add_argument("--limit", type=int, default=50)
     _add_json(children)
 
     show = commands.add_parser("show", help="one child run in detail")
     _add_db(show)
-    show.add_argument("child", help="the child's conversationId")
-    show.add_argument("--run", help="one execution (runId); default the newest")
+    show.add_argument("child", help=CHILD_HELP)
+    show.add_argument("--run", help=RUN_HELP)
     _add_json(show)
 
     events = commands.add_parser("events", help="a child's events")
     _add_db(events)
-    events.add_argument("child", help="the child's conversationId")
-    events.add_argument("--run", help="one execution (runId); default the newest")
+    events.add_argument("child", help=CHILD_HELP)
+    events.add_argument("--run", help=RUN_HELP)
     events.add_argument("--after", type=int, default=0, help="only events after this sequence")
     events.add_argument("--follow", action="store_true", help="keep printing until it ends")
     _add_json(events)
@@ -151,21 +156,21 @@ def build_parser() -> argparse.ArgumentParser:
         "cancel", help="cancel a child of a live host (applied within a second)"
     )
     _add_db(cancel)
-    cancel.add_argument("child", help="the child's conversationId")
-    cancel.add_argument("--run", help="one execution (runId); default the newest")
+    cancel.add_argument("child", help=CHILD_HELP)
+    cancel.add_argument("--run", help=RUN_HELP)
     cancel.add_argument("--wait", action="store_true", help="until the child has stopped")
     _add_json(cancel)
 
     steer = commands.add_parser("steer", help="steer a running child of a live host")
     _add_db(steer)
-    steer.add_argument("child", help="the child's conversationId")
+    steer.add_argument("child", help=CHILD_HELP)
     steer.add_argument("message", help="the new heading for the child")
-    steer.add_argument("--run", help="one execution (runId); default the newest")
+    steer.add_argument("--run", help=RUN_HELP)
     _add_json(steer)
 
     leases = commands.add_parser("leases", help="leases and tombstones")
     _add_db(leases)
-    leases.add_argument("--runner", help="only this runnerId")
+    leases.add_argument("--runner", help="only this runnerId (or its prefix)")
     _add_json(leases)
 
     db = commands.add_parser("db", help="the database schema")

@@ -29,10 +29,11 @@ from rich.table import Table
 from rich.text import Text
 
 from delegation.codec import encode
-from delegation.inspect import Inspector
+from delegation.inspect import MIN_PREFIX, AmbiguousId, Inspector
 from delegation.machine import State
 from delegation.records import ChildRecord, LeaseRecord
 from delegation.store import migrate
+from delegation.store.prefixes import Kind
 from delegation.wire import Event
 
 RECENT_EVENTS = 5
@@ -41,6 +42,15 @@ _FIELDS = ("text", "tool_name", "input", "tool_output", "error")
 # and the bidirectional overrides and isolates that reorder what a reader sees.
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# The arguments that name ids, with the kind of id each names: a unique prefix will do.
+ID_ARGUMENTS: dict[str, Kind] = {
+    "child": "conversation",
+    "run": "run",
+    "parent": "parent_run",
+    "lease": "lease",
+    "runner": "runner",
+}
+_NOUNS = {"parent_run": "parent run"}
 
 
 def command(args: argparse.Namespace, url: str) -> int:
@@ -61,7 +71,37 @@ def command(args: argparse.Namespace, url: str) -> int:
         if revision != head:
             found = f"schema {revision}" if revision else "no schema"
             return _fail(f"{found}, this delegation reads {head}: run `delegation db upgrade`")
+        refusal = resolve_ids(inspector, args)
+        if refusal is not None:
+            return _fail(refusal)
         return commands[args.command](inspector, args)
+
+
+def resolve_ids(inspector: Inspector, args: argparse.Namespace) -> str | None:
+    """Every id argument made whole (a unique prefix stands for its id); None, or why
+    not: a prefix that more than one id begins with."""
+    for name, kind in ID_ARGUMENTS.items():
+        text = getattr(args, name, None)
+        if text is None:
+            continue
+        try:
+            setattr(args, name, inspector.resolve(kind, text))
+        except AmbiguousId as exc:
+            shown = ", ".join(printable(c) for c in exc.candidates) + (", …" if exc.more else "")
+            noun = _NOUNS.get(kind, kind)
+            return (
+                f"{printable(exc.prefix)} begins more than one {noun} id: {shown}; give more of it"
+            )
+    return None
+
+
+def missing_child(args: argparse.Namespace) -> str:
+    """``no child c-1 run r-2``, and why an id too short to be a prefix found nothing."""
+    given = [args.child] + ([args.run] if args.run else [])
+    said = f"no child {args.child}" + (f" run {args.run}" if args.run else "")
+    if any(len(text) < MIN_PREFIX for text in given):
+        return f"{said} (an id prefix needs at least {MIN_PREFIX} characters)"
+    return said
 
 
 # --- children ------------------------------------------------------------------------
@@ -321,8 +361,7 @@ def _print_json(document: Any) -> None:
 
 
 def _missing(args: argparse.Namespace) -> int:
-    run = f" run {args.run}" if args.run else ""
-    return _fail(f"no child {args.child}{run}")
+    return _fail(missing_child(args))
 
 
 def _fail(message: str) -> int:
