@@ -91,6 +91,12 @@ def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON document for scripts")
 
 
+def _add_wide(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wide", action="store_true", help="every column, ids whole, lines as long as they need"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="delegation", description="Durable, credential-free child runs for agent hosts."
@@ -137,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     children.add_argument("--parent", help="only children of this parent runId (or its prefix)")
     children.add_argument("--limit", type=int, default=50)
     _add_json(children)
+    _add_wide(children)
 
     show = commands.add_parser("show", help="one child run in detail")
     _add_db(show)
@@ -172,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(leases)
     leases.add_argument("--runner", help="only this runnerId (or its prefix)")
     _add_json(leases)
+    _add_wide(leases)
 
     db = commands.add_parser("db", help="the database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")

@@ -2,12 +2,13 @@
 
 Printing only: every value comes from an :class:`Inspector`, which reads the file
 through SQLite's read-only mode, so these commands are safe beside a running host.
-Tables are for people; ``--json`` is for scripts (one document, or JSON Lines for
+Tables are for people (they fit the terminal, ``--wide`` for every column: see
+:mod:`delegation.listing`); ``--json`` is for scripts (one document, or JSON Lines for
 ``events`` so that ``--follow --json`` streams).
 
 Children write much of what is printed (events, errors, outputs). Nothing of it may
-drive the terminal: control characters are shown escaped (:func:`printable`), and
-rich never reads it as markup. ``--json`` output is left to JSON's own escaping.
+drive the terminal (:mod:`delegation.terminal`). ``--json`` output is left to JSON's own
+escaping.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import re
 import sys
 import time
 from collections import deque
@@ -24,24 +23,23 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from delegation.codec import encode
 from delegation.inspect import MIN_PREFIX, AmbiguousId, Inspector
+from delegation.listing import Column, table
 from delegation.machine import State
 from delegation.records import ChildRecord, LeaseRecord
 from delegation.store import migrate
 from delegation.store.prefixes import Kind
+from delegation.terminal import cells, line_console, printable, printable_json, table_console
 from delegation.wire import Event
+
+__all__ = ["child_json", "command", "event_line", "lease_status", "printable", "wire_names"]
 
 RECENT_EVENTS = 5
 _FIELDS = ("text", "tool_name", "input", "tool_output", "error")
-# C0, DEL and C1 controls (ESC, BEL, CSI U+009B...), line and paragraph separators,
-# and the bidirectional overrides and isolates that reorder what a reader sees.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # The arguments that name ids, with the kind of id each names: a unique prefix will do.
 ID_ARGUMENTS: dict[str, Kind] = {
     "child": "conversation",
@@ -116,28 +114,29 @@ def _children(inspector: Inspector, args: argparse.Namespace) -> int:
     if args.json:
         _print_json([child_json(record) for record in records])
         return 0
-    table = Table()
-    for heading in ("conversation", "run"):
-        table.add_column(heading, overflow="fold")  # ids are copied: never "…"
-    for heading in ("state", "profile", "lease", "parent run", "created", "finished"):
-        table.add_column(heading)
-    table.add_column("error / output")
-    for record in records:
-        table.add_row(
-            *_cells(
-                record.conversation_id,
-                record.run_id,
-                record.state,
-                record.profile,
-                record.lease_id or "",
-                record.parent_run_id,
-                local_time(record.created_at),
-                local_time(record.finished_at),
-                shorten(record.error or record.output),
-            )
-        )
-    _console().print(table)
+    console = table_console(wide=args.wide)
+    width = None if args.wide else console.width
+    console.print(table(records, child_columns(time.time()), inspector, width))
     return 0
+
+
+def child_columns(now: float) -> list[Column[ChildRecord]]:
+    """The columns of ``children``: those at 80 columns, then the rest with ``--wide``."""
+    return [
+        Column("conversation", lambda r: r.conversation_id, kind="conversation"),
+        Column("run", lambda r: r.run_id, kind="run"),
+        Column("state", lambda r: r.state),
+        Column("profile", lambda r: r.profile, most=12),
+        Column("runner", lambda r: r.runner_id, kind="runner", narrow=False),
+        Column("extension", lambda r: r.extension_id, narrow=False),
+        Column("lease", lambda r: r.lease_id or "", kind="lease", narrow=False),
+        Column("parent conversation", lambda r: r.parent_conversation_id, narrow=False),
+        Column("parent run", lambda r: r.parent_run_id, kind="parent_run", narrow=False),
+        Column("created", lambda r: local_time(r.created_at), narrow=False),
+        Column("finished", lambda r: local_time(r.finished_at), narrow=False),
+        Column("age", lambda r: age(now - r.created_at)),
+        Column("error / output", lambda r: shorten(r.error or r.output), fill=True),
+    ]
 
 
 def child_json(record: ChildRecord) -> dict[str, Any]:
@@ -190,17 +189,18 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         document["recentEvents"] = [json.loads(encode(event)) for event in recent]
         _print_json(document)
         return 0
-    table = Table("field", "value", show_header=False)
+    grid = Table("field", "value", show_header=False, box=None, pad_edge=False)
+    grid.columns[0].no_wrap = True
     for key, value in child_json(record).items():
         if isinstance(value, dict):  # its newlines are layout: escaped line by line
-            table.add_row(Text(key), Text(_printable_json(value)))
+            grid.add_row(Text(key), Text(printable_json(value)))
             continue
         if key.endswith("At"):
             value = local_time(value)
-        table.add_row(*_cells(key, "" if value is None else str(value)))
-    table.add_row(*_cells("events", str(count)))
-    console = _console()
-    console.print(table)
+        grid.add_row(*cells(key, "" if value is None else str(value)))
+    grid.add_row(*cells("events", str(count)))
+    console = table_console()
+    console.print(grid)
     for event in recent:
         console.print(event_line(event))
     return 0
@@ -234,7 +234,7 @@ def _ended(record: ChildRecord, as_json: bool) -> None:
         sys.stdout.flush()
         return
     how = f"{record.state}: {record.error}" if record.error else record.state
-    _console().print(Text(f"-- {printable(how)}", style="bold"))
+    line_console().print(Text(f"-- {printable(how)}", style="bold"))
 
 
 def event_line(event: Event) -> Text:
@@ -253,7 +253,7 @@ def _json_line(event: Event) -> None:
 
 
 def _human_line() -> Callable[[Event], None]:
-    console = _console()
+    console = line_console()
 
     def emit(event: Event) -> None:
         console.print(event_line(event))
@@ -273,21 +273,25 @@ def _leases(inspector: Inspector, args: argparse.Namespace) -> int:
             [wire_names({**dataclasses.asdict(r), "status": lease_status(r, now)}) for r in records]
         )
         return 0
-    table = Table("lease", "runner", "extension", "parent run", "children", "created", "status")
-    for r in records:
-        table.add_row(
-            *_cells(
-                r.lease_id,
-                r.runner_id,
-                r.extension_id,
-                r.run_id or "",
-                str(r.children),
-                local_time(r.created_at),
-                lease_status(r, now),
-            )
-        )
-    _console().print(table)
+    console = table_console(wide=args.wide)
+    console.print(
+        table(records, lease_columns(now), inspector, None if args.wide else console.width)
+    )
     return 0
+
+
+def lease_columns(now: float) -> list[Column[LeaseRecord]]:
+    """The columns of ``leases``: those at 80 columns, then the rest with ``--wide``."""
+    return [
+        Column("lease", lambda r: r.lease_id, kind="lease"),
+        Column("runner", lambda r: r.runner_id, kind="runner"),
+        Column("extension", lambda r: r.extension_id, most=12),
+        Column("parent run", lambda r: r.run_id or "", narrow=False),
+        Column("parent conversation", lambda r: r.conversation_id or "", narrow=False),
+        Column("children", lambda r: str(r.children)),
+        Column("created", lambda r: local_time(r.created_at), narrow=False),
+        Column("status", lambda r: lease_status(r, now), fill=True),
+    ]
 
 
 def lease_status(lease: LeaseRecord, now: float) -> str:
@@ -298,6 +302,15 @@ def lease_status(lease: LeaseRecord, now: float) -> str:
         return "live"
     left = lease.expires_at - now
     return "overdue" if left <= 0 else f"expires in {duration(left)}"
+
+
+def age(seconds: float) -> str:
+    """How long ago, in its largest unit: ``42s``, ``5m``, ``3h``, ``12d``."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def duration(seconds: float) -> str:
@@ -318,42 +331,9 @@ def local_time(timestamp: float | None) -> str:
     return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="seconds")
 
 
-def printable(text: str) -> str:
-    """``text`` with every character that could drive a terminal shown escaped:
-    ``\\n``, ``\\t``, ``\\r``, ``\\x1b``, ``\\u202e``. Printable text is unchanged."""
-    return _UNPRINTABLE.sub(_escape, text)
-
-
-def _escape(match: re.Match[str]) -> str:
-    char = match.group()
-    named = _NAMED.get(char)
-    if named is not None:
-        return named
-    code = ord(char)
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-def _printable_json(value: Any) -> str:
-    """Indented JSON whose layout keeps its newlines; JSON escapes C0 controls in
-    strings itself, but not DEL, C1 or the Unicode ones."""
-    lines = json.dumps(value, indent=2, ensure_ascii=False).split("\n")
-    return "\n".join(printable(line) for line in lines)
-
-
 def shorten(text: str, width: int = 60) -> str:
     line = " ".join(text.split())
     return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def _cells(*values: str) -> list[Text]:
-    # Text, not str: rich would read "[...]" in an error message as markup.
-    return [Text(printable(value)) for value in values]
-
-
-def _console() -> Console:
-    # Piped output (grep, less) keeps each table's natural width, not 80 columns.
-    sized = sys.stdout.isatty() or "COLUMNS" in os.environ
-    return Console(width=None if sized else 1000, highlight=False)
 
 
 def _print_json(document: Any) -> None:

@@ -14,7 +14,7 @@ import json
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from delegation.cli import main
 from delegation.codec import encode
 from delegation.store import migrate
 from tests.support import PRESET, Harness, Script, finish_after_admit, hold
+from tests.terminal import Cli, in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE = "lease-1"
@@ -44,7 +45,6 @@ LEASE_KEYS = {
     "leaseId", "runnerId", "extensionId", "runId", "conversationId", "createdAt", "expiresAt",
     "activatedAt", "revokedAt", "revokeReason", "children", "status",
 }  # fmt: skip
-Cli = Callable[..., tuple[int, str, str]]
 
 
 async def boom(ctx: ChildContext) -> None:
@@ -116,15 +116,8 @@ async def fleet(harness: Harness, gate: asyncio.Event, workspace: Path) -> Fleet
 
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], db_url: str) -> Cli:
-    """``delegation ARGS --db <the test's database URL>`` in this process: (code, stdout,
-    stderr); ``db=`` names another database (a path or a URL)."""
-
-    def run(*argv: str, db: Path | str = db_url) -> tuple[int, str, str]:
-        code = main([*argv, "--db", str(db)])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    """``delegation ARGS --db <the test's database URL>`` in this process."""
+    return in_process(capsys, db_url)
 
 
 def spawn(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -156,11 +149,13 @@ def fingerprint(db_path: Path) -> tuple[str, str]:
 # --- children ------------------------------------------------------------------------
 
 
-async def test_children_table_lists_newest_first(cli: Cli, fleet: Fleet) -> None:
-    code, out, err = cli("children")
+@pytest.mark.parametrize("wide", [False, True])
+async def test_children_table_lists_newest_first(cli: Cli, fleet: Fleet, wide: bool) -> None:
+    code, out, err = cli("children", *(["--wide"] if wide else []))
     assert (code, err) == (0, "")
     order = [fleet.revoked, fleet.leased, fleet.cancelled, fleet.failed, fleet.quick]
-    assert sorted(order, key=out.index) == order
+    shown = order if wide else [f"{child[:10]}" for child in order]  # shortened, else whole
+    assert sorted(shown, key=out.index) == shown
     assert "[red]tool failed[/red] badly" in out  # printed, not read as markup
     assert "done: quick" in out
     assert "cancelled: cancel requested" in out
@@ -331,12 +326,14 @@ async def test_events_follow_streams_json_lines_until_the_child_ends(
 
 
 async def test_leases_show_live_and_revoked(cli: Cli, fleet: Fleet) -> None:
-    code, out, _ = cli("leases")
-    assert code == 0
-    live = next(line for line in out.splitlines() if LEASE in line)
-    revoked = next(line for line in out.splitlines() if "lease-2" in line)
-    assert "expires in" in live and "revoked" not in live
-    assert "revoked" in revoked and "other-run" in revoked
+    for wide in (False, True):
+        code, out, _ = cli("leases", *(["--wide"] if wide else []))
+        assert code == 0
+        live = next(line for line in out.splitlines() if LEASE in line)
+        revoked = next(line for line in out.splitlines() if "lease-2" in line)
+        assert "expires in" in live and "revoked" not in live
+        assert "revoked (parent run failed)" in revoked
+        assert ("other-run" in revoked) is wide, "the parent run: a column of --wide"
 
     code, out, _ = cli("leases", "--json")
     document = {item["leaseId"]: item for item in json.loads(out)}

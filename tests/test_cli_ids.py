@@ -8,18 +8,16 @@ import itertools
 import json
 import sqlite3
 import types
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from delegation import service
-from delegation.cli import main
 from delegation.inspect import AmbiguousId, Inspector
 from delegation.store import prefixes, stores
 from tests.support import Harness, finish_after_admit
+from tests.terminal import Cli, in_process
 
-Cli = Callable[..., tuple[int, str, str]]
 # The hex of the ids the engine makes, in the order it makes them (conversation, run).
 HEX = [
     "ab12cd" + "0" * 26,
@@ -51,18 +49,13 @@ async def three(made_ids: None, harness: Harness) -> None:
         await harness.wait_done(child.conversation_id)
 
 
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], db_url: str) -> Cli:
-    def run(*argv: str) -> tuple[int, str, str]:
-        code = main([*argv, "--db", db_url])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
 def shown_id(out: str) -> str:
     return str(json.loads(out)["conversationId"])
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], db_url: str) -> Cli:
+    return in_process(capsys, db_url)
 
 
 @pytest.mark.parametrize("given", ["c-ab12cd", "c-ab12cd0", A, "c-ab12cd…", A + "…"])
