@@ -220,21 +220,27 @@ def _events(inspector: Inspector, args: argparse.Namespace) -> int:
         return 0
     for event in inspector.follow(record.conversation_id, record.run_id, args.after):
         emit(event)
-    final = inspector.get_child(record.conversation_id, record.run_id)
-    if final is not None:
-        _ended(final, args.json)
-    return 0
+    return ended(inspector.get_child(record.conversation_id, record.run_id), args.json)
 
 
-def _ended(record: ChildRecord, as_json: bool) -> None:
-    """How a followed execution ended: its last line."""
+GONE = "the child is no longer in the database (purged)"
+
+
+def ended(record: ChildRecord | None, as_json: bool) -> int:
+    """How a followed execution ended, as its last line: its final state and error (or
+    that it is gone, exit 1: a follow ends only once its child is terminal or gone)."""
     if as_json:
-        end = {"state": record.state, "error": record.error, "output": record.output}
+        end: dict[str, Any] = {"state": None, "error": GONE, "output": ""}
+        if record is not None:
+            end = {"state": record.state, "error": record.error, "output": record.output}
         sys.stdout.write(json.dumps({"end": end}) + "\n")
         sys.stdout.flush()
-        return
-    how = f"{record.state}: {record.error}" if record.error else record.state
-    line_console().print(Text(f"-- {printable(how)}", style="bold"))
+    elif record is None:
+        line_console().print(Text(f"-- gone: {GONE}", style="bold"))
+    else:
+        how = f"{record.state}: {record.error}" if record.error else record.state
+        line_console().print(Text(f"-- {printable(how)}", style="bold"))
+    return 0 if record is not None else 1
 
 
 def event_line(event: Event) -> Text:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from delegation import ChildContext, Event
+from delegation import ChildContext, Event, show
 from delegation.cli import main
 from delegation.codec import encode
 from delegation.store import migrate
@@ -320,6 +320,45 @@ async def test_events_follow_streams_json_lines_until_the_child_ends(
     assert last == {"end": {"state": "done", "error": "", "output": "finished"}}
     record = await harness.engine.get_child(child)
     assert record is not None and record.state == "done"
+
+
+async def test_events_follow_for_people_ends_with_the_state_and_error(
+    harness: Harness, db_path: Path, gate: asyncio.Event
+) -> None:
+    async def run(ctx: ChildContext) -> None:
+        await ctx.admit()
+        ctx.emit(Event(kind="text", text="started"))
+        await gate.wait()
+        raise RuntimeError("disk \x1b[2J full")
+
+    harness.runner.script = run
+    child = (await harness.start("q1")).conversation_id
+    follower = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "delegation.cli", "events", child[:8], "--follow"),
+        *("--db", str(db_path)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert follower.stdout is not None
+    first = await asyncio.wait_for(follower.stdout.readline(), 15)
+    assert first.decode().split() == ["1", "text", "started"]
+    gate.set()
+    rest, err = await asyncio.wait_for(follower.communicate(), 15)
+    assert (follower.returncode, err) == (0, b"")
+    assert rest.decode() == "-- done: disk \\x1b[2J full\n", "the state and its error, escaped"
+    # A child that has already ended: its events, then at once how it ended.
+    done = await asyncio.to_thread(spawn, "events", child, "--follow", "--db", str(db_path))
+    assert done.stdout.splitlines()[-1] == "-- done: disk \\x1b[2J full"
+
+
+def test_a_follow_whose_child_is_gone_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert show.ended(None, as_json=True) == 1
+    assert json.loads(capsys.readouterr().out) == {
+        "end": {"state": None, "error": show.GONE, "output": ""}
+    }
+    assert show.ended(None, as_json=False) == 1
+    assert capsys.readouterr().out == f"-- gone: {show.GONE}\n"
 
 
 # --- leases --------------------------------------------------------------------------
