@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from delegation import errors
+from delegation import completion, errors
 from delegation.config import EngineConfig
 
 # The longest path a Unix socket address holds (sun_path, less its terminating NUL).
@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="the guided tour: crash a host and watch it resume")
     _add_db(demo)
     demo.add_argument("--fast", action="store_true", help="shorter steps")
+    completion.add_parser(commands)
 
     children = commands.add_parser("children", help="list child runs, newest first")
     _add_db(children)
@@ -251,6 +252,9 @@ class _JsonFormatter(logging.Formatter):
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "completion":  # needs no database
+        print(completion.script(args.shell, build_parser()), end="")
+        return 0
     if getattr(args, "db", None) is None:
         args.db = os.environ.get("DELEGATION_DB") or DEFAULT_DB
     try:
