@@ -184,8 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = commands.add_parser("db", help="the database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    _add_db(db_commands.add_parser("upgrade", help="migrate the database to the newest schema"))
-    _add_db(db_commands.add_parser("current", help="print the schema revision"))
+    for action, says in (
+        ("upgrade", "migrate the database to the newest schema (progress on a terminal)"),
+        ("current", "print the schema revision"),
+    ):
+        db_action = db_commands.add_parser(action, help=says)
+        _add_db(db_action)
+        _add_json(db_action)
     return parser
 
 
@@ -339,13 +344,29 @@ def _usage(message: str) -> int:
 
 
 def _db(args: argparse.Namespace) -> int:
+    import json
+
+    from delegation.progress import Progress
     from delegation.store.stores import upgrade
 
-    before, after = upgrade(args.url, apply=args.db_command == "upgrade")
-    if args.db_command == "upgrade":
-        print(f"upgraded {before or 'empty'} -> {after}")
-    else:
-        print(after or "empty (no schema yet)")
+    if args.db_command == "current":
+        _, revision = upgrade(args.url, apply=False)
+        print(
+            json.dumps({"revision": revision}) if args.json else revision or "empty (no schema yet)"
+        )
+        return 0
+    with Progress("migrating", quiet=args.json) as progress:
+
+        def step(steps: list[tuple[str, str]], done: int) -> None:
+            what = f"migrating to {steps[done][0]}: {steps[done][1]}" if done < len(steps) else ""
+            progress.update(what or "migrated", done=done, total=len(steps))
+
+        before, after = upgrade(args.url, apply=True, on_step=step)
+    print(
+        json.dumps({"before": before, "after": after})
+        if args.json
+        else f"upgraded {before or 'empty'} -> {after}"
+    )
     return 0
 
 
