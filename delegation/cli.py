@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except errors.DelegationError as exc:
-        from delegation.show import printable  # a message may quote what a peer sent
+        from delegation.terminal import printable  # a message may quote what a peer sent
 
         print(f"delegation: {printable(str(exc))} ({exc.reason})", file=sys.stderr)
         return 1

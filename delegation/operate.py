@@ -19,10 +19,11 @@ from typing import Any
 
 from delegation.inspect import Inspector
 from delegation.records import ChildRecord
-from delegation.show import missing_child, printable, resolve_ids
+from delegation.show import missing_child, resolve_ids
 from delegation.store import controls
 from delegation.store.controls import ControlRecord
 from delegation.store.stores import open_watch, write_once
+from delegation.terminal import printable
 
 APPLY_TIMEOUT_S = 3.0  # a live host applies within about 0.1 s
 

@@ -36,8 +36,6 @@ from delegation.store.prefixes import Kind
 from delegation.terminal import cells, line_console, printable, printable_json, table_console
 from delegation.wire import Event
 
-__all__ = ["child_json", "command", "event_line", "lease_status", "printable", "wire_names"]
-
 RECENT_EVENTS = 5
 _FIELDS = ("text", "tool_name", "input", "tool_output", "error")
 # The arguments that name ids, with the kind of id each names: a unique prefix will do.
