@@ -189,6 +189,7 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         return 0
     grid = Table("field", "value", show_header=False, box=None, pad_edge=False)
     grid.columns[0].no_wrap = True
+    grid.columns[1].overflow = "fold"  # a long word is folded onto the next line, never cut
     for key, value in child_json(record).items():
         if isinstance(value, dict):  # its newlines are layout: escaped line by line
             grid.add_row(Text(key), Text(printable_json(value)))

@@ -22,6 +22,7 @@ PARENT_RUN = "parent-run-" + "q" * 117
 PARENT_CONVERSATION = "parent-conversation-" + "c" * 108
 LEASES = ("lease-" + "l" * 121 + "1", "lease-" + "l" * 121 + "2")  # alike but the last
 WIDE_TEXT = "漢字かな交じり文 " * 40 + "[bold]not markup[/bold]"
+TOKEN = "y" * 300  # one word longer than any line
 
 
 async def wordy(ctx: ChildContext) -> None:
@@ -51,7 +52,8 @@ async def crowd(harness: Harness) -> Crowd:
     owner = {"run_id": PARENT_RUN, "tool_call_id": "call-1", "extension_id": EXTENSION}
     started = []
     for n, lease in enumerate(LEASES):
-        request = Request(request_id=f"q{n}", profile=PROFILE, message=WIDE_TEXT, lease_id=lease)
+        message = f"{WIDE_TEXT} {TOKEN}"
+        request = Request(request_id=f"q{n}", profile=PROFILE, message=message, lease_id=lease)
         params = Params(**owner, generation=1, lease_id=lease, request=request)
         started.append(await engine.start(conn, params))
     harness.runner.script = finish_after_admit
@@ -88,6 +90,8 @@ async def test_every_table_fits_80_columns(
         assert (code, err) == (0, ""), argv
         assert out.count("\n") >= 2, argv
         assert too_wide(out) == [], argv
+        if argv[0] == "show":
+            assert out.count("y") > len(TOKEN), "a long word is folded, not cut"
 
 
 @pytest.mark.sqlite_only  # one store is enough for the terminal itself
