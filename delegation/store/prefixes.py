@@ -81,7 +81,15 @@ def _like(prefix: str) -> str:
 
 
 def _code_point_order(conn: Connection) -> bool:
-    """Whether the PostgreSQL database compares text by code point (its collation)."""
+    """Whether the PostgreSQL database compares text by code point (its collation);
+    asked once a connection."""
+    known = conn.info.get("code_point_order")
+    if known is None:
+        known = conn.info["code_point_order"] = _ask_code_point_order(conn)
+    return bool(known)
+
+
+def _ask_code_point_order(conn: Connection) -> bool:
     row = run(
         conn, "SELECT row_to_json(d)::text FROM pg_database d WHERE datname = current_database()"
     ).fetchone()
