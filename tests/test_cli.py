@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from delegation import ChildContext, Event, show
 from delegation.cli import main
 from delegation.codec import encode
+from delegation.records import ChildRecord, LeaseRecord
 from delegation.store import migrate
 from tests.support import PRESET, Harness, Script, finish_after_admit, hold
 from tests.terminal import Cli, in_process
@@ -41,9 +43,26 @@ CHILD_KEYS = WIRE_KEYS | {
     "cancelReason", "recoveryAttempts", "createdAt", "updatedAt", "admittedAt", "finishedAt",
     "originGrantId",
 }  # fmt: skip
+CAMEL = re.compile("[a-z]+(?:[A-Z][a-z]*)*")
+
+
+def wire_keys(
+    document: dict[str, Any],
+    record: type[Any],
+    known: set[str],
+    extra: frozenset[str] = frozenset(),
+) -> bool:
+    """Every field of ``record`` once (besides the document's ``extra``), each camelCase:
+    those named in ``known``, and any field added since under its camelCase name."""
+    keys = set(document) - extra
+    fields = len(dataclasses.fields(record))
+    right = extra <= set(document) and known <= keys and len(keys) == fields
+    return right and all(CAMEL.fullmatch(key) for key in document)
+
+
 LEASE_KEYS = {
     "leaseId", "runnerId", "extensionId", "runId", "conversationId", "createdAt", "expiresAt",
-    "activatedAt", "revokedAt", "revokeReason", "children", "status",
+    "activatedAt", "revokedAt", "revokeReason", "children",
 }  # fmt: skip
 
 
@@ -172,7 +191,7 @@ async def test_children_json_is_one_document_of_records(cli: Cli, fleet: Fleet) 
         fleet.failed,
         fleet.quick,
     ]
-    assert all(set(item) == CHILD_KEYS for item in document)
+    assert all(wire_keys(item, ChildRecord, CHILD_KEYS) for item in document)
     failed = document[3]
     assert failed["request"] == {"requestId": "q2", "profile": "worker", "message": "boom"}
     assert failed["preset"] == {"name": "worker", "extensionId": "ext", "generation": 7}
@@ -223,7 +242,7 @@ async def test_show_json_has_every_field_and_recent_events(
     code, out, _ = cli("show", fleet.leased, "--json")
     document = json.loads(out)
     assert code == 0
-    assert set(document) == CHILD_KEYS | {"eventCount", "recentEvents"}
+    assert wire_keys(document, ChildRecord, CHILD_KEYS, frozenset({"eventCount", "recentEvents"}))
     assert document["leaseId"] == LEASE
     assert document["request"]["leaseId"] == LEASE
     assert document["eventCount"] == 1
@@ -377,7 +396,8 @@ async def test_leases_show_live_and_revoked(cli: Cli, fleet: Fleet) -> None:
     code, out, _ = cli("leases", "--json")
     document = {item["leaseId"]: item for item in json.loads(out)}
     assert set(document) == {LEASE, "lease-2"}
-    assert all(set(item) == LEASE_KEYS for item in document.values())
+    leases = document.values()
+    assert all(wire_keys(item, LeaseRecord, LEASE_KEYS, frozenset({"status"})) for item in leases)
     assert document[LEASE]["children"] == 1
     assert document[LEASE]["status"].startswith("expires in ")
     assert document["lease-2"]["status"].startswith("revoked")
