@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 
 from delegation import Engine, EngineConfig, Event, Params, Preset, Request, Result
+from delegation.progress import Progress
 from delegation.runs import ChildContext, Recovery, Run
 from delegation.store import stores
 from delegation.wire import Identity
@@ -570,21 +571,28 @@ def _bench(folder: Path, url: str | None) -> Bench:
     return PostgresBench(folder, url)
 
 
-async def run_all(sizes: Sizes, only: list[str] | None, url: str | None = None) -> dict[str, Any]:
+async def run_all(
+    sizes: Sizes, only: list[str] | None, url: str | None = None, *, quiet: bool = False
+) -> dict[str, Any]:
     """Every scenario (or those ``only`` names) on temporary SQLite files, or with
-    ``url`` on new databases of that PostgreSQL server."""
+    ``url`` on new databases of that PostgreSQL server. Unless ``quiet``, each scenario's
+    figures go to stderr as it ends, under a progress line on a terminal."""
     report: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="delegation-bench-") as folder:
+    chosen = [name for name in SCENARIOS if not only or name in only]
+    with (
+        tempfile.TemporaryDirectory(prefix="delegation-bench-") as folder,
+        Progress("bench", len(chosen), quiet=quiet) as progress,
+    ):
         bench = _bench(Path(folder), url)
         try:
-            for name, scenario in SCENARIOS.items():
-                if only and name not in only:
-                    continue
+            for done, name in enumerate(chosen):
+                progress.update(name, done=done)
                 gc.collect()  # each scenario starts clean of the last one's garbage
-                report[name] = await scenario(bench, sizes)
+                report[name] = await SCENARIOS[name](bench, sizes)
                 bench.engines.clear()  # every one closed by the scenario
                 bench.cleanup()
-                print(f"  {name}: {report[name]}", file=sys.stderr, flush=True)
+                progress.note(f"  {name}: {report[name]}")
+            progress.update("done", done=len(chosen))
             report["machine"] = machine() | bench.describe()
         finally:
             await bench.close_engines()
@@ -654,10 +662,12 @@ def main(argv: list[str] | None = None) -> int:
         from delegation import bench_hosts
 
         sizes = bench_hosts.QUICK if args.quick else bench_hosts.FULL
-        report = asyncio.run(bench_hosts.run_all(args.url, sizes))
+        report = asyncio.run(bench_hosts.run_all(args.url, sizes, quiet=args.json))
         print(msgspec.json.encode(report).decode() if args.json else bench_hosts.table(report))
         return 0
-    report = asyncio.run(run_all(QUICK if args.quick else FULL, args.only, args.url))
+    report = asyncio.run(
+        run_all(QUICK if args.quick else FULL, args.only, args.url, quiet=args.json)
+    )
     print(msgspec.json.encode(report).decode() if args.json else table(report))
     return 0
 

@@ -44,6 +44,7 @@ import psycopg
 from delegation import ChildContext, Engine, EngineConfig, Event, Params, Request, Result
 from delegation.bench import CONFIG, PRESET, _median, machine
 from delegation.bench_postgres import PostgresBench
+from delegation.progress import Progress
 from delegation.runs import Recovery, Run
 from delegation.store import stores
 from delegation.wire import Identity, Preset
@@ -308,21 +309,23 @@ def _spread(values: list[float]) -> dict[str, float]:
     return {"median": _median(values), "min": min(values), "max": max(values)}
 
 
-async def run_all(url: str, sizes: HostSizes) -> dict[str, Any]:
-    """Rates with 1, 2 and 3 hosts, and the takeover time (see the module)."""
+async def run_all(url: str, sizes: HostSizes, *, quiet: bool = False) -> dict[str, Any]:
+    """Rates with 1, 2 and 3 hosts, and the takeover time (see the module); unless
+    ``quiet``, each figure goes to stderr as it is had, under a progress line on a
+    terminal."""
     report: dict[str, Any] = {}
     bench = PostgresBench(Path(tempfile.gettempdir()), url)
     try:
-        for n in HOSTS:
-            starts = await rate(bench, "starts", n, sizes.callers, sizes.window_s)
-            events = await rate(bench, "events", n, sizes.emitters, sizes.window_s)
-            report[f"hosts_{n}"] = {
-                "starts_per_s": round(sum(starts), 1), "events_per_s": round(sum(events), 1),
-                "starts_by_host": starts, "events_by_host": events,
-            }  # fmt: skip
-            print(f"  {n} hosts: {report[f'hosts_{n}']}", file=sys.stderr, flush=True)
-        runs = [await takeover(bench, sizes) for _ in range(sizes.takeovers)]
-        print(f"  takeovers (noticed, taken, streaming): {runs}", file=sys.stderr, flush=True)
+        with Progress("bench --hosts", len(HOSTS) + sizes.takeovers, quiet=quiet) as progress:
+            for n in HOSTS:
+                progress.update(f"{n} hosts", done=n - 1)
+                report[f"hosts_{n}"] = await rates(bench, n, sizes)
+                progress.note(f"  {n} hosts: {report[f'hosts_{n}']}")
+            runs = []
+            for done in range(sizes.takeovers):
+                progress.update("takeover after a kill", done=len(HOSTS) + done)
+                runs.append(await takeover(bench, sizes))
+            progress.note(f"  takeovers (noticed, taken, streaming): {runs}")
         report["takeover"] = {
             "runs": len(runs), "live_hosts": sizes.live, "children": sizes.streamers,
             "heartbeat_s": EngineConfig().host_heartbeat_s,
@@ -334,6 +337,16 @@ async def run_all(url: str, sizes: HostSizes) -> dict[str, Any]:
     finally:
         bench.close()
     return report
+
+
+async def rates(bench: PostgresBench, hosts: int, sizes: HostSizes) -> dict[str, Any]:
+    """Starts and events a second, summed over ``hosts`` host processes."""
+    starts = await rate(bench, "starts", hosts, sizes.callers, sizes.window_s)
+    events = await rate(bench, "events", hosts, sizes.emitters, sizes.window_s)
+    return {
+        "starts_per_s": round(sum(starts), 1), "events_per_s": round(sum(events), 1),
+        "starts_by_host": starts, "events_by_host": events,
+    }  # fmt: skip
 
 
 def table(report: dict[str, Any]) -> str:

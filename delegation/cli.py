@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from delegation import errors
+from delegation import completion, errors
 from delegation.config import EngineConfig
 
 # The longest path a Unix socket address holds (sun_path, less its terminating NUL).
@@ -82,8 +82,19 @@ def version() -> str:
         return "unknown"
 
 
+# Every id argument takes a unique prefix of the id too (delegation.show.resolve_ids).
+CHILD_HELP = "the child's conversationId, or a unique prefix of it"
+RUN_HELP = "one execution (runId, or a unique prefix of it); default the newest"
+
+
 def _add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON document for scripts")
+
+
+def _add_wide(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wide", action="store_true", help="every column, ids whole, lines as long as they need"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,25 +135,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="the guided tour: crash a host and watch it resume")
     _add_db(demo)
     demo.add_argument("--fast", action="store_true", help="shorter steps")
+    completion.add_parser(commands)
 
     children = commands.add_parser("children", help="list child runs, newest first")
     _add_db(children)
     children.add_argument("--state", help="prepared, admitted, running, done or cancelled")
-    children.add_argument("--lease", help="only children under this leaseId")
-    children.add_argument("--parent", help="only children of this parent runId")
+    children.add_argument("--lease", help="only children under this leaseId (or its prefix)")
+    children.add_argument("--parent", help="only children of this parent runId (or its prefix)")
     children.add_argument("--limit", type=int, default=50)
     _add_json(children)
+    _add_wide(children)
 
     show = commands.add_parser("show", help="one child run in detail")
     _add_db(show)
-    show.add_argument("child", help="the child's conversationId")
-    show.add_argument("--run", help="one execution (runId); default the newest")
+    show.add_argument("child", help=CHILD_HELP)
+    show.add_argument("--run", help=RUN_HELP)
     _add_json(show)
 
     events = commands.add_parser("events", help="a child's events")
     _add_db(events)
-    events.add_argument("child", help="the child's conversationId")
-    events.add_argument("--run", help="one execution (runId); default the newest")
+    events.add_argument("child", help=CHILD_HELP)
+    events.add_argument("--run", help=RUN_HELP)
     events.add_argument("--after", type=int, default=0, help="only events after this sequence")
     events.add_argument("--follow", action="store_true", help="keep printing until it ends")
     _add_json(events)
@@ -151,27 +164,33 @@ def build_parser() -> argparse.ArgumentParser:
         "cancel", help="cancel a child of a live host (applied within a second)"
     )
     _add_db(cancel)
-    cancel.add_argument("child", help="the child's conversationId")
-    cancel.add_argument("--run", help="one execution (runId); default the newest")
+    cancel.add_argument("child", help=CHILD_HELP)
+    cancel.add_argument("--run", help=RUN_HELP)
     cancel.add_argument("--wait", action="store_true", help="until the child has stopped")
     _add_json(cancel)
 
     steer = commands.add_parser("steer", help="steer a running child of a live host")
     _add_db(steer)
-    steer.add_argument("child", help="the child's conversationId")
+    steer.add_argument("child", help=CHILD_HELP)
     steer.add_argument("message", help="the new heading for the child")
-    steer.add_argument("--run", help="one execution (runId); default the newest")
+    steer.add_argument("--run", help=RUN_HELP)
     _add_json(steer)
 
     leases = commands.add_parser("leases", help="leases and tombstones")
     _add_db(leases)
-    leases.add_argument("--runner", help="only this runnerId")
+    leases.add_argument("--runner", help="only this runnerId (or its prefix)")
     _add_json(leases)
+    _add_wide(leases)
 
     db = commands.add_parser("db", help="the database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    _add_db(db_commands.add_parser("upgrade", help="migrate the database to the newest schema"))
-    _add_db(db_commands.add_parser("current", help="print the schema revision"))
+    for action, says in (
+        ("upgrade", "migrate the database to the newest schema (progress on a terminal)"),
+        ("current", "print the schema revision"),
+    ):
+        db_action = db_commands.add_parser(action, help=says)
+        _add_db(db_action)
+        _add_json(db_action)
     return parser
 
 
@@ -193,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except errors.DelegationError as exc:
-        from delegation.show import printable  # a message may quote what a peer sent
+        from delegation.terminal import printable  # a message may quote what a peer sent
 
         print(f"delegation: {printable(str(exc))} ({exc.reason})", file=sys.stderr)
         return 1
@@ -238,6 +257,9 @@ class _JsonFormatter(logging.Formatter):
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "completion":  # needs no database
+        print(completion.script(args.shell, build_parser()), end="")
+        return 0
     if getattr(args, "db", None) is None:
         args.db = os.environ.get("DELEGATION_DB") or DEFAULT_DB
     try:
@@ -322,13 +344,29 @@ def _usage(message: str) -> int:
 
 
 def _db(args: argparse.Namespace) -> int:
+    import json
+
+    from delegation.progress import Progress
     from delegation.store.stores import upgrade
 
-    before, after = upgrade(args.url, apply=args.db_command == "upgrade")
-    if args.db_command == "upgrade":
-        print(f"upgraded {before or 'empty'} -> {after}")
-    else:
-        print(after or "empty (no schema yet)")
+    if args.db_command == "current":
+        _, revision = upgrade(args.url, apply=False)
+        print(
+            json.dumps({"revision": revision}) if args.json else revision or "empty (no schema yet)"
+        )
+        return 0
+    with Progress("migrating", quiet=args.json) as progress:
+
+        def step(steps: list[tuple[str, str]], done: int) -> None:
+            what = f"migrating to {steps[done][0]}: {steps[done][1]}" if done < len(steps) else ""
+            progress.update(what or "migrated", done=done, total=len(steps))
+
+        before, after = upgrade(args.url, apply=True, on_step=step)
+    print(
+        json.dumps({"before": before, "after": after})
+        if args.json
+        else f"upgraded {before or 'empty'} -> {after}"
+    )
     return 0
 
 

@@ -7,14 +7,31 @@ snapshots), so it is safe to use while a host is running on the same database.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 
 from delegation import queries
 from delegation.records import ChildRecord, LeaseRecord
-from delegation.store import controls, migrate, stores
+from delegation.store import Connection, controls, migrate, prefixes, stores
 from delegation.store.controls import ControlRecord
+from delegation.store.prefixes import Kind
 from delegation.wire import Event
+
+MIN_PREFIX = 4  # characters an id prefix needs, so that a slip never matches everything
+SHORT = 10  # characters a shortened id keeps at least (c-, then 8 hex digits)
+SHOWN = "…"  # what ends a shortened id; a prefix given with it is read without it
+CANDIDATES = 5  # ids an ambiguous prefix names
+_SCAN = 64
+
+
+class AmbiguousId(LookupError):
+    """A prefix that more than one id begins with."""
+
+    def __init__(self, kind: Kind, prefix: str, candidates: list[str]) -> None:
+        super().__init__(kind, prefix, candidates)
+        self.kind, self.prefix = kind, prefix
+        self.candidates = candidates[:CANDIDATES]
+        self.more = len(candidates) > CANDIDATES
 
 
 class Inspector:
@@ -46,6 +63,27 @@ class Inspector:
     def revision(self) -> str | None:
         """The schema revision the file is at (None before the first migration)."""
         return self._db.read(migrate.current)
+
+    def resolve(self, kind: Kind, text: str) -> str:
+        """The id of this kind that ``text`` stands for: ``text`` itself when it is one,
+        else the one id that begins with it (``text`` of at least ``MIN_PREFIX``
+        characters; a trailing ``…``, as tables end a shortened id, is dropped); else
+        ``text`` unchanged, which the caller then finds nothing for.
+
+        Raises:
+            AmbiguousId: more than one id begins with ``text``.
+        """
+        found = self._db.read(lambda c: _matching(c, kind, text))
+        if len(found) > 1:
+            raise AmbiguousId(kind, text.removesuffix(SHOWN), found)
+        return found[0] if found else text
+
+    def shortened(self, kind: Kind, ids: Iterable[str]) -> dict[str, str]:
+        """Each of ``ids`` as a table shows it: its shortest beginning of at least
+        ``SHORT`` characters that no other id of its kind has, ended with ``…``; an id
+        that would not get shorter is whole. Read in one transaction."""
+        whole = set(ids)
+        return self._db.read(lambda c: {i: _shortest(c, kind, i) for i in whole})
 
     def get_child(self, conversation_id: str, run_id: str | None = None) -> ChildRecord | None:
         return self._db.read(lambda c: queries.find_child(c, conversation_id, run_id))
@@ -113,3 +151,36 @@ class Inspector:
         while page := self.events(conversation_id, run_id, after):
             yield from page
             after = page[-1].sequence
+
+
+def _matching(conn: Connection, kind: Kind, text: str) -> list[str]:
+    """``[text]`` when it is an id; else the ids it begins (one more than named)."""
+    if prefixes.exists(conn, kind, text):
+        return [text]
+    stem = text.removesuffix(SHOWN)
+    if stem != text and prefixes.exists(conn, kind, stem):
+        return [stem]
+    if len(stem) < MIN_PREFIX:
+        return []
+    return prefixes.starting_with(conn, kind, stem, CANDIDATES + 1)
+
+
+def _shortest(conn: Connection, kind: Kind, full: str) -> str:
+    length = SHORT
+    while length + 1 < len(full):
+        found = prefixes.starting_with(conn, kind, full[:length], _SCAN)
+        needed = max((_common(full, other) + 1 for other in found if other != full), default=length)
+        if len(found) < _SCAN:  # every id it begins: full[:needed] begins no other
+            return full[:needed] + SHOWN if needed + 1 < len(full) else full
+        length = max(needed, length + 1)
+    return full
+
+
+def _common(a: str, b: str) -> int:
+    """How many characters ``a`` and ``b`` begin with alike."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

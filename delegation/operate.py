@@ -19,10 +19,11 @@ from typing import Any
 
 from delegation.inspect import Inspector
 from delegation.records import ChildRecord
-from delegation.show import printable
+from delegation.show import missing_child, resolve_ids
 from delegation.store import controls
 from delegation.store.controls import ControlRecord
 from delegation.store.stores import open_watch, write_once
+from delegation.terminal import printable
 
 APPLY_TIMEOUT_S = 3.0  # a live host applies within about 0.1 s
 
@@ -31,9 +32,12 @@ def command(args: argparse.Namespace, url: str) -> int:
     """Run ``cancel`` or ``steer``; returns the exit code (1: refused, 0: done or queued)."""
     with Inspector(url) as inspector:
         inspector.check()
+        refusal = resolve_ids(inspector, args)
+        if refusal is not None:
+            return _fail(args, refusal, "ambiguous_id")
         child = inspector.get_child(args.child, args.run)
         if child is None:
-            return _fail(args, f"no child {args.child}" + (f" run {args.run}" if args.run else ""))
+            return _fail(args, missing_child(args))
         if child.terminal:
             return _fail(args, f"child {child.conversation_id} has already ended ({child.state})")
         message = args.message if args.command == "steer" else ""

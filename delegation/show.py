@@ -2,12 +2,13 @@
 
 Printing only: every value comes from an :class:`Inspector`, which reads the file
 through SQLite's read-only mode, so these commands are safe beside a running host.
-Tables are for people; ``--json`` is for scripts (one document, or JSON Lines for
+Tables are for people (they fit the terminal, ``--wide`` for every column: see
+:mod:`delegation.listing`); ``--json`` is for scripts (one document, or JSON Lines for
 ``events`` so that ``--follow --json`` streams).
 
 Children write much of what is printed (events, errors, outputs). Nothing of it may
-drive the terminal: control characters are shown escaped (:func:`printable`), and
-rich never reads it as markup. ``--json`` output is left to JSON's own escaping.
+drive the terminal (:mod:`delegation.terminal`). ``--json`` output is left to JSON's own
+escaping.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import re
 import sys
 import time
 from collections import deque
@@ -24,23 +23,30 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from delegation.codec import encode
-from delegation.inspect import Inspector
+from delegation.inspect import MIN_PREFIX, AmbiguousId, Inspector
+from delegation.listing import Column, table
 from delegation.machine import State
 from delegation.records import ChildRecord, LeaseRecord
 from delegation.store import migrate
+from delegation.store.prefixes import Kind
+from delegation.terminal import cells, line_console, printable, printable_json, table_console
 from delegation.wire import Event
 
 RECENT_EVENTS = 5
 _FIELDS = ("text", "tool_name", "input", "tool_output", "error")
-# C0, DEL and C1 controls (ESC, BEL, CSI U+009B...), line and paragraph separators,
-# and the bidirectional overrides and isolates that reorder what a reader sees.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# The arguments that name ids, with the kind of id each names: a unique prefix will do.
+ID_ARGUMENTS: dict[str, Kind] = {
+    "child": "conversation",
+    "run": "run",
+    "parent": "parent_run",
+    "lease": "lease",
+    "runner": "runner",
+}
+_NOUNS = {"parent_run": "parent run"}
 
 
 def command(args: argparse.Namespace, url: str) -> int:
@@ -61,7 +67,37 @@ def command(args: argparse.Namespace, url: str) -> int:
         if revision != head:
             found = f"schema {revision}" if revision else "no schema"
             return _fail(f"{found}, this delegation reads {head}: run `delegation db upgrade`")
+        refusal = resolve_ids(inspector, args)
+        if refusal is not None:
+            return _fail(refusal)
         return commands[args.command](inspector, args)
+
+
+def resolve_ids(inspector: Inspector, args: argparse.Namespace) -> str | None:
+    """Every id argument made whole (a unique prefix stands for its id); None, or why
+    not: a prefix that more than one id begins with."""
+    for name, kind in ID_ARGUMENTS.items():
+        text = getattr(args, name, None)
+        if text is None:
+            continue
+        try:
+            setattr(args, name, inspector.resolve(kind, text))
+        except AmbiguousId as exc:
+            shown = ", ".join(printable(c) for c in exc.candidates) + (", …" if exc.more else "")
+            noun = _NOUNS.get(kind, kind)
+            return (
+                f"{printable(exc.prefix)} begins more than one {noun} id: {shown}; give more of it"
+            )
+    return None
+
+
+def missing_child(args: argparse.Namespace) -> str:
+    """``no child c-1 run r-2``, and why an id too short to be a prefix found nothing."""
+    given = [args.child] + ([args.run] if args.run else [])
+    said = f"no child {args.child}" + (f" run {args.run}" if args.run else "")
+    if any(len(text) < MIN_PREFIX for text in given):
+        return f"{said} (an id prefix needs at least {MIN_PREFIX} characters)"
+    return said
 
 
 # --- children ------------------------------------------------------------------------
@@ -76,36 +112,55 @@ def _children(inspector: Inspector, args: argparse.Namespace) -> int:
     if args.json:
         _print_json([child_json(record) for record in records])
         return 0
-    table = Table()
-    for heading in ("conversation", "run"):
-        table.add_column(heading, overflow="fold")  # ids are copied: never "…"
-    for heading in ("state", "profile", "lease", "parent run", "created", "finished"):
-        table.add_column(heading)
-    table.add_column("error / output")
-    for record in records:
-        table.add_row(
-            *_cells(
-                record.conversation_id,
-                record.run_id,
-                record.state,
-                record.profile,
-                record.lease_id or "",
-                record.parent_run_id,
-                local_time(record.created_at),
-                local_time(record.finished_at),
-                shorten(record.error or record.output),
-            )
-        )
-    _console().print(table)
+    console = table_console(wide=args.wide)
+    width = None if args.wide else console.width
+    console.print(table(records, child_columns(time.time()), inspector, width))
     return 0
 
 
+def child_columns(now: float) -> list[Column[ChildRecord]]:
+    """The columns of ``children``: those at 80 columns, then the rest with ``--wide``."""
+    return [
+        Column("conversation", lambda r: r.conversation_id, kind="conversation"),
+        Column("run", lambda r: r.run_id, kind="run"),
+        Column("state", lambda r: r.state),
+        Column("profile", lambda r: r.profile, most=12),
+        Column("runner", lambda r: r.runner_id, kind="runner", narrow=False),
+        Column("extension", lambda r: r.extension_id, narrow=False),
+        Column("lease", lambda r: r.lease_id or "", kind="lease", narrow=False),
+        Column("parent conversation", lambda r: r.parent_conversation_id, narrow=False),
+        Column("parent run", lambda r: r.parent_run_id, kind="parent_run", narrow=False),
+        Column("created", lambda r: local_time(r.created_at), narrow=False),
+        Column("finished", lambda r: local_time(r.finished_at), narrow=False),
+        Column("age", lambda r: age(now - r.created_at)),
+        Column("error / output", lambda r: shorten(r.error or r.output), fill=True),
+    ]
+
+
 def child_json(record: ChildRecord) -> dict[str, Any]:
-    """A child record for scripts: snake_case fields, request and preset decoded."""
-    values = dataclasses.asdict(record)
+    """A child record for scripts, named as the wire names it (camelCase: the runner's
+    ``runner_host_instance_id`` is the wire's ``hostInstanceId``), request and preset
+    decoded."""
+    values = wire_names(dataclasses.asdict(record))
     values["request"] = _decoded(record.request)
     values["preset"] = _decoded(record.preset)
     return values
+
+
+# A record's field whose wire name is not its camelCase form.
+_WIRE_NAMES = {"runner_host_instance_id": "hostInstanceId"}
+
+
+def wire_names(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the wire's camelCase names: ``conversation_id`` is
+    ``conversationId``, as in ``Result``; a field only the database has is named the same
+    way (``created_at``: ``createdAt``)."""
+    return {_WIRE_NAMES.get(key) or camel(key): value for key, value in values.items()}
+
+
+def camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(word.capitalize() for word in rest)
 
 
 def _decoded(raw: bytes) -> Any:
@@ -128,21 +183,23 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         recent.append(event)
     if args.json:
         document = child_json(record)
-        document["event_count"] = count
-        document["recent_events"] = [json.loads(encode(event)) for event in recent]
+        document["eventCount"] = count
+        document["recentEvents"] = [json.loads(encode(event)) for event in recent]
         _print_json(document)
         return 0
-    table = Table("field", "value", show_header=False)
+    grid = Table("field", "value", show_header=False, box=None, pad_edge=False)
+    grid.columns[0].no_wrap = True
+    grid.columns[1].overflow = "fold"  # a long word is folded onto the next line, never cut
     for key, value in child_json(record).items():
         if isinstance(value, dict):  # its newlines are layout: escaped line by line
-            table.add_row(Text(key), Text(_printable_json(value)))
+            grid.add_row(Text(key), Text(printable_json(value)))
             continue
-        if key.endswith("_at"):
+        if key.endswith("At"):
             value = local_time(value)
-        table.add_row(*_cells(key, "" if value is None else str(value)))
-    table.add_row(*_cells("events", str(count)))
-    console = _console()
-    console.print(table)
+        grid.add_row(*cells(key, "" if value is None else str(value)))
+    grid.add_row(*cells("events", str(count)))
+    console = table_console()
+    console.print(grid)
     for event in recent:
         console.print(event_line(event))
     return 0
@@ -162,21 +219,27 @@ def _events(inspector: Inspector, args: argparse.Namespace) -> int:
         return 0
     for event in inspector.follow(record.conversation_id, record.run_id, args.after):
         emit(event)
-    final = inspector.get_child(record.conversation_id, record.run_id)
-    if final is not None:
-        _ended(final, args.json)
-    return 0
+    return ended(inspector.get_child(record.conversation_id, record.run_id), args.json)
 
 
-def _ended(record: ChildRecord, as_json: bool) -> None:
-    """How a followed execution ended: its last line."""
+GONE = "the child is no longer in the database (purged)"
+
+
+def ended(record: ChildRecord | None, as_json: bool) -> int:
+    """How a followed execution ended, as its last line: its final state and error (or
+    that it is gone, exit 1: a follow ends only once its child is terminal or gone)."""
     if as_json:
-        end = {"state": record.state, "error": record.error, "output": record.output}
+        end: dict[str, Any] = {"state": None, "error": GONE, "output": ""}
+        if record is not None:
+            end = {"state": record.state, "error": record.error, "output": record.output}
         sys.stdout.write(json.dumps({"end": end}) + "\n")
         sys.stdout.flush()
-        return
-    how = f"{record.state}: {record.error}" if record.error else record.state
-    _console().print(Text(f"-- {printable(how)}", style="bold"))
+    elif record is None:
+        line_console().print(Text(f"-- gone: {GONE}", style="bold"))
+    else:
+        how = f"{record.state}: {record.error}" if record.error else record.state
+        line_console().print(Text(f"-- {printable(how)}", style="bold"))
+    return 0 if record is not None else 1
 
 
 def event_line(event: Event) -> Text:
@@ -195,7 +258,7 @@ def _json_line(event: Event) -> None:
 
 
 def _human_line() -> Callable[[Event], None]:
-    console = _console()
+    console = line_console()
 
     def emit(event: Event) -> None:
         console.print(event_line(event))
@@ -211,23 +274,29 @@ def _leases(inspector: Inspector, args: argparse.Namespace) -> int:
     records = inspector.leases(args.runner)
     now = time.time()
     if args.json:
-        _print_json([{**dataclasses.asdict(r), "status": lease_status(r, now)} for r in records])
-        return 0
-    table = Table("lease", "runner", "extension", "parent run", "children", "created", "status")
-    for r in records:
-        table.add_row(
-            *_cells(
-                r.lease_id,
-                r.runner_id,
-                r.extension_id,
-                r.run_id or "",
-                str(r.children),
-                local_time(r.created_at),
-                lease_status(r, now),
-            )
+        _print_json(
+            [wire_names({**dataclasses.asdict(r), "status": lease_status(r, now)}) for r in records]
         )
-    _console().print(table)
+        return 0
+    console = table_console(wide=args.wide)
+    console.print(
+        table(records, lease_columns(now), inspector, None if args.wide else console.width)
+    )
     return 0
+
+
+def lease_columns(now: float) -> list[Column[LeaseRecord]]:
+    """The columns of ``leases``: those at 80 columns, then the rest with ``--wide``."""
+    return [
+        Column("lease", lambda r: r.lease_id, kind="lease"),
+        Column("runner", lambda r: r.runner_id, kind="runner"),
+        Column("extension", lambda r: r.extension_id, most=12),
+        Column("parent run", lambda r: r.run_id or "", narrow=False),
+        Column("parent conversation", lambda r: r.conversation_id or "", narrow=False),
+        Column("children", lambda r: str(r.children)),
+        Column("created", lambda r: local_time(r.created_at), narrow=False),
+        Column("status", lambda r: lease_status(r, now), fill=True),
+    ]
 
 
 def lease_status(lease: LeaseRecord, now: float) -> str:
@@ -238,6 +307,15 @@ def lease_status(lease: LeaseRecord, now: float) -> str:
         return "live"
     left = lease.expires_at - now
     return "overdue" if left <= 0 else f"expires in {duration(left)}"
+
+
+def age(seconds: float) -> str:
+    """How long ago, in its largest unit: ``42s``, ``5m``, ``3h``, ``12d``."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def duration(seconds: float) -> str:
@@ -258,42 +336,9 @@ def local_time(timestamp: float | None) -> str:
     return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="seconds")
 
 
-def printable(text: str) -> str:
-    """``text`` with every character that could drive a terminal shown escaped:
-    ``\\n``, ``\\t``, ``\\r``, ``\\x1b``, ``\\u202e``. Printable text is unchanged."""
-    return _UNPRINTABLE.sub(_escape, text)
-
-
-def _escape(match: re.Match[str]) -> str:
-    char = match.group()
-    named = _NAMED.get(char)
-    if named is not None:
-        return named
-    code = ord(char)
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-def _printable_json(value: Any) -> str:
-    """Indented JSON whose layout keeps its newlines; JSON escapes C0 controls in
-    strings itself, but not DEL, C1 or the Unicode ones."""
-    lines = json.dumps(value, indent=2, ensure_ascii=False).split("\n")
-    return "\n".join(printable(line) for line in lines)
-
-
 def shorten(text: str, width: int = 60) -> str:
     line = " ".join(text.split())
     return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def _cells(*values: str) -> list[Text]:
-    # Text, not str: rich would read "[...]" in an error message as markup.
-    return [Text(printable(value)) for value in values]
-
-
-def _console() -> Console:
-    # Piped output (grep, less) keeps each table's natural width, not 80 columns.
-    sized = sys.stdout.isatty() or "COLUMNS" in os.environ
-    return Console(width=None if sized else 1000, highlight=False)
 
 
 def _print_json(document: Any) -> None:
@@ -301,8 +346,7 @@ def _print_json(document: Any) -> None:
 
 
 def _missing(args: argparse.Namespace) -> int:
-    run = f" run {args.run}" if args.run else ""
-    return _fail(f"no child {args.child}{run}")
+    return _fail(missing_child(args))
 
 
 def _fail(message: str) -> int:

@@ -28,6 +28,8 @@ def _run(connection) -> None:  # type: ignore[no-untyped-def]
         target_metadata=target_metadata,
         render_as_batch=True,
         compare_type=True,
+        # Told of each revision applied: ``delegation db upgrade`` shows its progress.
+        on_version_apply=config.attributes.get("on_version_apply"),
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -11,26 +11,59 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from delegation import ChildContext, Event
+from delegation import ChildContext, Event, show
 from delegation.cli import main
+from delegation.codec import encode
 from delegation.records import ChildRecord, LeaseRecord
 from delegation.store import migrate
 from tests.support import PRESET, Harness, Script, finish_after_admit, hold
+from tests.terminal import Cli, in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE = "lease-1"
-CHILD_KEYS = {f.name for f in dataclasses.fields(ChildRecord)}
-LEASE_KEYS = {f.name for f in dataclasses.fields(LeaseRecord)} | {"status"}
-Cli = Callable[..., tuple[int, str, str]]
+# --json names every field as the wire does (Identity's and Result's camelCase names),
+# and the fields only the database has the same way.
+WIRE_KEYS = {
+    "runnerId", "hostInstanceId", "conversationId", "runId", "parentConversationId",
+    "parentRunId", "extensionId", "profile", "requestId", "leaseId", "generation",
+    "request", "preset", "cwd", "state", "error", "output",
+}  # fmt: skip
+CHILD_KEYS = WIRE_KEYS | {
+    "id", "grantId", "depth", "followup", "engineInstanceId", "cancelRequestedAt",
+    "cancelReason", "recoveryAttempts", "createdAt", "updatedAt", "admittedAt", "finishedAt",
+    "originGrantId",
+}  # fmt: skip
+CAMEL = re.compile("[a-z]+(?:[A-Z][a-z]*)*")
+
+
+def wire_keys(
+    document: dict[str, Any],
+    record: type[Any],
+    known: set[str],
+    extra: frozenset[str] = frozenset(),
+) -> bool:
+    """Every field of ``record`` once (besides the document's ``extra``), each camelCase:
+    those named in ``known``, and any field added since under its camelCase name."""
+    keys = set(document) - extra
+    fields = len(dataclasses.fields(record))
+    right = extra <= set(document) and known <= keys and len(keys) == fields
+    return right and all(CAMEL.fullmatch(key) for key in document)
+
+
+LEASE_KEYS = {
+    "leaseId", "runnerId", "extensionId", "runId", "conversationId", "createdAt", "expiresAt",
+    "activatedAt", "revokedAt", "revokeReason", "children",
+}  # fmt: skip
 
 
 async def boom(ctx: ChildContext) -> None:
@@ -102,15 +135,8 @@ async def fleet(harness: Harness, gate: asyncio.Event, workspace: Path) -> Fleet
 
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], db_url: str) -> Cli:
-    """``delegation ARGS --db <the test's database URL>`` in this process: (code, stdout,
-    stderr); ``db=`` names another database (a path or a URL)."""
-
-    def run(*argv: str, db: Path | str = db_url) -> tuple[int, str, str]:
-        code = main([*argv, "--db", str(db)])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    """``delegation ARGS --db <the test's database URL>`` in this process."""
+    return in_process(capsys, db_url)
 
 
 def spawn(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -125,7 +151,7 @@ def spawn(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def ids(document: list[dict[str, Any]]) -> list[str]:
-    return [item["conversation_id"] for item in document]
+    return [item["conversationId"] for item in document]
 
 
 def fingerprint(db_path: Path) -> tuple[str, str]:
@@ -142,11 +168,13 @@ def fingerprint(db_path: Path) -> tuple[str, str]:
 # --- children ------------------------------------------------------------------------
 
 
-async def test_children_table_lists_newest_first(cli: Cli, fleet: Fleet) -> None:
-    code, out, err = cli("children")
+@pytest.mark.parametrize("wide", [False, True])
+async def test_children_table_lists_newest_first(cli: Cli, fleet: Fleet, wide: bool) -> None:
+    code, out, err = cli("children", *(["--wide"] if wide else []))
     assert (code, err) == (0, "")
     order = [fleet.revoked, fleet.leased, fleet.cancelled, fleet.failed, fleet.quick]
-    assert sorted(order, key=out.index) == order
+    shown = order if wide else [f"{child[:10]}" for child in order]  # shortened, else whole
+    assert sorted(shown, key=out.index) == shown
     assert "[red]tool failed[/red] badly" in out  # printed, not read as markup
     assert "done: quick" in out
     assert "cancelled: cancel requested" in out
@@ -163,12 +191,12 @@ async def test_children_json_is_one_document_of_records(cli: Cli, fleet: Fleet) 
         fleet.failed,
         fleet.quick,
     ]
-    assert all(set(item) == CHILD_KEYS for item in document)
+    assert all(wire_keys(item, ChildRecord, CHILD_KEYS) for item in document)
     failed = document[3]
     assert failed["request"] == {"requestId": "q2", "profile": "worker", "message": "boom"}
     assert failed["preset"] == {"name": "worker", "extensionId": "ext", "generation": 7}
     assert (failed["state"], failed["error"]) == ("done", "[red]tool failed[/red] badly")
-    assert isinstance(failed["created_at"], float)
+    assert isinstance(failed["createdAt"], float)
     assert failed["followup"] is False
 
 
@@ -214,13 +242,17 @@ async def test_show_json_has_every_field_and_recent_events(
     code, out, _ = cli("show", fleet.leased, "--json")
     document = json.loads(out)
     assert code == 0
-    assert set(document) == CHILD_KEYS | {"event_count", "recent_events"}
-    assert document["lease_id"] == LEASE
+    assert wire_keys(document, ChildRecord, CHILD_KEYS, frozenset({"eventCount", "recentEvents"}))
+    assert document["leaseId"] == LEASE
     assert document["request"]["leaseId"] == LEASE
-    assert document["event_count"] == 1
-    assert document["recent_events"] == [{"sequence": 1, "kind": "text", "text": "working"}]
+    assert document["eventCount"] == 1
+    assert document["recentEvents"] == [{"sequence": 1, "kind": "text", "text": "working"}]
     record = await harness.engine.get_child(fleet.leased)
-    assert record is not None and document["run_id"] == record.run_id
+    assert record is not None and document["runId"] == record.run_id
+    # The names and values of the wire's own Result, for the fields both have.
+    result = json.loads(encode(await harness.read(fleet.leased, lease_id=LEASE)))
+    identity = {k: v for k, v in result.items() if k not in ("done", "events")}
+    assert {k: document[k] for k in identity} == identity
 
 
 async def test_show_table_and_run_selection(cli: Cli, fleet: Fleet, harness: Harness) -> None:
@@ -263,7 +295,7 @@ async def test_events_page_through_more_than_one_read(cli: Cli, harness: Harness
     assert out.splitlines()[-1].split() == ["300", "text", "line", "300"]
 
     _, out, _ = cli("show", child, "--json")
-    assert json.loads(out)["event_count"] == 300
+    assert json.loads(out)["eventCount"] == 300
 
 
 async def test_events_of_a_missing_child_fail(cli: Cli, fleet: Fleet) -> None:
@@ -309,25 +341,67 @@ async def test_events_follow_streams_json_lines_until_the_child_ends(
     assert record is not None and record.state == "done"
 
 
+async def test_events_follow_for_people_ends_with_the_state_and_error(
+    harness: Harness, db_path: Path, gate: asyncio.Event
+) -> None:
+    async def run(ctx: ChildContext) -> None:
+        await ctx.admit()
+        ctx.emit(Event(kind="text", text="started"))
+        await gate.wait()
+        raise RuntimeError("disk \x1b[2J full")
+
+    harness.runner.script = run
+    child = (await harness.start("q1")).conversation_id
+    follower = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "delegation.cli", "events", child[:8], "--follow"),
+        *("--db", str(db_path)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert follower.stdout is not None
+    first = await asyncio.wait_for(follower.stdout.readline(), 15)
+    assert first.decode().split() == ["1", "text", "started"]
+    gate.set()
+    rest, err = await asyncio.wait_for(follower.communicate(), 15)
+    assert (follower.returncode, err) == (0, b"")
+    assert rest.decode() == "-- done: disk \\x1b[2J full\n", "the state and its error, escaped"
+    # A child that has already ended: its events, then at once how it ended.
+    done = await asyncio.to_thread(spawn, "events", child, "--follow", "--db", str(db_path))
+    assert done.stdout.splitlines()[-1] == "-- done: disk \\x1b[2J full"
+
+
+def test_a_follow_whose_child_is_gone_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert show.ended(None, as_json=True) == 1
+    assert json.loads(capsys.readouterr().out) == {
+        "end": {"state": None, "error": show.GONE, "output": ""}
+    }
+    assert show.ended(None, as_json=False) == 1
+    assert capsys.readouterr().out == f"-- gone: {show.GONE}\n"
+
+
 # --- leases --------------------------------------------------------------------------
 
 
 async def test_leases_show_live_and_revoked(cli: Cli, fleet: Fleet) -> None:
-    code, out, _ = cli("leases")
-    assert code == 0
-    live = next(line for line in out.splitlines() if LEASE in line)
-    revoked = next(line for line in out.splitlines() if "lease-2" in line)
-    assert "expires in" in live and "revoked" not in live
-    assert "revoked" in revoked and "other-run" in revoked
+    for wide in (False, True):
+        code, out, _ = cli("leases", *(["--wide"] if wide else []))
+        assert code == 0
+        live = next(line for line in out.splitlines() if LEASE in line)
+        revoked = next(line for line in out.splitlines() if "lease-2" in line)
+        assert "expires in" in live and "revoked" not in live
+        assert "revoked (parent run failed)" in revoked
+        assert ("other-run" in revoked) is wide, "the parent run: a column of --wide"
 
     code, out, _ = cli("leases", "--json")
-    document = {item["lease_id"]: item for item in json.loads(out)}
+    document = {item["leaseId"]: item for item in json.loads(out)}
     assert set(document) == {LEASE, "lease-2"}
-    assert all(set(item) == LEASE_KEYS for item in document.values())
+    leases = document.values()
+    assert all(wire_keys(item, LeaseRecord, LEASE_KEYS, frozenset({"status"})) for item in leases)
     assert document[LEASE]["children"] == 1
     assert document[LEASE]["status"].startswith("expires in ")
     assert document["lease-2"]["status"].startswith("revoked")
-    assert document["lease-2"]["revoked_at"] is not None
+    assert document["lease-2"]["revokedAt"] is not None
 
     assert json.loads(cli("leases", "--json", "--runner", "runner-1")[1]) != []
     assert json.loads(cli("leases", "--json", "--runner", "nobody")[1]) == []
@@ -350,7 +424,7 @@ async def test_cli_reads_beside_a_running_engine_and_writes_nothing(
     ]
     results = [await asyncio.to_thread(spawn, *c, "--db", str(db_path)) for c in commands]
     assert [r.returncode for r in results] == [0, 0, 0, 0], [r.stderr for r in results]
-    listed = {item["conversation_id"]: item["state"] for item in json.loads(results[0].stdout)}
+    listed = {item["conversationId"]: item["state"] for item in json.loads(results[0].stdout)}
     engine_view = await harness.engine.list_children()
     assert listed == {r.conversation_id: r.state for r in engine_view}
     assert fingerprint(db_path) == before

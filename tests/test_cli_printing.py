@@ -78,15 +78,18 @@ async def test_every_human_view_prints_child_text_escaped_and_literal(
     failed, done = children
     views = {
         "children": run(capsys, db_path, "children"),
+        "children wide": run(capsys, db_path, "children", "--wide"),
         "show failed": run(capsys, db_path, "show", failed),
         "show done": run(capsys, db_path, "show", done),
         "events failed": run(capsys, db_path, "events", failed),
         "events done": run(capsys, db_path, "events", done),
         "leases": run(capsys, db_path, "leases"),
+        "leases wide": run(capsys, db_path, "leases", "--wide"),
     }
     for name, out in views.items():
         assert not RAW.search(out), (name, RAW.findall(out))
-    for name in ("children", "show failed", "show done", "events failed", "events done"):
+    assert "\\x1b[2J" in views["children"], "cut to fit 80 columns, after escaping"
+    for name in ("children wide", "show failed", "show done", "events failed", "events done"):
         assert "[red]x[/red]" in views[name], name  # markup printed, not applied
         assert "\\x1b[2J" in views[name], name
     assert "\\x1b]8;;http://x\\x07link" in views["events failed"]
@@ -104,4 +107,4 @@ async def test_json_output_carries_child_text_exactly(
     assert record["error"] == NASTY
     assert record["request"]["message"] == NASTY
     listed = json.loads(run(capsys, db_path, "children", "--json"))
-    assert {c["conversation_id"]: c["output"] for c in listed}[done] == NASTY
+    assert {c["conversationId"]: c["output"] for c in listed}[done] == NASTY

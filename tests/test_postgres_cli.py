@@ -115,9 +115,9 @@ async def test_the_inspection_commands_read_a_live_hosts_database(
         listed = await asyncio.to_thread(cli, "children", "--json", "--db", postgres_db)
         assert listed.returncode == 0, listed.stderr
         (record,) = json.loads(listed.stdout)
-        assert record["conversation_id"] == child and record["lease_id"] == "L1"
+        assert record["conversationId"] == child and record["leaseId"] == "L1"
         leases = await asyncio.to_thread(cli, "leases", "--json", "--db", postgres_db)
-        assert [lease["lease_id"] for lease in json.loads(leases.stdout)] == ["L1"]
+        assert [lease["leaseId"] for lease in json.loads(leases.stdout)] == ["L1"]
         upgrade = await asyncio.to_thread(cli, "db", "upgrade", "--db", postgres_db)
         assert upgrade.returncode == 1, "never migrated beside a live host"
         assert "another live host" in one_line(upgrade.stderr)
@@ -132,7 +132,7 @@ async def test_the_inspection_commands_read_a_live_hosts_database(
         assert [line["sequence"] for line in lines[:-1]] == [e["sequence"] for e in events]
         shown = await asyncio.to_thread(cli, "show", child, "--json", "--db", postgres_db)
         document = json.loads(shown.stdout)
-        assert (document["state"], document["event_count"]) == ("done", len(events))
+        assert (document["state"], document["eventCount"]) == ("done", len(events))
         current = await asyncio.to_thread(cli, "db", "current", "--db", postgres_db)
         assert current.stdout == migrate.head() + "\n", "reading beside a live host is fine"
     finally:

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from delegation.progress import Progress
 from delegation.soak.driver import Driver
 from delegation.soak.host import HEARTBEAT_S, HOST_TIMEOUT_S, HostOptions
 
@@ -129,6 +130,7 @@ def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         if args.url is not None:
             url = stack.enter_context(SoakDatabase(args.url, keep=args.keep is not None))
         driver = FleetDriver if args.hosts > 1 else Driver
+        progress = stack.enter_context(Progress("soak", args.seconds, unit=" s", quiet=args.json))
         return driver(
             folder,
             args.seconds,
@@ -137,6 +139,7 @@ def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             hosts=args.hosts,
             heartbeat_s=args.heartbeat,
             timeout_s=args.host_timeout,
+            progress=progress,
         ).run()
     raise AssertionError("unreachable")
 

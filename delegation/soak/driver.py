@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from delegation.progress import Progress
 from delegation.soak.check import EPS, Checker
 from delegation.soak.host import (
     CONFIG,
@@ -107,8 +108,11 @@ class Driver:
         hosts: int = 1,
         heartbeat_s: float = HEARTBEAT_S,
         timeout_s: float = HOST_TIMEOUT_S,
+        progress: Progress | None = None,
     ) -> None:
         self.folder, self.seconds, self.seed, self.hosts = folder, seconds, seed, hosts
+        self.progress = progress
+        self.started = time.monotonic()
         self.heartbeat_s, self.timeout_s = heartbeat_s, timeout_s
         file = folder / "soak.db"
         self.url = url if url is not None else f"sqlite:///{file}"
@@ -314,6 +318,19 @@ class Driver:
         for what in found:
             self.violation(what)
         self.checks += 1
+        self.tell()
+
+    def tell(self) -> None:
+        """The progress line, after each check: the time, calls, restarts, violations."""
+        if self.progress is None:
+            return
+        elapsed = time.monotonic() - self.started
+        what = "soak" if elapsed < self.seconds else "draining"
+        self.progress.update(
+            f"{what}: {self.acks.ops} calls, {self.kills + self.graceful} restarts,"
+            f" {len(self.violations)} violations",
+            done=min(elapsed, self.seconds),
+        )
 
     def takeovers(self) -> int:
         """Host instances taken over after their host was killed or paused."""

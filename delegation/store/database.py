@@ -889,8 +889,11 @@ def _checked_revision(conn: Connection) -> str | None:
     return migrate.current(conn)
 
 
-def upgrade_file(url: str, *, apply: bool) -> tuple[str | None, str | None]:
-    """The schema revision of a file before and after an optional upgrade to head."""
+def upgrade_file(
+    url: str, *, apply: bool, on_step: migrate.OnStep | None = None
+) -> tuple[str | None, str | None]:
+    """The schema revision of a file before and after an optional upgrade to head
+    (``on_step``: told of each revision applied)."""
     if not apply:
         current = ReadOnly.read_once(url, _checked_revision)
         return current, current
@@ -903,7 +906,7 @@ def upgrade_file(url: str, *, apply: bool) -> tuple[str | None, str | None]:
         with engine.connect() as conn:
             conn.exec_driver_sql("PRAGMA journal_mode=WAL")
             before = migrate.current(conn)
-            migrate.upgrade(conn)
+            migrate.upgrade(conn, on_step=on_step)
             return before, migrate.current(conn)
     except Exception as exc:
         raise translate(exc) from exc

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -13,6 +16,10 @@ from sqlalchemy import Connection, inspect
 from delegation import errors
 
 _PACKAGE = Path(__file__).resolve().parent.parent
+
+# An upgrade's progress: told the revisions it will apply, (id, what it does) oldest
+# first, with 0 before the first, then again with how many are done after each.
+OnStep = Callable[[list[tuple[str, str]], int], None]
 
 
 def script_location() -> Path:
@@ -63,9 +70,26 @@ def check(connection: Connection) -> None:
         )
 
 
-def upgrade(connection: Connection, revision: str = "head") -> None:
-    """Migrate the database behind ``connection`` (committed on return)."""
-    command.upgrade(config(connection), revision)
+def pending(connection: Connection) -> list[tuple[str, str]]:
+    """The revisions an upgrade to head would apply, oldest first: (id, what it does)."""
+    script = ScriptDirectory.from_config(config())
+    newer = script.iterate_revisions("heads", current(connection) or "base")
+    return [(rev.revision, rev.doc or "") for rev in reversed(list(newer))]
+
+
+def upgrade(connection: Connection, revision: str = "head", on_step: OnStep | None = None) -> None:
+    """Migrate the database behind ``connection`` (committed on return), telling
+    ``on_step`` of each revision applied."""
+    cfg = config(connection)
+    if on_step is not None:
+        steps, done = pending(connection), itertools.count(1)
+        on_step(steps, 0)
+
+        def applied(**_: Any) -> None:  # Alembic's on_version_apply
+            on_step(steps, next(done))
+
+        cfg.attributes["on_version_apply"] = applied
+    command.upgrade(cfg, revision)
     connection.commit()
 
 

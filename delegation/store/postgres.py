@@ -417,7 +417,9 @@ def _release_instance_lock(conn: Any, instance_id: str | None) -> None:
         conn.close()
 
 
-def upgrade(url: str, *, beside_hosts: bool = False) -> tuple[str | None, str | None]:
+def upgrade(
+    url: str, *, beside_hosts: bool = False, on_step: migrate.OnStep | None = None
+) -> tuple[str | None, str | None]:
     """Migrate the database at ``url`` to head under the migration lock (two hosts
     starting together never migrate at once); the revision before and after. Unless
     ``beside_hosts`` (a host opening), it is refused while a host instance is live.
@@ -434,7 +436,7 @@ def upgrade(url: str, *, beside_hosts: bool = False) -> tuple[str | None, str | 
             before = migrate.current(conn)
             if not beside_hosts and before is not None and live_instances(conn):
                 raise errors.HostConflict("database is in use by another live host")
-            migrate.upgrade(conn)  # commits, and with it frees the migration lock
+            migrate.upgrade(conn, on_step=on_step)  # commits, and frees the migration lock
             return before, migrate.current(conn)
     finally:
         engine.dispose()

@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import Connection, make_url
 from sqlalchemy.exc import ArgumentError
 
-from delegation.store import database
+from delegation.store import database, migrate
 from delegation.store.interface import Store
 from delegation.watch import FileWatch, Watch
 
@@ -122,8 +122,11 @@ def write_once(url: str, fn: Callable[[Connection], T], *, busy_timeout_ms: int 
     return database.write_once(url, fn, busy_timeout_ms=busy_timeout_ms)
 
 
-def upgrade(url: str, *, apply: bool) -> tuple[str | None, str | None]:
-    """The schema revision before and after an optional upgrade to head."""
+def upgrade(
+    url: str, *, apply: bool, on_step: migrate.OnStep | None = None
+) -> tuple[str | None, str | None]:
+    """The schema revision before and after an optional upgrade to head (``on_step``:
+    told of each revision applied)."""
     url = normalize(url)
     if is_postgres(url):
         from delegation.store import postgres
@@ -131,8 +134,8 @@ def upgrade(url: str, *, apply: bool) -> tuple[str | None, str | None]:
         if not apply:
             current = postgres.revision(url)
             return current, current
-        return postgres.upgrade(url)
-    return database.upgrade_file(url, apply=apply)
+        return postgres.upgrade(url, on_step=on_step)
+    return database.upgrade_file(url, apply=apply, on_step=on_step)
 
 
 def libpq(url: str) -> str:
