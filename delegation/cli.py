@@ -344,6 +344,8 @@ WEB_PACKAGES = ("starlette", "uvicorn")
 
 
 def _web(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        return _usage(f"--port {args.port}: not a TCP port (0 to 65535)")
     try:
         from delegation.web import serve
     except ModuleNotFoundError as exc:
