@@ -248,7 +248,11 @@ function follow(conversationId, runId) {
       return;
     }
     showChild(child);
-    const how = child.error ? child.state + ": " + child.error : child.state;
+    // An error often names the state already ("cancelled: lease released").
+    let how = child.state;
+    if (child.error) {
+      how = child.error.startsWith(child.state) ? child.error : how + ": " + child.error;
+    }
     $("events-end").textContent = "ended " + how;
   });
   source.addEventListener("error", () => {
