@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from selenium import webdriver
@@ -116,38 +117,35 @@ def screenshot(target: Path) -> None:
     running two more children (one leased), the newest chosen."""
     with tempfile.TemporaryDirectory() as where:
         db = str(Path(where) / "delegation.db")
-        subprocess.run(
-            [sys.executable, "-m", "delegation.cli", "demo", "--fast", "--db", db],
-            check=True,
-            capture_output=True,
-            cwd=where,
-        )
+        demo = [sys.executable, "-m", "delegation.cli", "demo", "--fast", "--db", db]
+        subprocess.run(demo, check=True, capture_output=True, cwd=where)
         os.environ["DELEGATION_SCRIPTED_DELAY"] = "0.4"
         with SyncClient.spawn(["--db", db, "--runner", "scripted"]) as host:
-            host.register("runner-1", "host-1")
-            host.begin_tool(
-                run_id="run-7",
-                conversation_id="conv-7",
-                tool_call_id="call-1",
-                extension_id="ext",
-                presets=[Preset(name="reviewer", extension_id="ext", generation=1)],
-                workspace=where,
-            )
-            owner = {"runId": "run-7", "toolCallId": "call-1", "extensionId": "ext"}
-            owner["generation"] = 1  # type: ignore[assignment]
-            for request_id, message, lease in (
-                ("q1", "review the diff in 40 steps", "L-7"),
-                ("q2", "check the tests in 30 steps", ""),
-            ):
-                request = {"requestId": request_id, "profile": "reviewer", "message": message}
-                if lease:
-                    request["leaseId"] = lease
-                chosen = host.start({**owner, "leaseId": lease, "request": request})
+            chosen = _start_two(host, where)
             time.sleep(3)  # a few steps each
             with web(db) as page, chromium(1400, 720) as driver:
-                driver.get(f"{page.url}?child={chosen.conversation_id}")
+                driver.get(f"{page.url}?child={chosen}")
                 time.sleep(2)  # the lists and the events arrive
                 driver.save_screenshot(str(target))
+
+
+def _start_two(host: SyncClient, workspace: str) -> str:
+    """A leased child and a foreground one, running; the second one's id."""
+    host.register("runner-1", "host-1")
+    host.begin_tool(
+        run_id="run-7",
+        conversation_id="conv-7",
+        tool_call_id="call-1",
+        extension_id="ext",
+        presets=[Preset(name="reviewer", extension_id="ext", generation=1)],
+        workspace=workspace,
+    )
+    owner: dict[str, Any] = {"runId": "run-7", "toolCallId": "call-1", "extensionId": "ext"}
+    owner["generation"] = 1
+    leased = {"requestId": "q1", "profile": "reviewer", "message": "review the diff in 40 steps"}
+    host.start({**owner, "leaseId": "L-7", "request": {**leased, "leaseId": "L-7"}})
+    foreground = {"requestId": "q2", "profile": "reviewer", "message": "check tests in 30 steps"}
+    return host.start({**owner, "request": foreground}).conversation_id
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ from selenium.webdriver.support.wait import WebDriverWait
 
 from delegation import ChildContext, Event, cli
 from delegation.clock import SystemClock
+from delegation.inspect import Inspector
+from delegation.web import Page
 from tests import browser
 from tests.support import PRESET, Harness, Script, finish_after_admit, hold
 from tests.test_cli import fingerprint
@@ -133,10 +135,14 @@ def events_text(driver: webdriver.Chrome) -> str:
 def test_without_the_web_extra_the_command_says_what_to_install(
     db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # As if starlette were not installed: its import fails, as on a plain `pip install`.
-    monkeypatch.delitem(sys.modules, "delegation.web", raising=False)
+    # As if starlette were not installed, as after a plain `pip install delegation`: the
+    # modules imported already are forgotten (restored after the test), its import fails.
+    loaded = [name for name in sys.modules if name.partition(".")[0] in cli.WEB_PACKAGES]
+    for name in ["delegation.web", *loaded]:
+        monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.setitem(sys.modules, "starlette", None)
-    assert cli.main(["web", "--db", str(db_path)]) == 2
+    # (An address nobody can bind: were the page served after all, it would fail at once.)
+    assert cli.main(["web", "--db", str(db_path), "--host", "256.0.0.1"]) == 2
     err = capsys.readouterr().err
     assert err == (
         "delegation: `delegation web` needs the web extra (starlette is missing):"
@@ -291,9 +297,6 @@ async def test_the_page_is_read_only(harness: Harness, workspace: Path, db_path:
             for path in (*ROUTES, events):
                 assert get(web.url + path, method)[0] == 405, (method, path)
     assert fingerprint(db_path) == before
-
-    from delegation.inspect import Inspector
-    from delegation.web import Page
 
     with Inspector(f"sqlite:///{db_path}") as inspector:
         app = Page(inspector).app()
