@@ -191,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
         db_action = db_commands.add_parser(action, help=says)
         _add_db(db_action)
         _add_json(db_action)
+
+    web = commands.add_parser("web", help="a live, read-only page (needs delegation[web])")
+    _add_db(web)
+    web.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    web.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free)")
     return parser
 
 
@@ -274,6 +279,8 @@ def _run(args: argparse.Namespace) -> int:
         return run_demo(args.url, fast=args.fast)
     if args.command == "db":
         return _db(args)
+    if args.command == "web":
+        return _web(args)
     if args.command in ("cancel", "steer"):
         from delegation import operate
 
@@ -368,6 +375,26 @@ def _db(args: argparse.Namespace) -> int:
         else f"upgraded {before or 'empty'} -> {after}"
     )
     return 0
+
+
+# What the web extra brings: without them `delegation web` says how to get them.
+WEB_PACKAGES = ("starlette", "uvicorn")
+
+
+def _web(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        return _usage(f"--port {args.port}: not a TCP port (0 to 65535)")
+    try:
+        from delegation.web import serve
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in WEB_PACKAGES:
+            raise
+        return _usage(
+            f"`delegation web` needs the web extra ({missing} is missing):"
+            " pip install 'delegation[web]'"
+        )
+    return serve(args.url, args.host, args.port)
 
 
 if __name__ == "__main__":

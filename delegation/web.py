@@ -1,0 +1,425 @@
+"""``delegation web``: a live, read-only page of a delegation database (SPEC §13).
+
+One small HTML page with plain JavaScript (``delegation/web_page/``, no build step,
+nothing fetched from elsewhere) shows the children (state, profile, parent, age; filters
+by state and lease), one child's events streaming live over Server-Sent Events, and the
+leases. The server is a Starlette app run by uvicorn; it reads through an
+:class:`Inspector`, the read API of ``delegation children``/``events --follow``, so it
+is safe beside a live host and never writes.
+
+* **Live, not polled by the page.** One watch on the database for the whole server
+  (:func:`stores.open_watch`: SQLite's ``PRAGMA data_version``, PostgreSQL's
+  ``LISTEN``) moves a version; each open stream waits on it and reads tables only after
+  it moved, as ``Inspector.follow`` does.
+* **Read-only.** GET (and HEAD) routes only: anything else is 405.
+* **What a child wrote is text.** It reaches the page as JSON and is put in the page
+  with ``textContent``, never as HTML; a Content-Security-Policy allows this server's
+  own script only, so even a slip could not run a child's ``<script>``.
+* **Localhost.** It binds 127.0.0.1 by default and answers only requests whose
+  ``Host`` names the address it was bound to (a web page elsewhere cannot reach it
+  through DNS rebinding). There is no authentication: whoever reaches the port reads
+  every child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import logging
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import fields
+from importlib import resources
+from typing import Any, TypeVar
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from delegation import errors
+from delegation.codec import encode
+from delegation.inspect import Inspector
+from delegation.machine import State
+from delegation.records import ChildRecord, LeaseRecord
+from delegation.show import lease_status
+from delegation.store import migrate, stores
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.05  # as `events --follow`: a commit is seen within this
+PING_S = 15.0  # an idle stream says something this often (a gone client is noticed)
+CHANGES_EVERY_S = 0.5  # the page refreshes its lists at most twice a second
+MAX_STREAMS = 64  # open event streams at once; more are refused (503)
+MAX_LIST = 500
+CLIP = 200  # characters of an error or output in the children list
+WILDCARDS = ("", "0.0.0.0", "::")
+# This server's own files only; no inline script or style, no frames, no forms.
+POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+# What the page shows of a child, besides its error and output.
+_CHILD_FIELDS = (
+    *("conversation_id", "run_id", "state", "profile", "lease_id", "parent_conversation_id"),
+    *("parent_run_id", "extension_id", "runner_id", "created_at", "finished_at"),
+    *("cancel_reason", "recovery_attempts"),
+)
+
+
+class Commits:
+    """A version that moves whenever another connection committed to the database, and
+    the streams waiting for it to move."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.stopped = False
+        self._moved = asyncio.Event()
+
+    def bump(self) -> None:
+        self.version += 1
+        self._moved.set()
+        self._moved = asyncio.Event()
+
+    def stop(self) -> None:
+        """The server is shutting down: every stream ends now (uvicorn's graceful
+        shutdown would otherwise wait for open streams forever)."""
+        self.stopped = True
+        self._moved.set()
+
+    async def wait(self, seen: int, timeout: float) -> bool:
+        """Whether the version moved past ``seen`` within ``timeout`` (False at once
+        when the server stops)."""
+        if self.version == seen and not self.stopped:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._moved.wait(), timeout)
+        return self.version != seen and not self.stopped
+
+    async def watch(self, url: str, interval: float) -> None:
+        """Move the version at every commit of another connection, until cancelled."""
+        watch = await run_in_threadpool(stores.open_watch, url, interval)
+        try:
+            while True:
+                await watch.wait()
+                self.bump()
+        finally:
+            watch.close()
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def child_json(record: ChildRecord, clip: int | None = None) -> dict[str, Any]:
+    """What the page shows of a child: camelCase names; error and output cut to
+    ``clip`` characters when given (the list), whole otherwise (one child)."""
+    values: dict[str, Any] = {_camel(name): getattr(record, name) for name in _CHILD_FIELDS}
+    values["error"] = record.error[:clip]
+    values["output"] = record.output[:clip]
+    return values
+
+
+def lease_json(record: LeaseRecord, now: float) -> dict[str, Any]:
+    values = {_camel(field.name): getattr(record, field.name) for field in fields(record)}
+    values["status"] = lease_status(record, now)
+    return values
+
+
+def frame(data: str, kind: str | None = None, event_id: int | None = None) -> str:
+    """One Server-Sent Event. ``data`` is JSON: it holds no line break of its own."""
+    head = "" if kind is None else f"event: {kind}\n"
+    head += "" if event_id is None else f"id: {event_id}\n"
+    return f"{head}data: {data}\n\n"
+
+
+def encode_json(value: Any) -> str:
+    return encode(value).decode()
+
+
+def _whole(text: str | None, default: int) -> int:
+    return int(text) if text is not None and text.isdigit() else default
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("delegation").joinpath("web_page", name).read_bytes()
+
+
+class Page:
+    """The app's routes over one :class:`Inspector` and one :class:`Commits`."""
+
+    def __init__(self, inspector: Inspector, interval: float = WATCH_INTERVAL_S) -> None:
+        self.inspector = inspector
+        self.commits = Commits()
+        self.streams = 0
+        self._interval = interval
+        database = html.escape(stores.shown(inspector.url), quote=True)
+        self._index = _asset("index.html").replace(b"{database}", database.encode())
+
+    def app(self, allowed_hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> Starlette:
+        routes = [
+            Route("/", self.index),
+            Route("/page.js", self.asset),
+            Route("/page.css", self.asset),
+            Route("/favicon.ico", self.no_icon),
+            Route("/api/children", self.children),
+            Route("/api/children/{conversation_id}/events", self.events),
+            Route("/api/leases", self.leases),
+            Route("/api/changes", self.changes),
+        ]
+        middleware = [
+            Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)),
+            Middleware(SecurityHeaders),
+        ]
+        return Starlette(routes=routes, middleware=middleware, lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        watcher = asyncio.create_task(self.commits.watch(self.inspector.url, self._interval))
+        watcher.add_done_callback(_report)
+        try:
+            yield
+        finally:
+            self.commits.stop()
+            watcher.cancel()
+            await asyncio.wait([watcher])
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a worker thread: the Inspector's reads are blocking."""
+        return await run_in_threadpool(fn, *args)
+
+    async def index(self, request: Request) -> Response:
+        return Response(self._index, media_type="text/html; charset=utf-8")
+
+    async def asset(self, request: Request) -> Response:
+        name = request.url.path.lstrip("/")
+        kind = "text/javascript" if name.endswith(".js") else "text/css"
+        return Response(_asset(name), media_type=f"{kind}; charset=utf-8")
+
+    async def no_icon(self, request: Request) -> Response:
+        return Response(status_code=204)  # a browser asks; nothing to show, nothing to log
+
+    async def children(self, request: Request) -> Response:
+        state = request.query_params.get("state") or None
+        if state is not None and state not in set(State):
+            return JSONResponse({"error": f"unknown state; use one of {', '.join(State)}"}, 400)
+        lease_id = request.query_params.get("lease") or None
+        limit = min(_whole(request.query_params.get("limit"), 200), MAX_LIST)
+        records = await self.read(
+            lambda: self.inspector.list_children(state=state, lease_id=lease_id, limit=limit)
+        )
+        listed = [child_json(record, CLIP) for record in records]
+        return JSONResponse({"now": time.time(), "children": listed})
+
+    async def leases(self, request: Request) -> Response:
+        records = await self.read(self.inspector.leases)
+        now = time.time()
+        return JSONResponse({"now": now, "leases": [lease_json(r, now) for r in records]})
+
+    async def events(self, request: Request) -> Response:
+        """The events of one execution (``?run=``, default the newest) after ``?after=``
+        or the ``Last-Event-ID`` a reconnecting EventSource sends: ``child`` frames when
+        the child changes, one unnamed frame per event (its id the sequence), and
+        ``end`` once it is terminal."""
+        conversation_id = request.path_params["conversation_id"]
+        run_id = request.query_params.get("run") or None
+        record = await self.read(self.inspector.get_child, conversation_id, run_id)
+        if record is None:
+            return JSONResponse({"error": "no such child"}, 404)
+        after = _whole(request.headers.get("last-event-id"), -1)
+        if after < 0:
+            after = _whole(request.query_params.get("after"), 0)
+        return self._stream(self._follow(record, after))
+
+    async def changes(self, request: Request) -> Response:
+        """A ``changed`` frame whenever the database moved (at most every
+        ``CHANGES_EVERY_S``): the page then reads its lists again."""
+        return self._stream(self._changes())
+
+    def _stream(self, frames: AsyncIterator[str]) -> Response:
+        if self.streams >= MAX_STREAMS:
+            return JSONResponse({"error": "too many open streams"}, 503)
+
+        async def counted() -> AsyncIterator[str]:
+            self.streams += 1
+            try:
+                yield "retry: 2000\n\n"
+                async for item in frames:
+                    yield item
+            except errors.StoreError as exc:  # the client's EventSource comes back
+                log.warning("stream ended: %s", exc, extra={"action": "web_stream_failed"})
+            finally:
+                self.streams -= 1
+
+        return StreamingResponse(counted(), media_type="text/event-stream")
+
+    async def _follow(self, record: ChildRecord, after: int) -> AsyncIterator[str]:
+        conversation_id, run_id = record.conversation_id, record.run_id
+        shown: ChildRecord | None = None
+        while True:
+            seen = self.commits.version
+            # The state first: a terminal state commits after the run's last event.
+            current = await self.read(self.inspector.get_child, conversation_id, run_id)
+            if current is None:  # purged meanwhile
+                yield frame("null", "end")
+                return
+            if current != shown:
+                yield frame(encode_json(child_json(current)), "child")
+                shown = current
+            while page := await self.read(self.inspector.events, conversation_id, run_id, after):
+                for event in page:
+                    yield frame(encode_json(event), event_id=event.sequence)
+                after = page[-1].sequence
+            if current.terminal:
+                yield frame(encode_json(child_json(current)), "end")
+                return
+            if not await self._waited(seen):
+                return
+
+    async def _changes(self) -> AsyncIterator[str]:
+        seen = self.commits.version
+        while await self._waited(seen):
+            if self.commits.version != seen:
+                seen = self.commits.version
+                yield frame(str(seen), "changed")
+                await asyncio.sleep(CHANGES_EVERY_S)
+            else:
+                yield ": ping\n\n"
+
+    async def _waited(self, seen: int) -> bool:
+        """Wait for a commit or ``PING_S``; False once the server stops."""
+        await self.commits.wait(seen, PING_S)
+        return not self.commits.stopped
+
+
+class SecurityHeaders:
+    """Adds :data:`HEADERS` to every answer, refusals included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {name.lower() for name, _ in message.get("headers", [])}
+                extra = [
+                    (name.lower().encode(), value.encode())
+                    for name, value in HEADERS.items()
+                    if name.lower().encode() not in names
+                ]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _report(watcher: asyncio.Task[None]) -> None:
+    if not watcher.cancelled() and watcher.exception() is not None:
+        # Streams still read again every PING_S; the page is only slower to move.
+        log.error(
+            "the database watch failed: %s",
+            watcher.exception(),
+            extra={"action": "web_watch_failed"},
+        )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending every open stream as its shutdown begins: an open
+    EventSource would otherwise hold Ctrl-C up until the graceful timeout."""
+
+    def __init__(self, config: uvicorn.Config, commits: Commits) -> None:
+        super().__init__(config)
+        self._commits = commits
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._commits.stop()
+        await super().shutdown(sockets)
+
+
+def serve(url: str, host: str = "127.0.0.1", port: int = 8765) -> int:
+    """Serve the page of the database at ``url`` until Ctrl-C or SIGTERM; the exit code.
+    It prints the page's address first (``--port 0``: a free port).
+
+    Raises:
+        errors.StoreError: no database there, or not one of delegation's.
+        KeyboardInterrupt: after Ctrl-C, once the server has stopped.
+    """
+    with Inspector(url) as inspector:
+        problem = schema_problem(inspector)
+        if problem is not None:
+            print(f"delegation: {problem}", file=sys.stderr)
+            return 1
+        try:
+            listener = bind(host, port)
+        except OSError as exc:
+            print(f"delegation: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+            return 1
+        page = Page(inspector)
+        config = uvicorn.Config(
+            page.app(allowed_hosts(host)),
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,
+            server_header=False,
+            timeout_graceful_shutdown=2,
+        )
+        print(f"delegation web: {address(listener)} (read-only; Ctrl-C stops)", flush=True)
+        _Server(config, page.commits).run(sockets=[listener])
+    return 0
+
+
+def schema_problem(inspector: Inspector) -> str | None:
+    """Why this database cannot be shown (an older schema), or None.
+
+    Raises:
+        errors.SchemaMismatch: not a delegation database this code knows.
+    """
+    inspector.check()
+    revision, head = inspector.revision(), migrate.head()
+    if revision == head:
+        return None
+    found = f"schema {revision}" if revision else "no schema"
+    return f"{found}, this delegation reads {head}: run `delegation db upgrade`"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host`` (an address or a name) and ``port``: from
+    here on a browser's connection waits for the server instead of being refused."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(2048)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def address(listener: socket.socket) -> str:
+    host, port = listener.getsockname()[:2]
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def allowed_hosts(host: str) -> list[str]:
+    """The ``Host`` a request may name: the address bound and localhost's names; any,
+    when bound to every address (then nothing stops DNS rebinding either)."""
+    if host in WILDCARDS:
+        return ["*"]
+    return sorted({f"[{host}]" if ":" in host else host, "127.0.0.1", "localhost", "[::1]"})

@@ -1,0 +1,451 @@
+"""``delegation web`` (SPEC §13): the live, read-only page, as a user runs and sees it.
+
+A real engine in this process fills a real database through the real migrations; the
+page is the real command in its own process (``delegation web --port 0``), as beside a
+live host; the browser is a real headless Chromium (``tests/browser.py``), which these
+tests skip without (and fail without under ``DELEGATION_REQUIRE_BROWSER=1``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.select import Select
+from selenium.webdriver.support.wait import WebDriverWait
+
+from delegation import ChildContext, Event, cli
+from delegation.clock import SystemClock
+from delegation.inspect import Inspector
+from delegation.web import Page
+from tests import browser
+from tests.support import PRESET, Harness, Script, finish_after_admit, hold
+from tests.test_cli import fingerprint
+
+LEASE = "lease-1"
+HOSTILE = '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
+
+
+@pytest.fixture
+def clock() -> SystemClock:
+    """Real time: the page shows ages and lease deadlines against the wall clock."""
+    return SystemClock()
+
+
+@pytest.fixture
+def page(db_url: str) -> Iterator[browser.Web]:
+    """``delegation web`` on the test's database (started before any child)."""
+    with browser.web(db_url) as web:
+        yield web
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[webdriver.Chrome]:
+    browser.require_browser()
+    with browser.chromium() as driver:
+        yield driver
+
+
+@pytest.fixture
+def driver(chromium: webdriver.Chrome) -> Iterator[webdriver.Chrome]:
+    """The module's browser, on a blank page again after the test (its streams closed),
+    with nothing the page logged as an error (a refused script or style, a failed read)."""
+    chromium.get_log("browser")
+    yield chromium
+    errors = [entry for entry in chromium.get_log("browser") if entry["level"] == "SEVERE"]
+    chromium.get("about:blank")
+    assert errors == []
+
+
+def get(url: str, method: str = "GET", **headers: str) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, dict(refused.headers), refused.read()
+
+
+def stream(url: str, **headers: str) -> Iterator[tuple[str, str, str]]:
+    """The Server-Sent Events at ``url``: (event, id, data) each."""
+    where = urlsplit(url)
+    conn = http.client.HTTPConnection(where.netloc, timeout=10)
+    try:
+        conn.request("GET", f"{where.path}?{where.query}", headers=headers)
+        answer = conn.getresponse()
+        assert answer.status == 200
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        while line := answer.readline().decode():
+            if line == "\n":
+                if "data" in fields:
+                    yield fields.get("event", "message"), fields.get("id", ""), fields["data"]
+                fields = {}
+            elif not line.startswith(":"):
+                name, _, value = line.rstrip("\n").partition(": ")
+                fields[name] = value
+    finally:
+        conn.close()
+
+
+def until(driver: webdriver.Chrome, condition: Callable[[webdriver.Chrome], Any]) -> Any:
+    """Wait until ``condition`` holds (a table not drawn yet, or drawn again meanwhile,
+    counts as not yet)."""
+    ignored = [IndexError, StaleElementReferenceException]
+    waiting = WebDriverWait(driver, 15, poll_frequency=0.05, ignored_exceptions=ignored)
+    return waiting.until(condition)
+
+
+def rows(driver: webdriver.Chrome, table: str) -> list[list[str]]:
+    """The cells' text of a table's rows, whole (as their tooltips have it), read at
+    once: the page redraws its tables whenever the database moves."""
+    script = (
+        "return [...document.querySelectorAll(arguments[0])]"
+        ".map(row => [...row.cells].map(cell => cell.title))"
+    )
+    found: list[list[str]] = driver.execute_script(script, f"#{table} tbody tr")
+    return found
+
+
+def pick(driver: webdriver.Chrome, select: str, value: str) -> None:
+    """Choose ``value`` in a drop-down, as a user does."""
+    until(driver, lambda d: Select(d.find_element(By.ID, select)).select_by_value(value) or True)
+
+
+def events_text(driver: webdriver.Chrome) -> str:
+    return str(driver.execute_script("return document.getElementById('events').innerText"))
+
+
+# --- the command -----------------------------------------------------------------------
+
+
+def test_without_the_web_extra_the_command_says_what_to_install(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As if starlette were not installed, as after a plain `pip install delegation`: the
+    # modules imported already are forgotten (restored after the test), its import fails.
+    loaded = [name for name in sys.modules if name.partition(".")[0] in cli.WEB_PACKAGES]
+    for name in ["delegation.web", *loaded]:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "starlette", None)
+    # (An address nobody can bind: were the page served after all, it would fail at once.)
+    assert cli.main(["web", "--db", str(db_path), "--host", "256.0.0.1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "delegation: `delegation web` needs the web extra (starlette is missing):"
+        " pip install 'delegation[web]'\n"
+    )
+
+
+@pytest.mark.parametrize("where", ["before", "after", "environment"])
+def test_db_is_found_as_by_every_command_and_never_created(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing.db"
+    monkeypatch.setenv("DELEGATION_DB", str(missing))
+    argv = {
+        "before": ["--db", str(missing), "web"],
+        "after": ["web", "--db", str(missing)],
+        "environment": ["web"],
+    }[where]
+    assert cli.main(argv) == 1
+    assert f"no delegation database at {missing}" in capsys.readouterr().err
+    assert not missing.exists()
+
+
+def test_a_port_out_of_range_is_refused(db_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["web", "--db", str(db_path), "--port", "65536"]) == 2
+    assert capsys.readouterr().err == "delegation: --port 65536: not a TCP port (0 to 65535)\n"
+
+
+def test_without_chromium_browser_tests_skip_unless_required(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(browser, "CHROMIUM", tmp_path / "chromium")
+    monkeypatch.delenv("DELEGATION_REQUIRE_BROWSER", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install chromium"):
+        browser.require_browser()
+    monkeypatch.setenv("DELEGATION_REQUIRE_BROWSER", "1")  # as .ci/run sets it
+    with pytest.raises(pytest.fail.Exception, match="DELEGATION_REQUIRE_BROWSER=1 requires"):
+        browser.require_browser()
+
+
+def _listening(port: int) -> list[str]:
+    """The local addresses of the sockets listening on ``port`` (IPv4 and IPv6)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(address)
+    return found
+
+
+def test_it_binds_to_localhost_by_default(db_path: Path) -> None:
+    arguments = cli.build_parser().parse_args(["web"])
+    assert (arguments.host, arguments.port) == ("127.0.0.1", 8765)
+    with browser.web(str(db_path)) as web:
+        where = urlsplit(web.url)
+        assert where.hostname == "127.0.0.1"
+        assert _listening(where.port or 0) == ["0100007F"]  # 127.0.0.1, and nothing else
+        status, _, _ = get(web.url)
+        assert status == 200
+
+
+# --- the server ------------------------------------------------------------------------
+
+
+async def fill(h: Harness, workspace: Path) -> dict[str, str]:
+    """Children of every kind: done, failed (a hostile error), cancelled, leased and
+    running (until the engine closes), and cancelled by a revoked lease."""
+
+    async def hostile(ctx: ChildContext) -> None:
+        await ctx.admit()
+        ctx.emit(Event(kind="text", text=HOSTILE))
+        ctx.emit(Event(kind="tool", tool_name="<b>bold</b>", input=HOSTILE, success=False))
+        await ctx.flush()
+        raise RuntimeError(f"failed: {HOSTILE}")
+
+    def route(**scripts: Script) -> Script:
+        async def run(ctx: ChildContext) -> None:
+            await scripts[ctx.request.message](ctx)
+
+        return run
+
+    h.runner.script = route(quick=finish_after_admit, hostile=hostile, hold=hold(asyncio.Event()))
+    children = {
+        "done": (await h.start("q1", message="quick")).conversation_id,
+        "failed": (await h.start("q2", message="hostile")).conversation_id,
+        "cancelled": (await h.start("q3", message="hold")).conversation_id,
+        "leased": (await h.start("q4", message="hold", lease_id=LEASE)).conversation_id,
+    }
+    await h.engine.cancel_child(children["cancelled"])
+    await h.engine.open_tool(
+        h.conn,
+        run_id="other-run",
+        conversation_id="other-conv",
+        tool_call_id="call-x",
+        extension_id="ext",
+        presets=[PRESET],
+        workspace=str(workspace),
+    )
+    other = await h.start(
+        "q5", message="hold", lease_id="lease-2", run_id="other-run", tool_call_id="call-x"
+    )
+    children["revoked"] = other.conversation_id
+    await h.engine.finish_run("other-run", succeeded=False)
+    for name in ("done", "failed", "revoked"):
+        await h.wait_done(children[name])
+    return children
+
+
+async def test_the_api_streams_events_and_resumes_after_the_last_event_id(
+    harness: Harness, workspace: Path, page: browser.Web
+) -> None:
+    children = await fill(harness, workspace)
+    url = f"{page.url}api/children/{children['failed']}/events"
+    frames = await asyncio.to_thread(lambda: list(stream(url)))
+    assert [(kind, event_id) for kind, event_id, _ in frames] == [
+        ("child", ""),
+        ("message", "1"),
+        ("message", "2"),
+        ("end", ""),
+    ]
+    assert json.loads(frames[1][2]) == {"sequence": 1, "kind": "text", "text": HOSTILE}
+    end = json.loads(frames[-1][2])
+    assert (end["state"], end["error"]) == ("done", f"failed: {HOSTILE}")
+    # A reconnecting EventSource sends the last id it saw: it gets the rest only.
+    again = await asyncio.to_thread(lambda: list(stream(url, **{"Last-Event-ID": "1"})))
+    assert [event_id for _, event_id, _ in again] == ["", "2", ""]
+
+    _, _, body = await asyncio.to_thread(get, f"{page.url}api/children")
+    listed = {child["conversationId"]: child["state"] for child in json.loads(body)["children"]}
+    assert listed == {r.conversation_id: r.state for r in await harness.engine.list_children()}
+    _, _, body = await asyncio.to_thread(get, f"{page.url}api/children?state=cancelled")
+    cancelled = {child["conversationId"] for child in json.loads(body)["children"]}
+    assert cancelled == {children["cancelled"], children["revoked"]}
+    assert get(f"{page.url}api/children?state=nonsense")[0] == 400
+    assert get(f"{page.url}api/children/c-missing/events")[0] == 404
+
+
+ROUTES = ("", "page.js", "page.css", "favicon.ico", "api/children", "api/leases", "api/changes")
+
+
+async def test_the_page_is_read_only(harness: Harness, workspace: Path, db_path: Path) -> None:
+    children = await fill(harness, workspace)
+    await harness.engine.close()
+    before = fingerprint(db_path)
+    events = f"api/children/{children['done']}/events"
+    with browser.web(str(db_path)) as web:
+        for path in (*ROUTES[:-1], events):  # every route but the endless one
+            assert get(web.url + path)[0] in (200, 204), path
+        for method in ("POST", "PUT", "PATCH", "DELETE"):
+            for path in (*ROUTES, events):
+                assert get(web.url + path, method)[0] == 405, (method, path)
+    assert fingerprint(db_path) == before
+
+    with Inspector(f"sqlite:///{db_path}") as inspector:
+        app = Page(inspector).app()
+        methods = {method for route in app.routes for method in getattr(route, "methods", ())}
+    assert methods == {"GET", "HEAD"}
+
+
+def test_only_local_host_names_are_answered_with_safe_headers(page: browser.Web) -> None:
+    port = urlsplit(page.url).port
+    # A page elsewhere that rebinds its own name to 127.0.0.1 still sends its name.
+    assert get(page.url, Host=f"attacker.example:{port}")[0] == 400
+    for path in ROUTES[:-1]:
+        status, headers, _ = get(page.url + path, Host=f"localhost:{port}")
+        assert status in (200, 204)
+        assert "script-src 'self'" in headers["content-security-policy"]
+        assert headers["x-content-type-options"] == "nosniff"
+
+
+async def test_ctrl_c_stops_it_at_once_with_streams_open(harness: Harness, db_url: str) -> None:
+    harness.runner.script = hold(asyncio.Event())  # running until the engine closes
+    child = (await harness.start("q1")).conversation_id
+    with browser.web(db_url) as web:
+        where = urlsplit(web.url)
+        streams = []
+        for path in ("/api/changes", f"/api/children/{child}/events"):
+            conn = http.client.HTTPConnection(where.netloc, timeout=10)
+            conn.request("GET", path)
+            answer = conn.getresponse()
+            assert answer.readline() == b"retry: 2000\n"  # the stream is open
+            streams.append((conn, answer))
+        started = time.monotonic()
+        code = await asyncio.to_thread(web.stop)
+        took = time.monotonic() - started
+        for conn, answer in streams:
+            answer.read()  # ended by the server
+            conn.close()
+    assert code == 130  # as a Ctrl-C'd command
+    # The streams ended as the shutdown began, not cut by uvicorn's graceful timeout.
+    assert "timeout graceful shutdown exceeded" not in web.stderr
+    assert "Traceback" not in web.stderr
+    assert took < 5.0, f"took {took:.1f} s to stop"
+
+
+# --- in a real browser -----------------------------------------------------------------
+
+
+async def test_a_new_event_appears_on_the_open_page_without_a_reload(
+    harness: Harness, page: browser.Web, driver: webdriver.Chrome
+) -> None:
+    steps = [asyncio.Event(), asyncio.Event()]
+
+    async def run(ctx: ChildContext) -> None:
+        await ctx.admit()
+        ctx.emit(Event(kind="text", text="first step"))
+        await ctx.flush()
+        await steps[0].wait()
+        ctx.emit(Event(kind="text", text="second step, live"))
+        await ctx.flush()
+        await steps[1].wait()
+        ctx.emit(Event(kind="result", text="all done"))
+
+    harness.runner.script = run
+    child = (await harness.start("q1")).conversation_id
+    await asyncio.to_thread(driver.get, f"{page.url}?child={child}")
+    await asyncio.to_thread(until, driver, lambda d: "first step" in events_text(d))
+    await asyncio.to_thread(until, driver, lambda d: rows(d, "children")[0][2] == "running")
+    driver.execute_script("window.sameDocument = true")  # gone if the page reloads
+
+    steps[0].set()  # the engine appends an event while the page is open
+    await asyncio.to_thread(until, driver, lambda d: "second step, live" in events_text(d))
+    steps[1].set()
+    end = (By.ID, "events-end")
+    await asyncio.to_thread(until, driver, lambda d: d.find_element(*end).text == "ended done")
+    await asyncio.to_thread(until, driver, lambda d: rows(d, "children")[0][2] == "done")
+    assert driver.execute_script("return window.sameDocument") is True
+    items = driver.find_elements(By.CSS_SELECTOR, "#events li")
+    assert [item.get_attribute("data-sequence") for item in items] == ["1", "2", "3"]
+
+
+async def test_what_a_child_wrote_is_shown_as_text_and_never_runs(
+    harness: Harness,
+    workspace: Path,
+    page: browser.Web,
+    driver: webdriver.Chrome,
+    db_path: Path,  # the page's escaping is the same on every store: SQLite only
+) -> None:
+    children = await fill(harness, workspace)
+    await asyncio.to_thread(driver.get, f"{page.url}?child={children['failed']}")
+    end = (By.ID, "events-end")
+    await asyncio.to_thread(until, driver, lambda d: d.find_element(*end).text.startswith("ended"))
+    shown = events_text(driver)
+    assert shown.count(HOSTILE) == 2 and "tool <b>bold</b>" in shown
+    error = driver.find_element(By.CSS_SELECTOR, "#child-detail dd.error").text
+    assert error == f"failed: {HOSTILE}"
+    failed = next(row for row in rows(driver, "children") if row[0] == children["failed"])
+    assert failed[-1] == f"failed: {HOSTILE}"
+    assert driver.execute_script("return window.pwned") is None
+    assert driver.find_elements(By.CSS_SELECTOR, "main img, main script, main b") == []
+
+
+async def test_filters_by_state_and_lease_kept_in_the_address(
+    harness: Harness,
+    workspace: Path,
+    page: browser.Web,
+    driver: webdriver.Chrome,
+    db_path: Path,  # the filters are the store's, tested on both in test_cli: SQLite only
+) -> None:
+    children = await fill(harness, workspace)
+
+    def shown(d: webdriver.Chrome) -> set[str]:
+        return {row[0] for row in rows(d, "children")}
+
+    def showing(*names: str) -> Callable[[webdriver.Chrome], bool]:
+        return lambda d: shown(d) == {children[name] for name in names}
+
+    await asyncio.to_thread(driver.get, page.url)
+    await asyncio.to_thread(until, driver, showing(*children))
+    await asyncio.to_thread(pick, driver, "state-filter", "cancelled")
+    await asyncio.to_thread(until, driver, showing("cancelled", "revoked"))
+    await asyncio.to_thread(pick, driver, "state-filter", "")
+    await asyncio.to_thread(pick, driver, "lease-filter", LEASE)
+    await asyncio.to_thread(until, driver, showing("leased"))
+    assert urlsplit(driver.current_url).query == f"lease={LEASE}"
+
+    await asyncio.to_thread(driver.refresh)
+    await asyncio.to_thread(until, driver, showing("leased"))
+    assert driver.execute_script("return document.getElementById('lease-filter').value") == LEASE
+    await asyncio.to_thread(driver.get, f"{page.url}?state=done")
+    await asyncio.to_thread(until, driver, showing("done", "failed"))
+
+
+async def test_the_leases_live_and_revoked_and_a_click_filters_by_one(
+    harness: Harness,
+    workspace: Path,
+    page: browser.Web,
+    driver: webdriver.Chrome,
+    db_path: Path,  # the leases are the store's, tested on both in test_cli: SQLite only
+) -> None:
+    children = await fill(harness, workspace)
+    await asyncio.to_thread(driver.get, page.url)
+    await asyncio.to_thread(until, driver, lambda d: len(rows(d, "leases")) == 2)
+    leases = {row[0]: row for row in rows(driver, "leases")}
+    assert leases[LEASE][1:5] == ["runner-1", "ext", "parent-run", "1"]
+    assert leases[LEASE][6].startswith("expires in 59m")
+    assert leases["lease-2"][3:5] == ["other-run", "1"]
+    assert leases["lease-2"][6].startswith("revoked")
+
+    link = (By.CSS_SELECTOR, f"#leases tr[data-lease='{LEASE}'] a")
+    await asyncio.to_thread(until, driver, lambda d: d.find_element(*link).click() or True)
+    await asyncio.to_thread(
+        until, driver, lambda d: [row[0] for row in rows(d, "children")] == [children["leased"]]
+    )
