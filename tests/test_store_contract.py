@@ -773,7 +773,11 @@ async def test_a_rejoin_refuses_what_the_earlier_instance_left_queued(db_url: st
             blocker.execute("BEGIN")  # holds the writer at its fence, on the instance row
             blocker.execute("SELECT 1 FROM host_instances WHERE id = 'first' FOR UPDATE")
             held = asyncio.ensure_future(store.write(insert("held")))
-            await asyncio.sleep(0.2)
+            waiting = "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            for _ in range(500):  # the writer took that batch alone and waits at its fence
+                if rows.scalar(db_url, waiting):
+                    break
+                await asyncio.sleep(0.01)
             store.append_event(event(child, 1))
             flushed = asyncio.ensure_future(store.barrier())
             queued = asyncio.ensure_future(store.write(insert("queued")))

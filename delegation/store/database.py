@@ -422,6 +422,7 @@ class Database:
             inline = (
                 self._conn is not None
                 and not self._busy
+                and not self._claiming
                 and not self._stopping
                 and len(queue.jobs) == 1
                 and not queue.events
@@ -468,7 +469,7 @@ class Database:
                 self._conn = conn
             while True:
                 with self._cond:
-                    while self._busy or not (
+                    while (self._busy or self._claiming) or not (
                         self._queue.jobs or self._queue.events or self._stopping
                     ):
                         self._cond.wait()

@@ -224,8 +224,9 @@ class PostgresDatabase(Database):
                 self._claiming = True
                 while self._busy:
                     self._cond.wait()
-                self._claiming = False
+                self._claiming = False  # no batch began meanwhile (the writer waits)
                 left, self._queue = self._queue, _Queue()
+                self._cond.notify_all()
             self._claimed = instance_id
             self._alive_until = 0.0  # fresh once its first heartbeat committed
         if left.jobs or left.events:
