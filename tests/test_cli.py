@@ -304,6 +304,17 @@ async def test_events_of_a_missing_child_fail(cli: Cli, fleet: Fleet) -> None:
     assert "no child c-missing" in err
 
 
+async def following(db_path: Path, *args: str) -> asyncio.subprocess.Process:
+    """``delegation ARGS --db DB_PATH`` running, its output piped, while the test goes on."""
+    return await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "delegation.cli", *args),
+        *("--db", str(db_path)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
+
+
 async def test_events_follow_streams_json_lines_until_the_child_ends(
     harness: Harness, db_path: Path, gate: asyncio.Event
 ) -> None:
@@ -318,13 +329,7 @@ async def test_events_follow_streams_json_lines_until_the_child_ends(
 
     harness.runner.script = run
     child = (await harness.start("q1")).conversation_id
-    follower = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "delegation.cli", "events", child, "--follow", "--json"),
-        *("--db", str(db_path)),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=ROOT,
-    )
+    follower = await following(db_path, "events", child, "--follow", "--json")
     assert follower.stdout is not None
     first = json.loads(await asyncio.wait_for(follower.stdout.readline(), 15))
     # Streamed while the child was still running: it cannot end before the gate opens.
@@ -352,13 +357,7 @@ async def test_events_follow_for_people_ends_with_the_state_and_error(
 
     harness.runner.script = run
     child = (await harness.start("q1")).conversation_id
-    follower = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "delegation.cli", "events", child[:8], "--follow"),
-        *("--db", str(db_path)),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=ROOT,
-    )
+    follower = await following(db_path, "events", child[:8], "--follow")
     assert follower.stdout is not None
     first = await asyncio.wait_for(follower.stdout.readline(), 15)
     assert first.decode().split() == ["1", "text", "started"]
