@@ -128,12 +128,7 @@ def resolve_cwd(workspace: str, cwd: str, default: str | None = None) -> str:
     """
     if not os.path.isabs(workspace):
         raise errors.InvalidCwd()
-    try:
-        real = os.path.realpath(os.path.join(workspace, cwd or default or workspace), strict=True)
-    except (OSError, ValueError):
-        raise errors.InvalidCwd() from None
-    if not os.path.isdir(real):
-        raise errors.InvalidCwd()
+    real = real_directory(os.path.join(workspace, cwd or default or workspace))
     if not within(real, workspace):
         raise errors.CwdOutsideWorkspace()
     return real
@@ -156,14 +151,46 @@ def confirm_cwd(cwd: str) -> None:
         errors.InvalidCwd: it no longer exists or is not a directory.
         errors.CwdOutsideWorkspace: it now resolves elsewhere.
     """
+    if real_directory(cwd) != cwd:
+        raise errors.CwdOutsideWorkspace()
+
+
+_OPEN_DIRECTORY = getattr(os, "O_PATH", 0) | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+
+
+def real_directory(path: str) -> str:
+    """The real path of the directory ``path`` names, symlinks followed.
+
+    On Linux the kernel resolves it in one step: the directory is opened (``O_PATH``,
+    nothing is read) and its path read back from ``/proc/self/fd``, so the answer is
+    the directory one resolution reached, not a walk of lookups a concurrent rename
+    could split (and it costs three system calls, not one per component). Elsewhere,
+    or without ``/proc``, ``os.path.realpath``.
+
+    Raises:
+        errors.InvalidCwd: it does not exist, is not a directory, or was removed.
+    """
     try:
-        real = os.path.realpath(cwd, strict=True)
+        fd = os.open(path, _OPEN_DIRECTORY)
     except (OSError, ValueError):
         raise errors.InvalidCwd() from None
-    if real != cwd:
-        raise errors.CwdOutsideWorkspace()
-    if not os.path.isdir(real):
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        removed = os.fstat(fd).st_nlink == 0  # else its link reads "… (deleted)"
+    except OSError:
+        real, removed = "", False  # no /proc: resolved again below
+    finally:
+        os.close(fd)
+    if removed:
         raise errors.InvalidCwd()
+    if not real.startswith(os.sep):
+        try:
+            real = os.path.realpath(path, strict=True)
+        except (OSError, ValueError):
+            raise errors.InvalidCwd() from None
+        if not os.path.isdir(real):
+            raise errors.InvalidCwd()
+    return real
 
 
 def locate(children: Iterable[ChildRecord], child_id: str, child_run_id: str) -> ChildRecord:
