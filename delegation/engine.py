@@ -109,6 +109,9 @@ class Engine:
         # Several hosts share a database: its server's clock is everyone's (SPEC §12).
         self.clock: Clock = clock or (ServerClock() if self._db.shared else SystemClock())
         self._local = LocalRuns()
+        # On a server a statement costs a round trip: a start under a tool grant found
+        # open before reserves without reading it first (service.reserve_start).
+        self._seen_tools = service.SeenTools() if self._db.shared else None
         self._notices = Notices(self._announced)
         self._controls: ControlWatcher | None = None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -623,7 +626,14 @@ class Engine:
         traced = self._telemetry.trace_context() if self._telemetry is not None else None
         plan = await self._db.submit(
             lambda c: service.reserve_start(
-                c, self.config, conn, params, self.instance_id, now, trace_context=traced
+                c,
+                self.config,
+                conn,
+                params,
+                self.instance_id,
+                now,
+                trace_context=traced,
+                seen=self._seen_tools,
             ),
             durable=False,
             committed=self._reserved,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -122,6 +123,33 @@ def locate_child(
 # --- child.start ----------------------------------------------------------------------
 
 
+class SeenTools:
+    """The tool grants this host's starts lately found open, by runner and tool call:
+    a later start under one of them reads nothing first (see :func:`reserve_start`).
+
+    Bounded (the oldest goes first); shared by the loop's thread and the writer's.
+    """
+
+    def __init__(self, size: int = 1024) -> None:
+        self._size = size
+        self._seen: dict[tuple[str, str, str], grants.SeenTool] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str, str]) -> grants.SeenTool | None:
+        return self._seen.get(key)
+
+    def put(self, key: tuple[str, str, str], seen: grants.SeenTool) -> None:
+        with self._lock:
+            self._seen.pop(key, None)
+            self._seen[key] = seen
+            while len(self._seen) > self._size:
+                del self._seen[next(iter(self._seen))]
+
+    def drop(self, key: tuple[str, str, str]) -> None:
+        with self._lock:
+            self._seen.pop(key, None)
+
+
 def reserve_start(
     conn: Connection,
     cfg: EngineConfig,
@@ -131,25 +159,67 @@ def reserve_start(
     now: float,
     *,
     trace_context: str | None = None,
+    seen: SeenTools | None = None,
 ) -> StartPlan:
     """Check a start in the order of SPEC §5 and reserve the child as ``prepared``,
     owned by the host instance ``instance_id`` (which runs it). ``trace_context`` (the
     start's W3C traceparent, when traced) is kept with the child for its executions.
 
+    With ``seen`` (a store where a statement costs a round trip), a start under a tool
+    grant an earlier start found open is checked against the runner and grant as then
+    read, and reserved by one statement that inserts only if both rows are still
+    exactly so (and the requestId is new, and the grant under its cap): then every
+    check had the outcome it has on the rows now. Otherwise, or if a check refuses on
+    the rows as seen, the start reads them again and is checked as if none was seen.
+
     Raises the first refusal that applies; nothing is written then.
     """
     authority.check_ids(params)
     request = params.request if params.request is not UNSET else Request()
-    if params.lease_id:  # the grant may be the lease: read it, then under it
+    key = (rconn.runner_id, params.run_id, params.tool_call_id)
+    last = seen.get(key) if seen is not None and not (params.lease_id or request.resume) else None
+    args = (conn, cfg, rconn, params, request, instance_id, now, trace_context)
+    if seen is not None and last is not None:
+        try:
+            plan = _reserve(*args, last)
+        except errors.DelegationError:
+            plan = None  # refused on the rows as seen: decided on the rows as they are
+        if plan is not None:
+            return plan
+        seen.drop(key)
+    plan = _reserve(*args, None, seen)
+    assert plan is not None  # only a start on the rows as seen finds them changed
+    return plan
+
+
+def _reserve(
+    conn: Connection,
+    cfg: EngineConfig,
+    rconn: RunnerConnection,
+    params: Params,
+    request: Request,
+    instance_id: str,
+    now: float,
+    trace_context: str | None,
+    last: grants.SeenTool | None,
+    seen: SeenTools | None = None,
+) -> StartPlan | None:
+    """:func:`reserve_start` on the rows read now, or (``last``) on the rows as last seen:
+    None then if they changed, or the requestId is taken, or the grant is full."""
+    known: grants.StartReads | None = None
+    runner: RunnerRecord | None
+    tool: GrantRecord | None
+    if last is not None:
+        runner, tool = last.runner, last.tool
+    elif params.lease_id:  # the grant may be the lease: read it, then under it
         runner, tool = grants.runner_and_tool(
             conn, rconn.runner_id, params.run_id, params.tool_call_id
         )
-        known: tuple[ChildRecord | None, int] | None = None
     else:  # the grant is the call's tool grant: one statement reads all a start needs
-        runner, tool, found, count = grants.runner_tool_and_request(
+        known = grants.runner_tool_and_request(
             conn, rconn.runner_id, params.run_id, params.tool_call_id, request.request_id
         )
-        known = (found, count)
+        runner, tool = known.runner, known.tool
     grant = _authorized(conn, runner, tool, rconn, params, now, steer=False)
     request.validate(cfg.providers)
     preset = authority.find_preset(grant, request.profile, params.generation)
@@ -160,16 +230,19 @@ def reserve_start(
     saved_cwd = executions[-1].cwd if executions else None
     cwd = authority.resolve_cwd(grant.workspace or "", request.cwd, saved_cwd)
     wire_request = encode(request)
-    existing, count = (
-        known
-        if known is not None and tool is not None and grant.id == tool.id
-        else children.by_request_and_count(conn, grant.id, request.request_id)
-    )
     run_request = with_options(request, effective)
-    if existing is not None:
-        if existing.request != wire_request or existing.cwd != cwd:
-            raise errors.RequestIdReused()
-        return StartPlan(existing, True, run_request, preset, identity_of(existing))
+    if last is None:
+        tool_grant = tool is not None and grant.id == tool.id
+        if known is not None and tool_grant:
+            existing, count = known.existing, known.count
+            if seen is not None and known.seen is not None and not request.resume:
+                seen.put((rconn.runner_id, params.run_id, params.tool_call_id), known.seen)
+        else:
+            existing, count = children.by_request_and_count(conn, grant.id, request.request_id)
+        if existing is not None:
+            if existing.request != wire_request or existing.cwd != cwd:
+                raise errors.RequestIdReused()
+            return StartPlan(existing, True, run_request, preset, identity_of(existing))
     tool_owned = tool is not None and authority.owns(tool, rconn, params, now)
     if params.lease_id and grant.activated_at is None and not tool_owned:
         raise errors.LeaseNotActivated()
@@ -183,34 +256,40 @@ def reserve_start(
             raise errors.LeaseCapacity()
         grant = grants.insert_lease(conn, grant, params.lease_id, now, cfg.lease_lifetime_s)
         new_lease, count = grant.expires_at, 0  # a new grant: no child yet
-    if count >= cfg.max_children_per_grant:
+    if last is None and count >= cfg.max_children_per_grant:
         raise errors.SubmissionLimit()
     if grant.depth > cfg.max_depth:
         raise errors.NestingLimit()
-    child = children.insert_child(
-        conn,
-        conversation_id=request.resume or f"c-{secrets.token_hex(16)}",
-        run_id=f"r-{secrets.token_hex(16)}",
-        grant_id=grant.id,
-        lease_id=grant.lease_id,
-        request_id=request.request_id,
-        runner_id=rconn.runner_id,
-        runner_host_instance_id=rconn.host_instance_id,  # current: checked above
-        parent_conversation_id=grant.conversation_id,
-        parent_run_id=grant.run_id,
-        extension_id=grant.extension_id,
-        profile=request.profile,
-        generation=params.generation,
-        request=wire_request,
-        preset=encode(preset),
-        cwd=cwd,
-        depth=grant.depth,
-        followup=1 if request.resume else 0,
-        origin_grant_id=tool.id if tool is not None and tool_owned else None,
-        engine_instance_id=instance_id,
-        created_at=now,
-        trace_context=trace_context,
-    )
+    values = {
+        "conversation_id": request.resume or f"c-{secrets.token_hex(16)}",
+        "run_id": f"r-{secrets.token_hex(16)}",
+        "grant_id": grant.id,
+        "lease_id": grant.lease_id,
+        "request_id": request.request_id,
+        "runner_id": rconn.runner_id,
+        "runner_host_instance_id": rconn.host_instance_id,  # current: checked above
+        "parent_conversation_id": grant.conversation_id,
+        "parent_run_id": grant.run_id,
+        "extension_id": grant.extension_id,
+        "profile": request.profile,
+        "generation": params.generation,
+        "request": wire_request,
+        "preset": encode(preset),
+        "cwd": cwd,
+        "depth": grant.depth,
+        "followup": 1 if request.resume else 0,
+        "origin_grant_id": tool.id if tool is not None and tool_owned else None,
+        "engine_instance_id": instance_id,
+        "created_at": now,
+        "trace_context": trace_context,
+    }
+    if last is None:
+        child = children.insert_child(conn, **values)
+    else:
+        as_seen = grants.insert_child_as_seen(conn, last, cfg.max_children_per_grant, **values)
+        if as_seen is None:
+            return None
+        child = as_seen
     pending = grant.is_lease and grant.activated_at is None
     return StartPlan(child, False, run_request, preset, identity_of(child), new_lease, pending)
 

@@ -160,10 +160,35 @@ def insert_child(conn: Connection, **values: Any) -> ChildRecord:
     return from_row(tuple(row[name] for name in FIELDS))
 
 
+def insert_child_if(
+    conn: Connection, guard: str, guard_params: tuple[Any, ...], **values: Any
+) -> ChildRecord | None:
+    """:func:`insert_child` in one statement, only if the SQL condition ``guard`` holds
+    then (None: it did not; nothing was written).
+
+    Columns whose value is None are left to their default (NULL): a parameter with no
+    type in a ``SELECT`` list would be taken for text on PostgreSQL.
+    """
+    row = {**_FRESH, "updated_at": values["created_at"], **values}
+    given = {name: value for name, value in row.items() if value is not None}
+    sql = _insert_if_sql(tuple(given), guard)
+    found = run(conn, sql, (*given.values(), *guard_params)).fetchone()
+    if found is None:
+        return None
+    row["id"] = int(found[0])
+    return from_row(tuple(row[name] for name in FIELDS))
+
+
 @cache
 def _insert_sql(names: tuple[str, ...]) -> str:
     marks = ", ".join("?" for _ in names)
     return f"INSERT INTO children ({', '.join(names)}) VALUES ({marks}) RETURNING id"
+
+
+@cache
+def _insert_if_sql(names: tuple[str, ...], guard: str) -> str:
+    marks = ", ".join("?" for _ in names)
+    return f"INSERT INTO children ({', '.join(names)}) SELECT {marks} WHERE {guard} RETURNING id"
 
 
 def transition(

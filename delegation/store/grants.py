@@ -17,7 +17,7 @@ from delegation._struct import I64_MAX
 from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, GrantRecord, LeaseRecord, RunnerRecord
 from delegation.store import children as child_rows
-from delegation.store import chunks, run, runners
+from delegation.store import chunks, is_sqlite, run, runners
 from delegation.store.tables import children as children_table
 from delegation.store.tables import grants
 from delegation.wire import Preset
@@ -158,12 +158,13 @@ def runner_and_tool(
     return (None, None) if row is None else _runner_and_tool_of(row, tool_call_id)
 
 
-def _runner_and_tool_with(columns: str, join: str) -> str:
-    """:data:`_RUNNER_AND_TOOL` with more ``columns`` from a ``join`` on children
-    (``c``) after the tool grant's: one statement instead of two on a hot path."""
-    return _RUNNER_AND_TOOL.replace(" FROM runners r", f", {columns} FROM runners r").replace(
-        " WHERE r.runner_id = ?", f" {join} WHERE r.runner_id = ?"
-    )
+def _runner_and_tool_with(columns: str, join: str = "") -> str:
+    """:data:`_RUNNER_AND_TOOL` with more ``columns`` (from a ``join`` on children
+    ``c`` after the tool grant's, if any): one statement instead of two on a hot path."""
+    with_columns = _RUNNER_AND_TOOL.replace(" FROM runners r", f", {columns} FROM runners r")
+    if not join:
+        return with_columns
+    return with_columns.replace(" WHERE r.runner_id = ?", f" {join} WHERE r.runner_id = ?")
 
 
 _CHILD_COLUMNS = ", ".join(f"c.{name}" for name in child_rows.FIELDS)
@@ -171,9 +172,12 @@ _RUNNER_TOOL_AND_EXECUTIONS = (
     _runner_and_tool_with(_CHILD_COLUMNS, "LEFT JOIN children c ON c.conversation_id = ?")
     + " ORDER BY c.id"
 )
+# The child a requestId names is looked up in a subquery, by id, not joined: a join on
+# the tool grant's id (itself outer-joined) plans, on PostgreSQL, as a scan of every
+# child once the statement is prepared on a new database, and stays so as it grows.
 _RUNNER_TOOL_AND_REQUEST = _runner_and_tool_with(
-    f"(SELECT COUNT(*) FROM children n WHERE n.grant_id = g.id), {_CHILD_COLUMNS}",
-    "LEFT JOIN children c ON c.grant_id = g.id AND c.request_id = ?",
+    "(SELECT COUNT(*) FROM children n WHERE n.grant_id = g.id),"
+    " (SELECT e.id FROM children e WHERE e.grant_id = g.id AND e.request_id = ?)"
 )
 
 
@@ -204,20 +208,85 @@ def runner_tool_and_executions(
     return runner, tool, executions
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SeenTool:
+    """A runner's row and its open tool grant as a read found them: the records, and
+    the row versions (PostgreSQL's ``xmin``: every change of a row writes a new one)."""
+
+    runner: RunnerRecord
+    tool: GrantRecord
+    versions: tuple[str, str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StartReads:
+    """What a start under a tool grant reads first (see :func:`runner_tool_and_request`)."""
+
+    runner: RunnerRecord | None
+    tool: GrantRecord | None
+    existing: ChildRecord | None  # the child the start's requestId already names
+    count: int  # the children of the tool grant
+    seen: SeenTool | None  # PostgreSQL: the runner and the tool grant, if both were found
+
+
+# On PostgreSQL, the version of each row besides.
+_RUNNER_TOOL_AND_REQUEST_VERSIONED = _RUNNER_TOOL_AND_REQUEST.replace(
+    " FROM runners r", ", r.xmin::text, g.xmin::text FROM runners r", 1
+)
+
+
 def runner_tool_and_request(
     conn: Connection, runner_id: str, run_id: str, tool_call_id: str, request_id: str
-) -> tuple[RunnerRecord | None, GrantRecord | None, ChildRecord | None, int]:
+) -> StartReads:
     """:func:`runner_and_tool`, then, under that tool grant, what
     ``children.by_request_and_count`` reads: one statement for a start's reads."""
-    row = run(
-        conn, _RUNNER_TOOL_AND_REQUEST, (run_id, tool_call_id, request_id, runner_id)
-    ).fetchone()
+    sqlite = is_sqlite(conn)
+    sql = _RUNNER_TOOL_AND_REQUEST if sqlite else _RUNNER_TOOL_AND_REQUEST_VERSIONED
+    row = run(conn, sql, (request_id, run_id, tool_call_id, runner_id)).fetchone()
     if row is None:
-        return None, None, None, 0
+        return StartReads(None, None, None, 0, None)
     runner, tool = _runner_and_tool_of(row, tool_call_id)
-    existing = row[_TOOL_END + 1 :]
-    child = child_rows.from_row(existing) if existing[0] is not None else None
-    return runner, tool, child, int(row[_TOOL_END] or 0)
+    count, existing = int(row[_TOOL_END] or 0), row[_TOOL_END + 1]
+    child = child_rows.get(conn, existing) if existing is not None else None  # a retry
+    seen = None
+    if tool is not None and not sqlite:
+        seen = SeenTool(runner, tool, (row[_TOOL_END + 2], row[_TOOL_END + 3]))
+    return StartReads(runner, tool, child, count, seen)
+
+
+# The runner's row and the tool grant's as a start last saw them (no change since),
+# the grant's children under the cap, and the start's requestId new under it.
+_AS_SEEN = (
+    "EXISTS (SELECT 1 FROM runners r JOIN grants g ON g.id = ?"
+    " WHERE r.runner_id = ? AND r.xmin::text = ? AND g.xmin::text = ?)"
+    " AND (SELECT COUNT(*) FROM children n WHERE n.grant_id = ?) < ?"
+    " AND NOT EXISTS (SELECT 1 FROM children e WHERE e.grant_id = ? AND e.request_id = ?)"
+)
+
+
+def insert_child_as_seen(
+    conn: Connection, seen: SeenTool, cap: int, **values: Any
+) -> ChildRecord | None:
+    """:func:`children.insert_child` (under ``seen.tool``) in one statement that inserts
+    only if neither the runner's row nor the tool grant's changed since ``seen`` was
+    read, the grant has fewer than ``cap`` children and none with this ``request_id``;
+    None if not (nothing was written: read them again).
+
+    What a start checks of the two rows, checked on ``seen``, then holds of the rows
+    the statement inserts under. PostgreSQL only (row versions): on a server this
+    saves the round trip of the read.
+    """
+    grant_id = seen.tool.id
+    guard = (
+        grant_id,
+        seen.runner.runner_id,
+        *seen.versions,
+        grant_id,
+        cap,
+        grant_id,
+        values["request_id"],
+    )
+    return child_rows.insert_child_if(conn, _AS_SEEN, guard, **values)
 
 
 def get_lease(conn: Connection, runner_id: str, lease_id: str) -> GrantRecord | None:
