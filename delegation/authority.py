@@ -156,6 +156,7 @@ def confirm_cwd(cwd: str) -> None:
 
 
 _OPEN_DIRECTORY = getattr(os, "O_PATH", 0) | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+_REMOVED = " (deleted)"
 
 
 def real_directory(path: str) -> str:
@@ -176,14 +177,13 @@ def real_directory(path: str) -> str:
         raise errors.InvalidCwd() from None
     try:
         real = os.readlink(f"/proc/self/fd/{fd}")
-        removed = os.fstat(fd).st_nlink == 0  # else its link reads "… (deleted)"
     except OSError:
-        real, removed = "", False  # no /proc: resolved again below
+        real = ""  # no /proc: resolved again below
     finally:
         os.close(fd)
-    if removed:
-        raise errors.InvalidCwd()
-    if not real.startswith(os.sep):
+    # A directory removed meanwhile reads "… (deleted)": a name can end so too, so
+    # that one case is resolved again below (and fails if it is gone).
+    if not real.startswith(os.sep) or real.endswith(_REMOVED):
         try:
             real = os.path.realpath(path, strict=True)
         except (OSError, ValueError):

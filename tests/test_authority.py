@@ -1147,6 +1147,8 @@ CWD_OK = [
     ("sub/../sub", "sub"),
     ("./sub/.", "sub"),
     ("inside-link", "sub"),
+    # How Linux names a removed directory it resolved: this one is there.
+    ("sub/kept (deleted)", "sub/kept (deleted)"),
 ]
 CWD_REFUSED = [
     ("..", CwdOutsideWorkspace, CWD_OUTSIDE),
@@ -1171,6 +1173,7 @@ def _build_tree(workspace: Path) -> Path:
     (outside / "deeper").mkdir(parents=True)
     (workspace.parent / "workspace2").mkdir()
     (workspace / "note.txt").write_text("not a directory")
+    (workspace / "sub" / "kept (deleted)").mkdir()
     (workspace / "inside-link").symlink_to(workspace / "sub", target_is_directory=True)
     (workspace / "escape").symlink_to(outside, target_is_directory=True)
     (workspace / "sub" / "escape-from-sub").symlink_to("../../outside", target_is_directory=True)
