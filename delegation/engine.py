@@ -446,7 +446,7 @@ class Engine:
         """
         self._require_open()
         now = self.clock.now()
-        grant = await self._db.write(
+        grant = await self._db.submit(
             lambda c: service.open_tool(
                 c,
                 self.config,
@@ -460,7 +460,8 @@ class Engine:
                 workspace=workspace,
                 now=now,
                 policy=policy,
-            )
+            ),
+            one_write=True,
         )
         return ToolHandle(
             grant.id, conn.runner_id, conn.id, run_id, conversation_id, tool_call_id, extension_id

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -127,21 +128,28 @@ class SeenTools:
     """The tool grants this host's starts lately found open, by runner and tool call:
     a later start under one of them reads nothing first (see :func:`reserve_start`).
 
-    Bounded (the oldest goes first); shared by the loop's thread and the writer's.
+    Bounded in number (the oldest goes first) and in age: an entry older than
+    ``max_age_s`` is read again, so a row version it compares was written at most that
+    long ago (a version number recurs only after 2**32 transactions of the server).
+    Shared by the loop's thread and the writer's.
     """
 
-    def __init__(self, size: int = 1024) -> None:
+    def __init__(self, size: int = 1024, max_age_s: float = 60.0) -> None:
         self._size = size
-        self._seen: dict[tuple[str, str, str], grants.SeenTool] = {}
+        self._max_age_s = max_age_s
+        self._seen: dict[tuple[str, str, str], tuple[float, grants.SeenTool]] = {}
         self._lock = threading.Lock()
 
     def get(self, key: tuple[str, str, str]) -> grants.SeenTool | None:
-        return self._seen.get(key)
+        entry = self._seen.get(key)
+        if entry is None or time.monotonic() - entry[0] > self._max_age_s:
+            return None
+        return entry[1]
 
     def put(self, key: tuple[str, str, str], seen: grants.SeenTool) -> None:
         with self._lock:
             self._seen.pop(key, None)
-            self._seen[key] = seen
+            self._seen[key] = (time.monotonic(), seen)
             while len(self._seen) > self._size:
                 del self._seen[next(iter(self._seen))]
 
@@ -584,8 +592,12 @@ def open_tool(
     policy: ExecutionOptions | None = None,
 ) -> GrantRecord:
     """Open the tool grant of one extension tool call; ``policy`` is the parent run's
-    effective options, the ceiling of every child started under it (None: none)."""
-    authority.check_connection(runners.get_runner(conn, rconn.runner_id), rconn)
+    effective options, the ceiling of every child started under it (None: none).
+    Its reads are one statement, its one write the grant's ``INSERT`` (``one_write``)."""
+    runner, live, parent_depth = grants.runner_tool_and_depth(
+        conn, rconn.runner_id, run_id, tool_call_id
+    )
+    authority.check_connection(runner, rconn)
     if not all(valid_id(v) for v in (run_id, conversation_id, tool_call_id, extension_id)):
         raise errors.InputError(
             "tool call requires valid runId, conversationId, toolCallId and extensionId"
@@ -606,7 +618,7 @@ def open_tool(
             raise errors.PresetStale("execution preset generation is above 2^63-1")
     if not os.path.isabs(workspace) or not os.path.isdir(workspace):
         raise errors.InvalidCwd("tool workspace must be an existing absolute directory")
-    if grants.live_tool(conn, rconn.runner_id, run_id, tool_call_id) is not None:
+    if live is not None:
         raise errors.ToolAlreadyOpen()
     return grants.insert_tool(
         conn,
@@ -619,7 +631,7 @@ def open_tool(
         extension_id=extension_id,
         workspace=os.path.realpath(workspace),
         presets=presets,
-        depth=children.depth_of_run(conn, run_id) + 1,
+        depth=parent_depth + 1,
         now=now,
         policy=policy,
     )

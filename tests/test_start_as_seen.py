@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from delegation import Engine, EngineConfig, errors
-from delegation.store import _SPELLINGS, stores
+from delegation.records import GrantRecord, RunnerRecord
+from delegation.service import SeenTools
+from delegation.store import _SPELLINGS, grants, stores
 from tests import rows
 from tests.support import Harness, ScriptRunner, hold, open_harness
 
@@ -201,3 +205,50 @@ def _numbered(sql: str) -> tuple[str, int]:
         return f"${count}"
 
     return re.sub("%s", number, sql), count
+
+
+# --- what a host keeps of the rows it saw ----------------------------------------------
+
+
+def _seen_tool(runner_id: str) -> grants.SeenTool:
+    runner = RunnerRecord(runner_id, "host-a", 1, "conn-1")
+    tool = dataclasses.replace(TOOL, runner_id=runner_id)
+    return grants.SeenTool(runner, tool, ("10", "11"))
+
+
+TOOL = GrantRecord(
+    id="g1",
+    kind="tool",
+    runner_id="r",
+    connection_id="conn-1",
+    run_id="run",
+    conversation_id="conv",
+    tool_call_id="call",
+    extension_id="ext",
+    lease_id=None,
+    origin_grant_id=None,
+    workspace="/",
+    presets=(),
+    generations=frozenset({1}),
+    depth=1,
+    created_at=0.0,
+    expires_at=None,
+    closed_at=None,
+    activated_at=None,
+    revoked_at=None,
+    revoke_reason=None,
+)
+
+
+def test_the_rows_a_host_saw_are_kept_for_so_many_calls_and_so_long() -> None:
+    kept = SeenTools(size=2)
+    for runner_id in ("a", "b", "c"):
+        kept.put((runner_id, "run", "call"), _seen_tool(runner_id))
+    assert kept.get(("a", "run", "call")) is None  # the oldest went first
+    assert kept.get(("c", "run", "call")) == _seen_tool("c")
+    kept.drop(("c", "run", "call"))
+    assert kept.get(("c", "run", "call")) is None
+    brief = SeenTools(max_age_s=0.0)
+    brief.put(("a", "run", "call"), _seen_tool("a"))
+    time.sleep(0.001)
+    assert brief.get(("a", "run", "call")) is None  # older than its age: read again

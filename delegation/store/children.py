@@ -130,12 +130,6 @@ def executions(conn: Connection, conversation_id: str) -> list[ChildRecord]:
     return [from_row(tuple(row)) for row in rows]
 
 
-def depth_of_run(conn: Connection, run_id: str) -> int:
-    """The nesting depth of a run: a child's own depth, or 0 for a top-level run."""
-    depth = conn.execute(select(children.c.depth).where(children.c.run_id == run_id)).scalar()
-    return int(depth or 0)
-
-
 _FRESH: dict[str, Any] = {
     "state": State.PREPARED.value,
     "engine_instance_id": None,

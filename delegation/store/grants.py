@@ -101,41 +101,30 @@ def insert_tool(
     policy: ExecutionOptions | None = None,
 ) -> GrantRecord:
     grant_id = new_grant_id()
-    conn.execute(
-        insert(grants).values(
-            id=grant_id,
-            kind="tool",
-            runner_id=runner_id,
-            connection_id=connection_id,
-            engine_instance_id=engine_instance_id,
-            run_id=run_id,
-            conversation_id=conversation_id,
-            tool_call_id=tool_call_id,
-            extension_id=extension_id,
-            workspace=workspace,
-            presets=_encoder.encode(list(presets)),
-            generations=_generations(p.generation for p in presets),
-            depth=depth,
-            created_at=now,
-            policy=None if policy is None else _encoder.encode(policy),
-        )
-    )
-    record = get(conn, grant_id)
-    assert record is not None
-    return record
+    values = {
+        "id": grant_id,
+        "kind": "tool",
+        "runner_id": runner_id,
+        "connection_id": connection_id,
+        "engine_instance_id": engine_instance_id,
+        "run_id": run_id,
+        "conversation_id": conversation_id,
+        "tool_call_id": tool_call_id,
+        "extension_id": extension_id,
+        "workspace": workspace,
+        "presets": _encoder.encode(list(presets)),
+        "generations": _generations(p.generation for p in presets),
+        "depth": depth,
+        "created_at": now,
+        "policy": None if policy is None else _encoder.encode(policy),
+    }
+    return _record(run(conn, _insert_returning(tuple(values)), tuple(values.values())).fetchone())
 
 
-def live_tool(
-    conn: Connection, runner_id: str, run_id: str, tool_call_id: str
-) -> GrantRecord | None:
-    """The open tool grant of one tool call of a runner, if any."""
-    if not tool_call_id:
-        return None
-    return _one(
-        conn,
-        "run_id = ? AND tool_call_id = ? AND kind = 'tool' AND runner_id = ? AND closed_at IS NULL",
-        (run_id, tool_call_id, runner_id),
-    )
+@lru_cache(maxsize=8)
+def _insert_returning(names: tuple[str, ...]) -> str:
+    marks = ", ".join("?" for _ in names)
+    return f"INSERT INTO grants ({', '.join(names)}) VALUES ({marks}) RETURNING {', '.join(FIELDS)}"
 
 
 # A call's runner and the open tool grant it names, in one statement (every child
@@ -152,7 +141,7 @@ _RUNNER_AND_TOOL = (
 def runner_and_tool(
     conn: Connection, runner_id: str, run_id: str, tool_call_id: str
 ) -> tuple[RunnerRecord | None, GrantRecord | None]:
-    """The runner's record and, as :func:`live_tool`, the open tool grant of the call
+    """The runner's record and the open tool grant of the runner's tool call
     (None and None for an unknown runner)."""
     row = run(conn, _RUNNER_AND_TOOL, (run_id, tool_call_id, runner_id)).fetchone()
     return (None, None) if row is None else _runner_and_tool_of(row, tool_call_id)
@@ -168,6 +157,23 @@ def _runner_and_tool_with(columns: str, join: str = "") -> str:
 
 
 _CHILD_COLUMNS = ", ".join(f"c.{name}" for name in child_rows.FIELDS)
+_RUNNER_TOOL_AND_DEPTH = _runner_and_tool_with(
+    "(SELECT d.depth FROM children d WHERE d.run_id = ?)"
+)
+
+
+def runner_tool_and_depth(
+    conn: Connection, runner_id: str, run_id: str, tool_call_id: str
+) -> tuple[RunnerRecord | None, GrantRecord | None, int]:
+    """:func:`runner_and_tool`, and the nesting depth of the run ``run_id`` (a child's
+    own, 0 for a top-level run): what opening a tool call reads, in one statement."""
+    row = run(conn, _RUNNER_TOOL_AND_DEPTH, (run_id, run_id, tool_call_id, runner_id)).fetchone()
+    if row is None:
+        return None, None, 0
+    runner, tool = _runner_and_tool_of(row, tool_call_id)
+    return runner, tool, int(row[_TOOL_END] or 0)
+
+
 _RUNNER_TOOL_AND_EXECUTIONS = (
     _runner_and_tool_with(_CHILD_COLUMNS, "LEFT JOIN children c ON c.conversation_id = ?")
     + " ORDER BY c.id"
