@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, text
 from delegation import Engine, EngineConfig, errors
 from delegation.records import GrantRecord, RunnerRecord
 from delegation.service import SeenTools
-from delegation.store import _SPELLINGS, grants, stores
+from delegation.store import _SPELLINGS, grants, run, stores
 from tests import rows
 from tests.support import Harness, ScriptRunner, hold, open_harness
 
@@ -252,3 +252,25 @@ def test_the_rows_a_host_saw_are_kept_for_so_many_calls_and_so_long() -> None:
     brief.put(("a", "run", "call"), _seen_tool("a"))
     time.sleep(0.001)
     assert brief.get(("a", "run", "call")) is None  # older than its age: read again
+
+
+def test_an_operators_query_is_planned_anew_each_time_a_hot_one_once(postgres_db: str) -> None:
+    """psycopg prepares a statement the fifth time a connection runs it; a listing
+    (``planned_each_time``) never is, so PostgreSQL never keeps a plan made for a small
+    table for it."""
+    engine = create_engine(postgres_db)
+    listing = "SELECT id FROM children WHERE state = ? ORDER BY id DESC LIMIT ?"
+    hot = "SELECT id FROM children WHERE id = ?"
+    try:
+        with engine.connect() as conn:
+            for _ in range(8):
+                run(conn, listing, ("done", 10), planned_each_time=True).fetchall()
+                run(conn, hot, (1,)).fetchall()
+            kept = [
+                row[0]
+                for row in run(conn, "SELECT statement FROM pg_prepared_statements").fetchall()
+            ]
+    finally:
+        engine.dispose()
+    assert any("WHERE id = " in sql for sql in kept), kept
+    assert not any("ORDER BY id DESC" in sql for sql in kept), kept

@@ -56,11 +56,23 @@ def is_sqlite(conn: Connection) -> bool:
     return conn.dialect.name == "sqlite"
 
 
-def run(conn: Connection, sql: str, params: Sequence[Any] = ()) -> Cursor:
-    """Execute one plain statement (see the module's docstring) on either store."""
+def run(
+    conn: Connection, sql: str, params: Sequence[Any] = (), *, planned_each_time: bool = False
+) -> Cursor:
+    """Execute one plain statement (see the module's docstring) on either store.
+
+    ``planned_each_time``: PostgreSQL plans it anew on every run, never from a plan
+    kept since the connection first prepared it. For an operator's query (a listing, an
+    id prefix) whose best plan depends on the table's size: psycopg prepares a statement
+    the fifth time a connection runs it, and the generic plan PostgreSQL then keeps was
+    made on the table as it was (a whole-table read, on a new database). Hot
+    statements keep theirs: each one's plan is an index's at any size (tested).
+    """
     raw: Any = conn.connection.dbapi_connection
     if type(raw) is sqlite3.Connection:
         return raw.execute(sql, params)
+    if planned_each_time:
+        return cast(Cursor, raw.execute(_postgres(sql), params, prepare=False))
     return cast(Cursor, raw.execute(_postgres(sql), params))
 
 

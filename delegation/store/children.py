@@ -42,10 +42,17 @@ def _one(conn: Connection, where: str, params: tuple[Any, ...]) -> ChildRecord |
 
 
 def _many(
-    conn: Connection, where: str, params: tuple[Any, ...], *, active: bool = False
+    conn: Connection,
+    where: str,
+    params: tuple[Any, ...],
+    *,
+    active: bool = False,
+    planned_each_time: bool = False,
 ) -> list[ChildRecord]:
-    """``active``: read through the one-active index (``where`` repeats ``ACTIVE_TERM``)."""
-    rows = run(conn, f"{_SELECT_ACTIVE if active else _SELECT} WHERE {where}", params)
+    """``active``: read through the one-active index (``where`` repeats ``ACTIVE_TERM``);
+    ``planned_each_time``: see :func:`delegation.store.run`."""
+    sql = f"{_SELECT_ACTIVE if active else _SELECT} WHERE {where}"
+    rows = run(conn, sql, params, planned_each_time=planned_each_time)
     return [from_row(row) for row in rows.fetchall()]
 
 
@@ -328,4 +335,5 @@ def listing(
             where.append(f"{name} = ?")
             params.append(value)
     conditions = " AND ".join(where) or "TRUE"  # no filter: every child
-    return _many(conn, f"{conditions} ORDER BY id DESC LIMIT ?", (*params, limit), active=active)
+    sql = f"{conditions} ORDER BY id DESC LIMIT ?"
+    return _many(conn, sql, (*params, limit), active=active, planned_each_time=True)

@@ -44,7 +44,7 @@ def starting_with(conn: Connection, kind: Kind, prefix: str, limit: int) -> list
     included), in order, at most ``limit`` of them."""
     by_range = is_sqlite(conn) or _code_point_order(conn)
     sql, params = query(kind, prefix, by_range=by_range)
-    return [row[0] for row in run(conn, sql, (*params, limit)).fetchall()]
+    return [row[0] for row in run(conn, sql, (*params, limit), planned_each_time=True).fetchall()]
 
 
 def query(kind: Kind, prefix: str, *, by_range: bool) -> tuple[str, list[str]]:
