@@ -446,7 +446,7 @@ class Engine:
         """
         self._require_open()
         now = self.clock.now()
-        grant = await self._db.submit(
+        grant = await self._db.write(
             lambda c: service.open_tool(
                 c,
                 self.config,
@@ -461,7 +461,6 @@ class Engine:
                 now=now,
                 policy=policy,
             ),
-            one_write=True,
         )
         return ToolHandle(
             grant.id, conn.runner_id, conn.id, run_id, conversation_id, tool_call_id, extension_id

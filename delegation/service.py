@@ -128,9 +128,9 @@ class SeenTools:
     """The tool grants this host's starts lately found open, by runner and tool call:
     a later start under one of them reads nothing first (see :func:`reserve_start`).
 
-    Bounded in number (the oldest goes first) and in age: an entry older than
-    ``max_age_s`` is read again, so a row version it compares was written at most that
-    long ago (a version number recurs only after 2**32 transactions of the server).
+    Bounded in number (the oldest goes first) and in age: an entry read more than
+    ``max_age_s`` ago is read again, so a row version it compares is that recent (a
+    transaction id, part of one, recurs only after 2**32 transactions of the server).
     Shared by the loop's thread and the writer's.
     """
 
@@ -593,7 +593,7 @@ def open_tool(
 ) -> GrantRecord:
     """Open the tool grant of one extension tool call; ``policy`` is the parent run's
     effective options, the ceiling of every child started under it (None: none).
-    Its reads are one statement, its one write the grant's ``INSERT`` (``one_write``)."""
+    Its reads are one statement, its one write the grant's ``INSERT``."""
     runner, live, parent_depth = grants.runner_tool_and_depth(
         conn, rconn.runner_id, run_id, tool_call_id
     )

@@ -28,7 +28,7 @@ from delegation.records import GrantRecord, RunnerRecord
 from delegation.service import SeenTools
 from delegation.store import _SPELLINGS, grants, run, stores
 from tests import rows
-from tests.support import Harness, ScriptRunner, hold, open_harness
+from tests.support import PRESET, Harness, ScriptRunner, hold, open_harness
 
 Change = Callable[[Harness], Awaitable[Any]]
 
@@ -150,10 +150,86 @@ async def test_a_child_inserted_by_another_host_counts_toward_the_cap(
             await h.start("q3")
 
 
+async def test_the_second_start_under_a_tool_call_reads_nothing_first(
+    postgres_db: str, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL the rows as seen are used (the tests above would pass if they
+    never were): every start after the first is one guarded INSERT that inserted."""
+    inserted: list[bool] = []
+    insert_as_seen = grants.insert_child_as_seen
+
+    def counted(*args: Any, **values: Any) -> Any:
+        child = insert_as_seen(*args, **values)
+        inserted.append(child is not None)
+        return child
+
+    monkeypatch.setattr(grants, "insert_child_as_seen", counted)
+    async with seen(postgres_db, workspace) as h:
+        await h.start("q3")
+    assert inserted == [True, True]  # q2 and q3; q1 read first
+
+
+async def test_rows_as_seen_that_refuse_give_way_to_rows_as_they_are(
+    db_url: str, workspace: Path
+) -> None:
+    """The runner reconnected and opened the same tool call again: the rows as seen
+    (the old connection, the old grant) refuse; the rows as they are accept."""
+    async with seen(db_url, workspace) as h:
+        conn = await h.engine.connect(h.conn.runner_id, "host-b")
+        tool = h.tool
+        await h.engine.open_tool(
+            conn,
+            run_id=tool.run_id,
+            conversation_id=tool.conversation_id,
+            tool_call_id=tool.tool_call_id,
+            extension_id=tool.extension_id,
+            presets=[PRESET],
+            workspace=h.workspace,
+        )
+        params = h.start_params("q3")
+        await h.engine.call(conn, "child.start", params)
+        assert started(db_url) == ["q1", "q2", "q3"]
+
+
+async def test_two_versions_of_a_row_one_transaction_wrote_are_told_apart(
+    postgres_db: str, workspace: Path
+) -> None:
+    """A batch of jobs is one transaction: a start may see a row that a later job of
+    the same batch changes again (the same transaction id, xmin, on both versions)."""
+    async with seen(postgres_db, workspace) as h:
+        outside = create_engine(postgres_db)
+        try:
+            with outside.connect() as conn:
+                conn.execute(text("UPDATE grants SET depth = depth WHERE kind = 'tool'"))
+                reads = grants.runner_tool_and_request(
+                    conn, h.conn.runner_id, h.tool.run_id, h.tool.tool_call_id, "q3"
+                )
+                conn.execute(text("UPDATE grants SET closed_at = 1 WHERE kind = 'tool'"))
+                conn.commit()
+                assert reads.seen is not None
+                (row,) = conn.execute(
+                    text(f"SELECT {_COPIED} FROM children WHERE request_id = 'q1'")
+                )
+                values = dict(zip(_COPIED.split(", "), row, strict=True))
+                values.update(conversation_id="c-new", run_id="r-new", request_id="q3")
+                assert grants.insert_child_as_seen(conn, reads.seen, 64, **values) is None
+                conn.commit()
+        finally:
+            outside.dispose()
+        assert started(postgres_db) == ["q1", "q2"]
+
+
+_COPIED = (
+    "conversation_id, run_id, grant_id, request_id, runner_id, runner_host_instance_id,"
+    " parent_conversation_id, parent_run_id, extension_id, profile, generation, request,"
+    " preset, cwd, depth, engine_instance_id, created_at"
+)
+
+
 # --- the plans of prepared statements --------------------------------------------------
 
 # Tables that grow with use: a statement of a hot path must never scan one whole.
-_GROWING = ("children", "events", "steers", "purged", "controls")
+_GROWING = ("children", "events", "steers", "purged", "controls", "grants", "connections")
 
 
 async def test_no_statement_of_a_hot_path_plans_a_scan_of_a_growing_table(

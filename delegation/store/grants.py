@@ -217,7 +217,7 @@ def runner_tool_and_executions(
 @dataclasses.dataclass(frozen=True, slots=True)
 class SeenTool:
     """A runner's row and its open tool grant as a read found them: the records, and
-    the row versions (PostgreSQL's ``xmin``: every change of a row writes a new one)."""
+    each row's version (see :data:`_VERSION`)."""
 
     runner: RunnerRecord
     tool: GrantRecord
@@ -235,9 +235,14 @@ class StartReads:
     seen: SeenTool | None  # PostgreSQL: the runner and the tool grant, if both were found
 
 
-# On PostgreSQL, the version of each row besides.
+# A row version on PostgreSQL: every change of a row writes a new tuple, stamped with
+# the writing transaction's id (xmin) and at a new place (ctid). The id alone would not
+# tell two versions one transaction wrote apart (a batch of jobs is one transaction).
+_VERSION = "{t}.xmin::text || '/' || {t}.ctid::text"
 _RUNNER_TOOL_AND_REQUEST_VERSIONED = _RUNNER_TOOL_AND_REQUEST.replace(
-    " FROM runners r", ", r.xmin::text, g.xmin::text FROM runners r", 1
+    " FROM runners r",
+    f", {_VERSION.format(t='r')}, {_VERSION.format(t='g')} FROM runners r",
+    1,
 )
 
 
@@ -264,7 +269,7 @@ def runner_tool_and_request(
 # the grant's children under the cap, and the start's requestId new under it.
 _AS_SEEN = (
     "EXISTS (SELECT 1 FROM runners r JOIN grants g ON g.id = ?"
-    " WHERE r.runner_id = ? AND r.xmin::text = ? AND g.xmin::text = ?)"
+    f" WHERE r.runner_id = ? AND {_VERSION.format(t='r')} = ? AND {_VERSION.format(t='g')} = ?)"
     " AND (SELECT COUNT(*) FROM children n WHERE n.grant_id = ?) < ?"
     " AND NOT EXISTS (SELECT 1 FROM children e WHERE e.grant_id = ? AND e.request_id = ?)"
 )
