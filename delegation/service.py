@@ -268,10 +268,9 @@ def _reserve(
         raise errors.SubmissionLimit()
     if grant.depth > cfg.max_depth:
         raise errors.NestingLimit()
-    fresh = secrets.token_hex(32)  # both ids' 128 bits from one read of the system's
     values = {
-        "conversation_id": request.resume or f"c-{fresh[:32]}",
-        "run_id": f"r-{fresh[32:]}",
+        "conversation_id": request.resume or f"c-{secrets.token_hex(16)}",
+        "run_id": f"r-{secrets.token_hex(16)}",
         "grant_id": grant.id,
         "lease_id": grant.lease_id,
         "request_id": request.request_id,
