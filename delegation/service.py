@@ -291,13 +291,13 @@ def _reserve(
         "created_at": now,
         "trace_context": trace_context,
     }
-    if last is None:
-        child = children.insert_child(conn, **values)
-    else:
-        as_seen = grants.insert_child_as_seen(conn, last, cfg.max_children_per_grant, **values)
-        if as_seen is None:
-            return None
-        child = as_seen
+    child = (
+        children.insert_child(conn, **values)
+        if last is None
+        else grants.insert_child_as_seen(conn, last, cfg.max_children_per_grant, **values)
+    )
+    if child is None:
+        return None  # the rows as seen changed, or the requestId or the cap: nothing written
     pending = grant.is_lease and grant.activated_at is None
     return StartPlan(child, False, run_request, preset, identity_of(child), new_lease, pending)
 

@@ -156,9 +156,9 @@ _FRESH: dict[str, Any] = {
 
 def insert_child(conn: Connection, **values: Any) -> ChildRecord:
     """Reserve a new child as ``prepared``; returns its record without reading it back."""
-    row = {**_FRESH, "updated_at": values["created_at"], **values}
-    row["id"] = int(run(conn, _insert_sql(tuple(row)), tuple(row.values())).fetchone()[0])
-    return from_row(tuple(row[name] for name in FIELDS))
+    child = _insert(conn, values, "", ())
+    assert child is not None  # no guard: inserted, or raised
+    return child
 
 
 def insert_child_if(
@@ -170,26 +170,28 @@ def insert_child_if(
     Columns whose value is None are left to their default (NULL): a parameter with no
     type in a ``SELECT`` list would be taken for text on PostgreSQL.
     """
+    return _insert(conn, values, guard, guard_params)
+
+
+def _insert(
+    conn: Connection, values: dict[str, Any], guard: str, guard_params: tuple[Any, ...]
+) -> ChildRecord | None:
     row = {**_FRESH, "updated_at": values["created_at"], **values}
-    given = {name: value for name, value in row.items() if value is not None}
-    sql = _insert_if_sql(tuple(given), guard)
-    found = run(conn, sql, (*given.values(), *guard_params)).fetchone()
-    if found is None:
+    given = {name: value for name, value in row.items() if value is not None} if guard else row
+    cursor = run(conn, _insert_sql(tuple(given), guard), (*given.values(), *guard_params))
+    inserted = cursor.fetchone()
+    if inserted is None:
         return None
-    row["id"] = int(found[0])
+    row["id"] = int(inserted[0])
     return from_row(tuple(row[name] for name in FIELDS))
 
 
 @cache
-def _insert_sql(names: tuple[str, ...]) -> str:
+def _insert_sql(names: tuple[str, ...], guard: str) -> str:
+    """Every column in ``names`` from a parameter; with a ``guard``, only if it holds."""
     marks = ", ".join("?" for _ in names)
-    return f"INSERT INTO children ({', '.join(names)}) VALUES ({marks}) RETURNING id"
-
-
-@cache
-def _insert_if_sql(names: tuple[str, ...], guard: str) -> str:
-    marks = ", ".join("?" for _ in names)
-    return f"INSERT INTO children ({', '.join(names)}) SELECT {marks} WHERE {guard} RETURNING id"
+    source = f"SELECT {marks} WHERE {guard}" if guard else f"VALUES ({marks})"
+    return f"INSERT INTO children ({', '.join(names)}) {source} RETURNING id"
 
 
 def transition(
