@@ -45,6 +45,7 @@ from delegation.config import EngineConfig
 from delegation.controls import WATCH_INTERVAL_S, ControlWatcher
 from delegation.local_runs import LocalRun, LocalRuns
 from delegation.options import ExecutionOptions
+from delegation.protection import Protected, host_code
 from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
 from delegation.runs import ChildContext, NotResumable, Recovery, Runner
 from delegation.scheduler import Timers
@@ -122,6 +123,7 @@ class Engine:
         self._rejoining = False  # fenced, and not yet a new instance: writes are refused
         self._cancel_on_resume: set[int] = set()
         self._open = False
+        self._protected = Protected()  # what no child process may reach; set at open
         self.timers = Timers(
             self.clock, self.expire_due, self._sweep, self.config.retention_sweep_s
         )
@@ -160,8 +162,10 @@ class Engine:
 
             opening.add_done_callback(give_back)
             raise
+        # Every run is handed this set: no runner that wraps another can forget it.
+        self._protected = Protected.of(self._db.protected_paths(), host_code())
         protect = getattr(self._runner, "protect_paths", None)
-        if callable(protect):  # a runner that starts processes keeps them off the file
+        if callable(protect):  # the v2 way, kept for runners written for it
             protect(self._db.protected_paths())
         self.instance_id = f"h-{secrets.token_hex(16)}"
         with _collector_paused():
@@ -811,6 +815,7 @@ class Engine:
                 last_sequence=recovery.last_sequence if recovery else 0,
                 max_field_bytes=self.config.max_event_field_bytes,
                 hooks=local,
+                protected=self._protected,
             )
             ctx.admitted = recovery is not None
             if ctx.admitted:

@@ -20,6 +20,7 @@ import msgspec
 
 from delegation import errors
 from delegation.codec import encode
+from delegation.protection import Protected
 from delegation.wire import Event, Identity, Preset, Request
 
 RESULT_KIND = "result"
@@ -44,10 +45,11 @@ Run = Callable[["ChildContext"], Awaitable[None]]
 
 
 class Runner(Protocol):
-    """What a host supplies. A runner that starts operating-system processes may also
-    have ``protect_paths(paths)``: the engine calls it at open with the directory of its
-    database, which no process of a child may reach (the command runner refuses such a
-    confinement). Such a runner records each process with ``ctx.track_process``."""
+    """What a host supplies. A runner that starts operating-system processes records
+    each with ``ctx.track_process`` and keeps them off ``ctx.protected``: the engine's
+    own set of what no process of a child may reach (the command runner refuses such a
+    confinement). The engine also still calls ``protect_paths(paths)`` at open, with the
+    directory of its database, on a runner that has it."""
 
     async def prepare(
         self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
@@ -80,6 +82,7 @@ _CUT_FIELDS = ("text", "input", "tool_output", "error")
 _NAME_FIELDS = ("kind", "tool_name", "tool_call_id")
 NAME_LIMIT = 1024
 _event_decoder = msgspec.json.Decoder(Event)  # types only: the engine sets the sequence
+_NOTHING = Protected()
 
 
 class Hooks(Protocol):
@@ -110,6 +113,7 @@ class ChildContext:
         last_sequence: int,
         max_field_bytes: int,
         hooks: Hooks,
+        protected: Protected = _NOTHING,
     ) -> None:
         self.identity = identity
         self.request = request
@@ -119,11 +123,18 @@ class ChildContext:
         self._sequence = last_sequence
         self._limit = max_field_bytes
         self._hooks = hooks
+        self._protected = protected
         self._steers: deque[tuple[int, str]] = deque()
         self._seen: set[int] = set()
         self._steer_ready = asyncio.Event()
         self._closed = False
         self.admitted = False
+
+    @property
+    def protected(self) -> Protected:
+        """What no process this run starts may reach, as the engine protects it: the
+        directory of its database and the host's own code (SPEC §17)."""
+        return self._protected
 
     async def admit(self) -> None:
         """Commit admission: the last moment before any effect. A no-op once admitted.

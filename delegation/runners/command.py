@@ -22,7 +22,9 @@ Every run guarantees:
   non-dumpable; the command starts through a launcher that ties it to the host's life,
   checks its working directory after the ``chdir``, confines it with Landlock (its cwd
   and a private ``TMPDIR`` read-write, ``read_only`` directories read-only) and refuses
-  it Unix sockets; its pid is recorded durably before its program runs.
+  it Unix sockets; its pid is recorded durably before its program runs. A confinement
+  that would reach the database's directory, or let it write the host's own code or
+  this runner's TOML (``ctx.protected``, SPEC §17), is refused before anything starts.
 
 A resume after a host restart runs the command again from the start. Hazard:
 ``{message}`` is caller input; a template should put it after ``--``.
@@ -128,12 +130,14 @@ class CommandRunner:
         )
 
     def protect_paths(self, paths: Iterable[str]) -> None:
-        """Directories no child may reach: the engine names its database's at open."""
+        """Directories no child may reach, beyond ``ctx.protected`` (the engine's own set,
+        which each run checks whatever wraps this runner); kept for v2 callers."""
         self.containment.protect(paths)
 
     @classmethod
     def from_file(cls, path: Path | str) -> CommandRunner:
-        """A runner from the ``[command]`` table of a TOML file.
+        """A runner from the ``[command]`` table of a TOML file; no child may write the
+        file (its ``env_allow`` decides what the next host start hands children).
 
         Raises:
             CommandConfigError: the file is not TOML or its settings are invalid.
@@ -142,9 +146,11 @@ class CommandRunner:
         path = Path(path)
         try:
             document = tomllib.loads(path.read_text(encoding="utf-8"))
-            return cls(**_settings(document))
+            runner = cls(**_settings(document))
         except (tomllib.TOMLDecodeError, CommandConfigError) as exc:
             raise CommandConfigError(f"{path}: {exc}") from exc
+        runner.containment.protect_host([str(path)])
+        return runner
 
     async def prepare(
         self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
@@ -227,7 +233,9 @@ class CommandRun:
         go_read, go_write = os.pipe()
         try:
             try:
-                argv = self.containment.launcher(self.argv(ctx.cwd), ctx.cwd, tmpdir, go_read)
+                argv = self.containment.launcher(
+                    self.argv(ctx.cwd), ctx.cwd, tmpdir, go_read, protected=ctx.protected
+                )
             except ContainmentRefused as exc:
                 raise CommandFailed(str(exc)) from None
             env = {**self.env, "TMPDIR": tmpdir}

@@ -10,7 +10,9 @@ What each command child gets is decided here and carried out in the child itself
 * its working directory is checked after the ``chdir``, in the child;
 * with Landlock (Linux 5.13+), it may write only beneath its working directory and a
   private temp dir (and ``read_write``), read only beneath ``read_only``, and nothing
-  else; the directory of the host's database is refused as any of these;
+  else; the directory of the host's database is refused as any of these, and the
+  host's own code and configuration (``ctx.protected``, the runner's TOML) as any it
+  may write (SPEC §17, :mod:`delegation.protection`);
 * a seccomp filter refuses it every ``AF_UNIX`` socket, so no process of it can
   connect to the serve socket (or any other Unix socket).
 """
@@ -26,7 +28,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from delegation.authority import within
+from delegation.protection import Protected
 from delegation.runners import contain
 
 log = logging.getLogger("delegation.runners.command")
@@ -79,7 +81,7 @@ def socket_filter_available() -> bool:
 
 
 class ContainmentRefused(RuntimeError):
-    """A child's confinement would give it the host's database."""
+    """A child's confinement would give it the host's database, code or configuration."""
 
 
 @dataclass
@@ -88,7 +90,7 @@ class Containment:
 
     read_only: tuple[str, ...] = DEFAULT_READ_ONLY
     read_write: tuple[str, ...] = DEFAULT_READ_WRITE
-    protected: list[str] = field(default_factory=list)
+    protected: Protected = field(default_factory=Protected)  # beyond what the engine protects
     landlock: int = field(default_factory=landlock_abi)
     socket_filter: bool = field(default_factory=socket_filter_available)
     _said: bool = False
@@ -112,23 +114,27 @@ class Containment:
             )
 
     def protect(self, paths: Iterable[str]) -> None:
-        """Directories no child may reach (the host's database directory)."""
-        self.protected += [os.path.realpath(p) for p in paths]
+        """Directories no child may reach, as the host's database directory."""
+        self.protected |= Protected.of(database=paths)
 
-    def launcher(self, argv: Sequence[str], cwd: str, tmpdir: str, go_fd: int) -> list[str]:
+    def protect_host(self, paths: Iterable[str]) -> None:
+        """The host's own files (its configuration): no child may write them."""
+        self.protected |= Protected.of(host=paths)
+
+    def launcher(
+        self, argv: Sequence[str], cwd: str, tmpdir: str, go_fd: int, *, protected: Protected
+    ) -> list[str]:
         """The argv that starts ``argv`` through the launcher, confined as configured.
 
         Raises:
-            ContainmentRefused: an allowed directory holds a protected one.
+            ContainmentRefused: an allowed directory holds the database's directory, or
+                one it may write holds or lies inside the host's code (``protected``,
+                with this runner's own).
         """
         writable = [cwd, tmpdir, *self.read_write]
-        for root in [*writable, *self.read_only]:
-            real = os.path.realpath(root)
-            for guarded in self.protected:
-                if within(guarded, real):
-                    raise ContainmentRefused(
-                        f"child confinement would reach the host database: {root}"
-                    )
+        refused = (self.protected | protected).refusal(writable, self.read_only)
+        if refused is not None:
+            raise ContainmentRefused(refused)
         spec = {
             "parent": os.getpid(),
             "cwd": cwd,
