@@ -38,6 +38,7 @@ from delegation import (
     queries,
     service,
     telemetry,
+    tmpdirs,
 )
 from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.codec import decode
@@ -148,7 +149,9 @@ class Engine:
 
     async def open(self) -> None:
         """Open (and migrate) the database, take over from the previous host instance,
-        arm the lease timer and resume the children this host owns (SPEC §7)."""
+        arm the lease timer and resume the children this host owns (SPEC §7). Before
+        resuming, kill what lost runs left running and remove the private temp dirs
+        hosts that ended left (:mod:`delegation.tmpdirs`)."""
         loop = asyncio.get_running_loop()
         opening = loop.run_in_executor(None, self._db.open, loop)
         try:
@@ -180,6 +183,8 @@ class Engine:
                 self._alive_since(beat)  # the boot's own heartbeat
                 self._ended(takeover.ended)
                 await self._kill_lost(takeover)
+                # After the orphans, which could still be writing in theirs.
+                await loop.run_in_executor(None, tmpdirs.remove_stale)
                 await self._stop(takeover.stopping)
                 deadline = await self._db.read(maintenance.next_deadline)
             except BaseException:

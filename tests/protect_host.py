@@ -1,10 +1,13 @@
 """Host processes for the tests of SPEC §17's protections, with the real command runner.
 
     python tests/protect_host.py plant DB WORKSPACE TARGET LINE [READ_WRITE]
+    python tests/protect_host.py hold DB WORKSPACE OUTSIDE
 
 ``plant`` runs one command child in ``WORKSPACE`` (``READ_WRITE`` added to what it may
 write) that writes ``LINE`` into the file ``TARGET``, and prints the child's error and
-event count as one JSON line.
+event count as one JSON line. ``hold`` starts a command child that fills its private
+``TMPDIR`` (a file, a symlink to ``OUTSIDE``), prints ``STARTED <conversationId>
+<TMPDIR>``, and runs until it is killed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from delegation import Engine
 from delegation.runners.command import CommandRunner
 
 PLANT = 'printf "%s\\n" "$2" > "$1"'
+HOLD = 'echo x > "$TMPDIR/file"; ln -s "$1" "$TMPDIR/out"; echo "tmp $TMPDIR"; read a; read b'
 
 
 async def plant(db: str, workspace: str, target: str, line: str, *read_write: str) -> None:
@@ -33,5 +37,19 @@ async def plant(db: str, workspace: str, target: str, line: str, *read_write: st
         print(json.dumps({"error": record.error, "events": len(events)}), flush=True)
 
 
+async def hold(db: str, workspace: str, outside: str) -> None:
+    runner = CommandRunner({"hold": ["/bin/sh", "-c", HOLD, "sh", outside]}, grace_s=0.1)
+    async with Engine(f"sqlite:///{db}", runner=runner) as engine:
+        child = await start(engine, "hold", workspace, lease_id="L1")
+        while not (events := await engine.events(child.conversation_id)):
+            await asyncio.sleep(0.02)
+        tmpdir = events[0].text.removeprefix("tmp ")
+        print(f"STARTED {child.conversation_id} {tmpdir}", flush=True)
+        await asyncio.Event().wait()
+
+
 if __name__ == "__main__":
-    asyncio.run(plant(*sys.argv[2:]))
+    if sys.argv[1] == "plant":
+        asyncio.run(plant(*sys.argv[2:]))
+    else:
+        asyncio.run(hold(*sys.argv[2:5]))

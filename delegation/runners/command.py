@@ -25,6 +25,8 @@ Every run guarantees:
   it Unix sockets; its pid is recorded durably before its program runs. A confinement
   that would reach the database's directory, or let it write the host's own code or
   this runner's TOML (``ctx.protected``, SPEC §17), is refused before anything starts.
+  The private ``TMPDIR`` is removed when the run ends; one a killed host left is removed
+  at the next boot (:mod:`delegation.tmpdirs`).
 
 A resume after a host restart runs the command again from the start. Hazard:
 ``{message}`` is caller input; a template should put it after ``--``.
@@ -39,7 +41,6 @@ import os
 import shutil
 import signal
 import string
-import tempfile
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from delegation import errors, processes
+from delegation import errors, processes, tmpdirs
 from delegation.codec import decode
 from delegation.runners.containment import (
     DEFAULT_READ_ONLY,
@@ -223,7 +224,7 @@ class CommandRun:
         await ctx.admit()
         processes.make_undumpable()  # before any child exists: none may read the host
         self.containment.announce()
-        tmpdir = tempfile.mkdtemp(prefix="delegation-child-")
+        tmpdir = tmpdirs.make()  # named for this host: the next boot removes it if we die
         try:
             await self._run(ctx, tmpdir)
         finally:
