@@ -78,6 +78,9 @@ class Protected:
         return None
 
 
+NOTHING = Protected()
+
+
 @cache
 def host_code() -> tuple[str, ...]:
     """The host's own code: its Python prefixes, the directories its interpreter loads

@@ -20,7 +20,7 @@ import msgspec
 
 from delegation import errors
 from delegation.codec import encode
-from delegation.protection import Protected
+from delegation.protection import NOTHING, Protected
 from delegation.wire import Event, Identity, Preset, Request
 
 RESULT_KIND = "result"
@@ -82,7 +82,6 @@ _CUT_FIELDS = ("text", "input", "tool_output", "error")
 _NAME_FIELDS = ("kind", "tool_name", "tool_call_id")
 NAME_LIMIT = 1024
 _event_decoder = msgspec.json.Decoder(Event)  # types only: the engine sets the sequence
-_NOTHING = Protected()
 
 
 class Hooks(Protocol):
@@ -113,7 +112,7 @@ class ChildContext:
         last_sequence: int,
         max_field_bytes: int,
         hooks: Hooks,
-        protected: Protected = _NOTHING,
+        protected: Protected = NOTHING,
     ) -> None:
         self.identity = identity
         self.request = request

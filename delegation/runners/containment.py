@@ -28,7 +28,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from delegation.protection import Protected
+from delegation.protection import NOTHING, Protected
 from delegation.runners import contain
 
 log = logging.getLogger("delegation.runners.command")
@@ -122,7 +122,12 @@ class Containment:
         self.protected |= Protected.of(host=paths)
 
     def launcher(
-        self, argv: Sequence[str], cwd: str, tmpdir: str, go_fd: int, *, protected: Protected
+        self,
+        argv: Sequence[str],
+        cwd: str,
+        tmpdir: str,
+        go_fd: int,
+        protected: Protected = NOTHING,
     ) -> list[str]:
         """The argv that starts ``argv`` through the launcher, confined as configured.
 
