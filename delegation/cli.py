@@ -132,6 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests served at once per connection (default 64)",
     )
 
+    contained = commands.add_parser(
+        "containment", help="start one command child and print what it could and could not do"
+    )
+    contained.add_argument(
+        "--runner-config", type=Path, help="the command runner's TOML (read_only, net_connect...)"
+    )
+    contained.add_argument(
+        "--bench", type=positive_int, metavar="N", help="also time N starts of each kind"
+    )
+    _add_json(contained)
+
     demo = commands.add_parser("demo", help="the guided tour: crash a host and watch it resume")
     _add_db(demo)
     demo.add_argument("--fast", action="store_true", help="shorter steps")
@@ -265,6 +276,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "completion":  # needs no database
         print(completion.script(args.shell, build_parser()), end="")
         return 0
+    if args.command == "containment":  # nor does this
+        return _containment(args)
     if getattr(args, "db", None) is None:
         args.db = os.environ.get("DELEGATION_DB") or DEFAULT_DB
     try:
@@ -322,6 +335,29 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"delegation: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _containment(args: argparse.Namespace) -> int:
+    import json
+
+    from delegation.runners.check import observe, render
+    from delegation.runners.command import CommandConfigError, CommandRunner
+
+    try:
+        runner = (
+            CommandRunner.from_file(args.runner_config)
+            if args.runner_config
+            else CommandRunner({"probe": ["true"]})
+        )
+    except (OSError, CommandConfigError) as exc:
+        return _usage(f"--runner-config: {exc}")
+    report = observe(runner.containment)
+    if args.bench:
+        from delegation.runners.check import spawn_cost
+
+        report["spawn_to_first_line"] = spawn_cost(runner.containment, args.bench)
+    print(json.dumps(report) if args.json else render(report))
+    return 1 if "error" in report else 0
 
 
 def _serve_paths(args: argparse.Namespace) -> str | None:

@@ -339,3 +339,30 @@ def tempfile_dir(tmp_path: Path) -> str:
     place = tempfile.mkdtemp(prefix="dlg-nobody-", dir="/tmp")
     os.chmod(place, 0o777)
     return place
+
+
+# --- how an operator checks it --------------------------------------------------------
+
+
+def test_delegation_containment_prints_what_a_child_got(tmp_path: Path) -> None:
+    """The operator's check starts a real child: each line is something it just tried."""
+    toml = tmp_path / "runner.toml"
+    toml.write_text('[command]\nnet_connect = [8443]\n[command.profiles.p]\nargv = ["true"]\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "delegation.cli", "containment", "--runner-config", str(toml),
+         "--json", "--bench", "2"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["net_connect"] == [8443]
+    assert report["capabilities"] == report["bounding_set"] == "0000000000000000"
+    assert (report["no_new_privs"], report["seccomp"]) == ("1", "2")
+    assert report["write_workspace"] == "allowed"
+    assert report["unix_socket"].startswith("denied (13")
+    denied = ["write_outside", "read_outside"] if landlock_abi() else []
+    denied += ["tcp_connect_other_port", "tcp_bind"] if landlock_abi() >= 4 else []
+    assert [key for key in denied if not report[key].startswith("denied")] == [], report
+    if namespace_mode() is not None:
+        assert (report["pid"], report["processes_visible"], report["host_visible"]) == (1, 1, False)
+    assert set(report["spawn_to_first_line"]) >= {"bare_ms", "launcher_no_namespace_ms"}
