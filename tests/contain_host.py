@@ -30,16 +30,17 @@ HERE = Path(__file__).resolve().parent
 TREE = (
     "import json, os, subprocess, sys, time\n"
     "grand = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)',"
-    " 'grand-' + sys.argv[1].split('-', 1)[1]])\n"
+    " 'grand-' + sys.argv[1].split('-', 1)[1]], start_new_session=SETSID)\n"
     "print(json.dumps({'kind': 'text', 'text': f'pids {os.getpid()} {grand.pid}'}), flush=True)\n"
     "time.sleep(600)\n"
 )
 
 
 def tree_runner(namespaces: bool = True) -> CommandRunner:
-    """A profile whose command leaves a grandchild in its process group; in a PID
-    namespace of its own where allowed, unless not ``namespaces``."""
-    source = TREE.replace("{", "{{").replace("}", "}}")
+    """A profile whose command leaves a grandchild behind: in a PID namespace of its
+    own where allowed, a grandchild that leaves for a session of its own (``setsid``);
+    unless ``namespaces``, one in its process group (a boot can find that one)."""
+    source = TREE.replace("SETSID", str(namespaces)).replace("{", "{{").replace("}", "}}")
     argv = [sys.executable, "-c", source, "child-{conversation_id}"]
     runner = CommandRunner({"tree": argv}, grace_s=0.5)
     if not namespaces:
