@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from delegation import completion, errors
+from delegation import completion, errors, passwords
 from delegation.config import EngineConfig
 
 # The longest path a Unix socket address holds (sun_path, less its terminating NUL).
@@ -270,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         args.url = db_url(args.db)
     except ValueError as exc:
-        return _usage(f"--db {args.db}: {exc}")
+        return _usage(f"--db {passwords.redacted(args.db)}: {exc}")
     if args.command == "serve":
         return _serve(args)
     if args.command == "demo":
@@ -328,12 +328,12 @@ def _serve_paths(args: argparse.Namespace) -> str | None:
     """Why the paths given to ``serve`` cannot work, or None."""
     from delegation.store.stores import file_of
 
-    database = file_of(args.url)
+    database, shown = file_of(args.url), passwords.redacted(args.db)
     # A database server (file_of is None) answers for itself when the engine opens.
     if database is not None and not database.parent.is_dir():
-        return f"--db {args.db}: no directory {database.parent}"
+        return f"--db {shown}: no directory {database.parent}"
     if database is not None and database.is_dir():
-        return f"--db {args.db} is a directory"
+        return f"--db {shown} is a directory"
     if args.socket is None:
         return None
     where = Path(args.socket)

@@ -20,9 +20,9 @@ from typing import Any
 
 from rich.console import Console
 
+from delegation import passwords
 from delegation.client import Client
 from delegation.errors import DelegationError
-from delegation.store.stores import shown
 from delegation.wire import Event, Preset, Result
 
 console = Console(highlight=False)
@@ -87,7 +87,7 @@ async def tour(db: str, log: Path, fast: bool) -> None:
     preset = Preset(name="scripted", extension_id=ext, generation=1)
     workspace = str(Path.cwd())
 
-    say(f"starting a host on [bold]{shown(db)}[/bold] (scripted runner)")
+    say(f"starting a host on [bold]{passwords.redacted(db)}[/bold] (scripted runner)")
     async with await open_host(db, log, delay) as host:
         registered = await host.register("demo", "host-1")
         say(f"runner registered: connection generation {registered.generation}")
@@ -141,7 +141,7 @@ async def tour(db: str, log: Path, fast: bool) -> None:
     say(f"leased child [bold green]finished after the crash[/bold green]: {final.output}")
     say(f"its event log: {len(events)} events, 1..{len(events)} without a gap, "
         f"{sum(e.kind == 'recovery' for e in events)} recovery event")  # fmt: skip
-    where = shown(db).removeprefix("sqlite:///")
+    where = passwords.redacted(db).removeprefix("sqlite:///")
     say(f"look around: [bold]delegation children --db {where}[/bold], "
         f"[bold]delegation events {bg.conversation_id} --db {where}[/bold]")  # fmt: skip
 

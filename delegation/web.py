@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from delegation import errors
+from delegation import errors, passwords
 from delegation.codec import encode
 from delegation.inspect import Inspector
 from delegation.machine import State
@@ -168,7 +168,7 @@ class Page:
         self.commits = Commits()
         self.streams = 0
         self._interval = interval
-        database = html.escape(stores.shown(inspector.url), quote=True)
+        database = html.escape(passwords.redacted(inspector.url), quote=True)
         self._index = _asset("index.html").replace(b"{database}", database.encode())
 
     def app(self, allowed_hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> Starlette:
