@@ -60,6 +60,12 @@ def positive_int(text: str) -> int:
 
 
 DEFAULT_DB = "./delegation.db"
+# Every local user reads every process's command line (ps, /proc/PID/cmdline); the
+# environment and a 0600 password file are the owner's alone (SPEC §17).
+PASSWORD_ON_COMMAND_LINE = (
+    "a database password on the command line is visible to every local process:"
+    " use DELEGATION_DB or a libpq password file"
+)
 
 
 def _add_db(parser: argparse.ArgumentParser) -> None:
@@ -67,8 +73,8 @@ def _add_db(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
         default=argparse.SUPPRESS,
-        help="database file, or a URL such as postgresql+psycopg://user@host/db"
-        f" (default $DELEGATION_DB, else {DEFAULT_DB})",
+        help="database file, or a URL such as postgresql+psycopg://user@host/db, without a"
+        f" password (default $DELEGATION_DB, else {DEFAULT_DB})",
     )
 
 
@@ -262,6 +268,9 @@ class _JsonFormatter(logging.Formatter):
 
 
 def _run(args: argparse.Namespace) -> int:
+    # Only --db itself is refused: the same URL from DELEGATION_DB is the way to give it.
+    if passwords.in_url(getattr(args, "db", "")):
+        return _usage(PASSWORD_ON_COMMAND_LINE)
     if args.command == "completion":  # needs no database
         print(completion.script(args.shell, build_parser()), end="")
         return 0

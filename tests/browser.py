@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,15 +89,17 @@ class Web:
 
 
 @contextlib.contextmanager
-def web(db: str, *flags: str) -> Iterator[Web]:
-    """``delegation web --db DB --port 0 FLAGS`` running, until the block ends."""
-    command = [sys.executable, "-m", "delegation.cli", "web", "--db", db, "--port", "0"]
+def web(db: str | None, *flags: str, env: Mapping[str, str] | None = None) -> Iterator[Web]:
+    """``delegation web --db DB --port 0 FLAGS`` running, until the block ends (``db``
+    None: no ``--db``, the database is the environment's ``DELEGATION_DB``)."""
+    command = [sys.executable, "-m", "delegation.cli", "web", "--port", "0"]
     process = subprocess.Popen(
-        [*command, *flags],
+        [*command, *([] if db is None else ["--db", db]), *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        env=env,
     )
     try:
         assert process.stdout is not None
