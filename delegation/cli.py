@@ -202,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(web)
     web.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     web.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free)")
+    web.add_argument(
+        "--no-token",
+        action="store_true",
+        help="ask no token (a trusted machine only: whoever reaches the port reads every child)",
+    )
     return parser
 
 
@@ -403,7 +408,7 @@ def _web(args: argparse.Namespace) -> int:
             f"`delegation web` needs the web extra ({missing} is missing):"
             " pip install 'delegation[web]'"
         )
-    return serve(args.url, args.host, args.port)
+    return serve(args.url, args.host, args.port, token=not args.no_token)
 
 
 if __name__ == "__main__":

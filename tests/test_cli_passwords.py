@@ -190,10 +190,10 @@ async def test_a_password_from_DELEGATION_DB_works_and_is_never_printed(
     logged = await a_child_on_a_host(env, tmp_path / "serve.log", workspace, "--log-level", "debug")
     assert "action=" in logged, "the host logged at debug level"
     with browser.web(None, env=env) as web:
-        with urllib.request.urlopen(web.url, timeout=10) as answer:
+        with urllib.request.urlopen(web.link(), timeout=10) as answer:
             page = answer.read().decode()
         assert "***" in page and "127.0.0.1" in page, "the page names the database"
-        said += [page, web.url]
+        said += [page, web.said]
         assert web.stop() == 130
     said += [logged, web.stderr]
     assert not [text for text in said if PW in text]
