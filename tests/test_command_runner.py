@@ -468,6 +468,14 @@ def test_from_file_reads_the_command_table(tmp_path: Path) -> None:
         ("[command]\ngrace_s = -1\n[command.profiles.a]\nargv = ['x']", "grace_s must be"),
         ("[command]\nenv_allow = 'PATH'\n[command.profiles.a]\nargv = ['x']", "env_allow must"),
         ("[command]\nenv_allow = ['A=B']\n[command.profiles.a]\nargv = ['x']", "not ['A=B']"),
+        (
+            "[command]\nenv_allow = ['PGPASSWORD']\n[command.profiles.a]\nargv = ['x']",
+            "may not name PGPASSWORD: it gives the host's database to a child",
+        ),
+        (
+            "[command]\nenv_allow = ['DELEGATION_DB']\n[command.profiles.a]\nargv = ['x']",
+            "may not name DELEGATION_DB",
+        ),
         ("[other]\nx = 1", "a [command] table with"),
         ("[command]\n", "[command.profiles.NAME] is required"),
         ("[command", "runner.toml: "),

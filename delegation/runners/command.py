@@ -61,6 +61,10 @@ from delegation.runs import ChildContext, Recovery
 from delegation.wire import Event, Identity, Preset, Request
 
 DEFAULT_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+# Where the host's database URL or its password may be: never a child's (SPEC §17).
+DATABASE_CREDENTIALS = frozenset(
+    {"DELEGATION_DB", "PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE", "PGSERVICE", "PGSYSCONFDIR"}
+)
 PLACEHOLDERS = frozenset({"message", "profile", "conversation_id", "run_id", "cwd"})
 DEFAULT_GRACE_S = 5.0
 STDERR_TAIL_BYTES = 64 * 1024
@@ -491,6 +495,10 @@ def _check_env_names(names: Iterable[str]) -> list[str]:
     for name in checked:
         if isinstance(names, str) or not isinstance(name, str) or not name.isidentifier():
             raise CommandConfigError(f"env_allow must list variable names, not {names!r}")
+        if name in DATABASE_CREDENTIALS:
+            raise CommandConfigError(
+                f"env_allow may not name {name}: it gives the host's database to a child"
+            )
     return checked
 
 
