@@ -39,6 +39,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from delegation import passwords
 from delegation.bench import Bench, PageReader
 from delegation.store import stores
 
@@ -62,7 +63,7 @@ class PostgresBench(Bench):
                 stores.libpq(self.server), autocommit=True, application_name="delegation-bench"
             )
         except psycopg.Error as exc:
-            raise SystemExit(f"cannot reach {stores.shown(self.server)}: {exc}") from exc
+            raise SystemExit(f"cannot reach {passwords.redacted(self.server)}: {exc}") from exc
         self._prefix = f"delegation_bench_{uuid.uuid4().hex[:8]}"
         self._created: list[str] = []
         self._force = self._admin.info.server_version >= 130000  # DROP … WITH (FORCE)
@@ -77,7 +78,7 @@ class PostgresBench(Bench):
             self._admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         except psycopg.errors.InsufficientPrivilege as exc:
             raise SystemExit(
-                f"the bench creates a database per scenario: {stores.shown(self.server)}"
+                f"the bench creates a database per scenario: {passwords.redacted(self.server)}"
                 f" needs a role with CREATEDB ({exc})"
             ) from exc
         self._created.append(name)
@@ -113,7 +114,7 @@ class PostgresBench(Bench):
         return {
             "store": "postgresql",
             "postgresql": version[0] if version else "?",
-            "server": stores.shown(self.server),
+            "server": passwords.redacted(self.server),
             "settings": {k: v[0] for k, v in settings.items() if v is not None},
         }
 

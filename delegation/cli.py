@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from delegation import completion, errors
+from delegation import completion, errors, passwords
 from delegation.config import EngineConfig
 
 # The longest path a Unix socket address holds (sun_path, less its terminating NUL).
@@ -60,6 +60,12 @@ def positive_int(text: str) -> int:
 
 
 DEFAULT_DB = "./delegation.db"
+# Every local user reads every process's command line (ps, /proc/PID/cmdline); the
+# environment and a 0600 password file are the owner's alone (SPEC §17).
+PASSWORD_ON_COMMAND_LINE = (
+    "a database password on the command line is visible to every local process:"
+    " use DELEGATION_DB or a libpq password file"
+)
 
 
 def _add_db(parser: argparse.ArgumentParser) -> None:
@@ -67,8 +73,8 @@ def _add_db(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",
         default=argparse.SUPPRESS,
-        help="database file, or a URL such as postgresql+psycopg://user@host/db"
-        f" (default $DELEGATION_DB, else {DEFAULT_DB})",
+        help="database file, or a URL such as postgresql+psycopg://user@host/db, without a"
+        f" password (default $DELEGATION_DB, else {DEFAULT_DB})",
     )
 
 
@@ -131,6 +137,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         help="requests served at once per connection (default 64)",
     )
+
+    contained = commands.add_parser(
+        "containment", help="start one command child and print what it could and could not do"
+    )
+    contained.add_argument(
+        "--runner-config", type=Path, help="the command runner's TOML (read_only, net_connect...)"
+    )
+    contained.add_argument(
+        "--bench", type=positive_int, metavar="N", help="also time N starts of each kind"
+    )
+    _add_json(contained)
 
     demo = commands.add_parser("demo", help="the guided tour: crash a host and watch it resume")
     _add_db(demo)
@@ -196,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_db(web)
     web.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     web.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free)")
+    web.add_argument(
+        "--no-token",
+        action="store_true",
+        help="ask no token (a trusted machine only: whoever reaches the port reads every child)",
+    )
     return parser
 
 
@@ -262,15 +284,20 @@ class _JsonFormatter(logging.Formatter):
 
 
 def _run(args: argparse.Namespace) -> int:
+    # Only --db itself is refused: the same URL from DELEGATION_DB is the way to give it.
+    if passwords.in_url(getattr(args, "db", "")):
+        return _usage(PASSWORD_ON_COMMAND_LINE)
     if args.command == "completion":  # needs no database
         print(completion.script(args.shell, build_parser()), end="")
         return 0
+    if args.command == "containment":  # nor does this
+        return _containment(args)
     if getattr(args, "db", None) is None:
         args.db = os.environ.get("DELEGATION_DB") or DEFAULT_DB
     try:
         args.url = db_url(args.db)
     except ValueError as exc:
-        return _usage(f"--db {args.db}: {exc}")
+        return _usage(f"--db {passwords.redacted(args.db)}: {exc}")
     if args.command == "serve":
         return _serve(args)
     if args.command == "demo":
@@ -324,16 +351,39 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _containment(args: argparse.Namespace) -> int:
+    import json
+
+    from delegation.runners.check import observe, render
+    from delegation.runners.command import CommandConfigError, CommandRunner
+
+    try:
+        runner = (
+            CommandRunner.from_file(args.runner_config)
+            if args.runner_config
+            else CommandRunner({"probe": ["true"]})
+        )
+    except (OSError, CommandConfigError) as exc:
+        return _usage(f"--runner-config: {exc}")
+    report = observe(runner.containment)
+    if args.bench:
+        from delegation.runners.check import spawn_cost
+
+        report["spawn_to_first_line"] = spawn_cost(runner.containment, args.bench)
+    print(json.dumps(report) if args.json else render(report))
+    return 1 if "error" in report else 0
+
+
 def _serve_paths(args: argparse.Namespace) -> str | None:
     """Why the paths given to ``serve`` cannot work, or None."""
     from delegation.store.stores import file_of
 
-    database = file_of(args.url)
+    database, shown = file_of(args.url), passwords.redacted(args.db)
     # A database server (file_of is None) answers for itself when the engine opens.
     if database is not None and not database.parent.is_dir():
-        return f"--db {args.db}: no directory {database.parent}"
+        return f"--db {shown}: no directory {database.parent}"
     if database is not None and database.is_dir():
-        return f"--db {args.db} is a directory"
+        return f"--db {shown} is a directory"
     if args.socket is None:
         return None
     where = Path(args.socket)
@@ -394,7 +444,7 @@ def _web(args: argparse.Namespace) -> int:
             f"`delegation web` needs the web extra ({missing} is missing):"
             " pip install 'delegation[web]'"
         )
-    return serve(args.url, args.host, args.port)
+    return serve(args.url, args.host, args.port, token=not args.no_token)
 
 
 if __name__ == "__main__":

@@ -139,7 +139,8 @@ class Client:
         cwd: str | os.PathLike[str] | None = None,
     ) -> Client:
         """Start ``delegation serve --stdio *args`` (e.g. ``["--db", path, "--runner",
-        "scripted"]``) with this Python, and connect to its stdin and stdout."""
+        "scripted"]``) with this Python, and connect to its stdin and stdout. A database
+        URL with a password goes in ``env`` as ``DELEGATION_DB``: ``--db`` refuses it."""
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "delegation.cli", "serve", "--stdio", *args,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,

@@ -20,9 +20,9 @@ from typing import Any
 
 from rich.console import Console
 
+from delegation import passwords
 from delegation.client import Client
 from delegation.errors import DelegationError
-from delegation.store.stores import shown
 from delegation.wire import Event, Preset, Result
 
 console = Console(highlight=False)
@@ -36,10 +36,12 @@ class DemoFailed(Exception):
 
 
 async def open_host(db: str, log: Path, steps_delay: float) -> Client:
-    """A ``delegation serve --stdio`` subprocess with the scripted runner, and a client."""
-    env = {**os.environ, "DELEGATION_SCRIPTED_DELAY": str(steps_delay)}
+    """A ``delegation serve --stdio`` subprocess with the scripted runner, and a client.
+    The database reaches it in its environment: a password in the URL stays off its
+    command line (``serve`` refuses one there)."""
+    env = {**os.environ, "DELEGATION_DB": db, "DELEGATION_SCRIPTED_DELAY": str(steps_delay)}
     with log.open("ab") as stderr:
-        return await Client.spawn(["--db", db, "--runner", "scripted"], env=env, stderr=stderr)
+        return await Client.spawn(["--runner", "scripted"], env=env, stderr=stderr)
 
 
 async def kill(host: Client) -> None:
@@ -87,7 +89,7 @@ async def tour(db: str, log: Path, fast: bool) -> None:
     preset = Preset(name="scripted", extension_id=ext, generation=1)
     workspace = str(Path.cwd())
 
-    say(f"starting a host on [bold]{shown(db)}[/bold] (scripted runner)")
+    say(f"starting a host on [bold]{passwords.redacted(db)}[/bold] (scripted runner)")
     async with await open_host(db, log, delay) as host:
         registered = await host.register("demo", "host-1")
         say(f"runner registered: connection generation {registered.generation}")
@@ -141,9 +143,10 @@ async def tour(db: str, log: Path, fast: bool) -> None:
     say(f"leased child [bold green]finished after the crash[/bold green]: {final.output}")
     say(f"its event log: {len(events)} events, 1..{len(events)} without a gap, "
         f"{sum(e.kind == 'recovery' for e in events)} recovery event")  # fmt: skip
-    where = shown(db).removeprefix("sqlite:///")
-    say(f"look around: [bold]delegation children --db {where}[/bold], "
-        f"[bold]delegation events {bg.conversation_id} --db {where}[/bold]")  # fmt: skip
+    # A URL with a password came from DELEGATION_DB, which the commands read as well.
+    where = "" if passwords.in_url(db) else f" --db {db.removeprefix('sqlite:///')}"
+    say(f"look around: [bold]delegation children{where}[/bold], "
+        f"[bold]delegation events {bg.conversation_id}{where}[/bold]")  # fmt: skip
 
 
 def all_events(db: str, conversation_id: str) -> list[Event]:

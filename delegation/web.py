@@ -17,8 +17,10 @@ is safe beside a live host and never writes.
   own script only, so even a slip could not run a child's ``<script>``.
 * **Localhost.** It binds 127.0.0.1 by default and answers only requests whose
   ``Host`` names the address it was bound to (a web page elsewhere cannot reach it
-  through DNS rebinding). There is no authentication: whoever reaches the port reads
-  every child.
+  through DNS rebinding).
+* **A token.** Every request shows the random token the server printed, in its query
+  or its cookie (:mod:`delegation.web_token`), or gets 401: another local user who
+  reaches the port reads nothing. ``--no-token`` serves without, for a trusted machine.
 """
 
 from __future__ import annotations
@@ -45,13 +47,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from delegation import errors
+from delegation import errors, passwords
 from delegation.codec import encode
 from delegation.inspect import Inspector
 from delegation.machine import State
 from delegation.records import ChildRecord, LeaseRecord
 from delegation.show import lease_status
 from delegation.store import migrate, stores
+from delegation.web_token import Token, TokenGate
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -168,10 +171,12 @@ class Page:
         self.commits = Commits()
         self.streams = 0
         self._interval = interval
-        database = html.escape(stores.shown(inspector.url), quote=True)
+        database = html.escape(passwords.redacted(inspector.url), quote=True)
         self._index = _asset("index.html").replace(b"{database}", database.encode())
 
-    def app(self, allowed_hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> Starlette:
+    def app(self, allowed_hosts: Sequence[str], token: Token | None) -> Starlette:
+        """The app answering ``allowed_hosts`` only; with ``token`` (None: no token asked
+        for), only requests that show it."""
         routes = [
             Route("/", self.index),
             Route("/page.js", self.asset),
@@ -184,7 +189,8 @@ class Page:
         ]
         middleware = [
             Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)),
-            Middleware(SecurityHeaders),
+            Middleware(SecurityHeaders),  # on a refusal too
+            *([] if token is None else [Middleware(TokenGate, token=token)]),
         ]
         return Starlette(routes=routes, middleware=middleware, lifespan=self._lifespan)
 
@@ -351,9 +357,10 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(url: str, host: str = "127.0.0.1", port: int = 8765) -> int:
+def serve(url: str, host: str = "127.0.0.1", port: int = 8765, *, token: bool = True) -> int:
     """Serve the page of the database at ``url`` until Ctrl-C or SIGTERM; the exit code.
-    It prints the page's address first (``--port 0``: a free port).
+    It prints the page's address first (``--port 0``: a free port), with a new token
+    that every request must show (``token=False``: none asked for).
 
     Raises:
         errors.StoreError: no database there, or not one of delegation's.
@@ -370,8 +377,9 @@ def serve(url: str, host: str = "127.0.0.1", port: int = 8765) -> int:
             print(f"delegation: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
             return 1
         page = Page(inspector)
+        gate = Token.new(listener.getsockname()[1]) if token else None
         config = uvicorn.Config(
-            page.app(allowed_hosts(host)),
+            page.app(allowed_hosts(host), gate),
             log_config=None,
             log_level="warning",
             access_log=False,
@@ -379,9 +387,17 @@ def serve(url: str, host: str = "127.0.0.1", port: int = 8765) -> int:
             server_header=False,
             timeout_graceful_shutdown=2,
         )
-        print(f"delegation web: {address(listener)} (read-only; Ctrl-C stops)", flush=True)
+        print(announcement(address(listener), gate), flush=True)
         _Server(config, page.commits).run(sockets=[listener])
     return 0
+
+
+def announcement(where: str, token: Token | None) -> str:
+    """The line ``delegation web`` prints first: the page's address, with its token."""
+    if token is None:
+        said = "read-only; no token: whoever reaches the port reads every child"
+        return f"delegation web: {where} ({said}; Ctrl-C stops)"
+    return f"delegation web: {where}?token={token.value} (read-only; Ctrl-C stops)"
 
 
 def schema_problem(inspector: Inspector) -> str | None:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,11 +74,27 @@ def chromium(width: int = 1400, height: int = 900) -> Iterator[webdriver.Chrome]
 
 @dataclass
 class Web:
-    """A ``delegation web`` process and the address it printed."""
+    """A ``delegation web`` process: the line it printed first, the page's address in it
+    (``url``, without a query) and its token (None under ``--no-token``)."""
 
-    url: str
+    said: str
     process: subprocess.Popen[str]
     stderr: str = ""
+
+    @property
+    def url(self) -> str:
+        return self.said.split()[2].partition("?")[0]
+
+    @property
+    def token(self) -> str | None:
+        _, _, query = self.said.split()[2].partition("?token=")
+        return query or None
+
+    def link(self, path: str = "") -> str:
+        """``url`` and ``path`` with the token in the query, as the printed address."""
+        if self.token is None:
+            return self.url + path
+        return f"{self.url}{path}{'&' if '?' in path else '?'}token={self.token}"
 
     def stop(self, timeout: float = 10.0) -> int:
         """Ctrl-C, and its exit code once it has exited (its stderr in ``stderr``)."""
@@ -89,15 +105,17 @@ class Web:
 
 
 @contextlib.contextmanager
-def web(db: str, *flags: str) -> Iterator[Web]:
-    """``delegation web --db DB --port 0 FLAGS`` running, until the block ends."""
-    command = [sys.executable, "-m", "delegation.cli", "web", "--db", db, "--port", "0"]
+def web(db: str | None, *flags: str, env: Mapping[str, str] | None = None) -> Iterator[Web]:
+    """``delegation web --db DB --port 0 FLAGS`` running, until the block ends (``db``
+    None: no ``--db``, the database is the environment's ``DELEGATION_DB``)."""
+    command = [sys.executable, "-m", "delegation.cli", "web", "--port", "0"]
     process = subprocess.Popen(
-        [*command, *flags],
+        [*command, *([] if db is None else ["--db", db]), *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        env=env,
     )
     try:
         assert process.stdout is not None
@@ -105,7 +123,7 @@ def web(db: str, *flags: str) -> Iterator[Web]:
         if not first.startswith("delegation web: http"):
             process.kill()
             raise AssertionError(f"delegation web did not start: {first}{process.communicate()}")
-        yield Web(first.split()[2], process)
+        yield Web(first.rstrip("\n"), process)
     finally:
         if process.poll() is None:
             process.kill()
@@ -124,7 +142,7 @@ def screenshot(target: Path) -> None:
             chosen = _start_two(host, where)
             time.sleep(3)  # a few steps each
             with web(db) as page, chromium(1400, 720) as driver:
-                driver.get(f"{page.url}?child={chosen}")
+                driver.get(page.link(f"?child={chosen}"))
                 time.sleep(2)  # the lists and the events arrive
                 driver.save_screenshot(str(target))
 

@@ -1,12 +1,13 @@
 """Host processes for the containment tests (SPEC §10), with the real command runner.
 
-    python tests/contain_host.py attack DB WORKSPACE SOCKET OUTSIDE
-    python tests/contain_host.py orphan DB WORKSPACE
+    python tests/contain_host.py attack DB WORKSPACE SOCKET OUTSIDE ordinary|root ns|no-ns
+    python tests/contain_host.py orphan DB WORKSPACE ns|no-ns
 
-``attack`` runs as an ordinary user would: started as root, it first gives up every
-capability (so it is root by uid only, as unprivileged as any user towards its own
-processes). It serves ``SOCKET`` like ``delegation serve --socket``, runs
-``attack_child.py`` as a command child, and prints the child's report as one JSON line.
+``attack`` runs as an ordinary user would (``ordinary``: started as root, it first gives
+up every capability, so it is root by uid only, as unprivileged as any user towards its
+own processes) or as root (``root``), with or without namespaces. It serves ``SOCKET``
+like ``delegation serve --socket``, runs ``attack_child.py`` as a command child, and
+prints the child's report as one JSON line.
 ``orphan`` starts a leased child whose command starts a grandchild in its process group,
 prints ``STARTED <conversationId>``, and runs until it is killed.
 """
@@ -29,17 +30,22 @@ HERE = Path(__file__).resolve().parent
 TREE = (
     "import json, os, subprocess, sys, time\n"
     "grand = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)',"
-    " 'grand-' + sys.argv[1].split('-', 1)[1]])\n"
+    " 'grand-' + sys.argv[1].split('-', 1)[1]], start_new_session=SETSID)\n"
     "print(json.dumps({'kind': 'text', 'text': f'pids {os.getpid()} {grand.pid}'}), flush=True)\n"
     "time.sleep(600)\n"
 )
 
 
-def tree_runner() -> CommandRunner:
-    """A profile whose command leaves a grandchild in its process group."""
-    source = TREE.replace("{", "{{").replace("}", "}}")
+def tree_runner(namespaces: bool = True) -> CommandRunner:
+    """A profile whose command leaves a grandchild behind: in a PID namespace of its
+    own where allowed, a grandchild that leaves for a session of its own (``setsid``);
+    unless ``namespaces``, one in its process group (a boot can find that one)."""
+    source = TREE.replace("SETSID", str(namespaces)).replace("{", "{{").replace("}", "}}")
     argv = [sys.executable, "-c", source, "child-{conversation_id}"]
-    return CommandRunner({"tree": argv}, grace_s=0.5)
+    runner = CommandRunner({"tree": argv}, grace_s=0.5)
+    if not namespaces:
+        runner.containment.namespaces = None
+    return runner
 
 
 def drop_capabilities() -> None:
@@ -75,12 +81,15 @@ async def start(engine: Engine, profile: str, workspace: str, lease_id: str = ""
     return await engine.call(conn, "child.start", params)
 
 
-async def attack(db: str, workspace: str, sock: str, outside: str) -> None:
-    drop_capabilities()
+async def attack(db: str, workspace: str, sock: str, outside: str, user: str, ns: str) -> None:
+    if user == "ordinary":
+        drop_capabilities()
     # Passed as -c: Landlock keeps the child from reading the tests' own directory.
     source = (HERE / "attack_child.py").read_text().replace("{", "{{").replace("}", "}}")
-    argv = [sys.executable, "-c", source, db, sock, outside]
+    argv = [sys.executable, "-c", source, db, sock, outside, str(os.getpid())]
     runner = CommandRunner({"attack": argv})
+    if ns == "no-ns":
+        runner.containment.namespaces = None
     async with Engine(f"sqlite:///{db}", runner=runner) as engine:
         stop = asyncio.Event()
         server = asyncio.create_task(serve_socket(engine, sock, stop, os.getuid()))
@@ -105,9 +114,10 @@ async def attack(db: str, workspace: str, sock: str, outside: str) -> None:
         await server
 
 
-async def orphan(db: str, workspace: str) -> None:
+async def orphan(db: str, workspace: str, mode: str) -> None:
     config = EngineConfig(release_drain_s=1.0)
-    async with Engine(f"sqlite:///{db}", runner=tree_runner(), config=config) as engine:
+    runner = tree_runner(mode == "ns")
+    async with Engine(f"sqlite:///{db}", runner=runner, config=config) as engine:
         child = await start(engine, "tree", workspace, lease_id="L1")
         while not await engine.events(child.conversation_id):
             await asyncio.sleep(0.02)
@@ -117,6 +127,6 @@ async def orphan(db: str, workspace: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "attack":
-        asyncio.run(attack(*sys.argv[2:6]))
+        asyncio.run(attack(*sys.argv[2:8]))
     else:
-        asyncio.run(orphan(*sys.argv[2:4]))
+        asyncio.run(orphan(*sys.argv[2:5]))

@@ -4,7 +4,8 @@
 server binaries of Debian's ``postgresql-NN`` package (``initdb``, ``pg_ctl``, not on
 PATH) make a cluster in a temporary directory, as an unprivileged user when the tests
 run as root (PostgreSQL refuses to run as root), listening on a free port of 127.0.0.1
-only, with trust authentication for the loopback; it is stopped at the end.
+only, with trust authentication for the loopback (or, given a password, a server that
+asks for it on TCP); it is stopped at the end.
 """
 
 from __future__ import annotations
@@ -63,31 +64,50 @@ def _as_user() -> Callable[[], None] | None:
     return demote
 
 
-def start(*, durable: bool = True) -> Server:
+def _authentication(root: Path, password: str | None) -> list[str]:
+    """initdb's options: trust everywhere, or the password asked for on TCP."""
+    if password is None:
+        return ["--auth=trust"]
+    secret = root / "password"
+    secret.write_text(password + "\n")
+    os.chown(secret, *_owner())
+    return ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={secret}"]
+
+
+def _owner() -> tuple[int, int]:
+    """Who the cluster's files belong to: the unprivileged user when run as root."""
+    if os.geteuid() != 0:
+        return os.geteuid(), os.getegid()
+    user = pwd.getpwnam(UNPRIVILEGED)
+    return user.pw_uid, user.pw_gid
+
+
+def start(*, durable: bool = True, password: str | None = None) -> Server:
     """Start a temporary cluster (or use ``$DELEGATION_TEST_POSTGRES_URL``).
 
     ``durable=False`` turns ``fsync`` off: the test suite's server, where thousands of
     databases are created and dropped and no test kills the server itself (a killed
     *host* loses nothing either way). The benchmarks keep ``fsync`` on.
+
+    ``password``: always a cluster of its own, whose superuser ``postgres`` has this
+    password and must give it on TCP (``scram-sha-256``); the URL names no password.
     """
     given = os.environ.get(ENV)
-    if given:
+    if given and password is None:
         return Server(given, lambda: None)
     bin_dir = binaries()
     if bin_dir is None:
         raise RuntimeError("no PostgreSQL server: install Debian's postgresql-15 or set " + ENV)
     root = Path(tempfile.mkdtemp(prefix="delegation-pg-"))
     demote = _as_user()
-    if demote is not None:
-        user = pwd.getpwnam(UNPRIVILEGED)
-        os.chown(root, user.pw_uid, user.pw_gid)
+    os.chown(root, *_owner())
     data, port = root / "data", _free_port()
     run = {"preexec_fn": demote, "capture_output": True, "text": True, "check": True}
     env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": str(root)}
     try:
         subprocess.run(
-            [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-             "-E", "UTF8", "--no-sync"],
+            [str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres",
+             *_authentication(root, password), "-E", "UTF8", "--no-sync"],
             env=env, **run,  # type: ignore[arg-type]
         )  # fmt: skip
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=300" + (

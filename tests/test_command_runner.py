@@ -30,6 +30,7 @@ from delegation.runners.command import (
     parse_line,
 )
 from tests.support import Harness, open_harness
+from tests.trees import alive, child_tree, launchers, program_of
 
 GENERATION = 7
 LEASE = "lease-1"
@@ -72,15 +73,6 @@ async def until_text(h: Harness, conversation_id: str, prefix: str) -> str:
         if time.monotonic() > deadline:
             raise AssertionError(f"no {prefix!r} in {await texts(h, conversation_id)}")
         await asyncio.sleep(0.01)
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie someone else must reap is not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 async def cancel(h: Harness, conversation_id: str) -> float:
@@ -218,11 +210,12 @@ async def test_cancel_sends_sigterm_and_reaps_the_process(db_url: str, workspace
     runner = CommandRunner(profiles={"worker": script(TERM_AWARE)}, grace_s=5.0)
     async with hosted(db_url, workspace, runner) as h:
         started = await h.start("q1")
-        pid = int(await until_text(h, started.conversation_id, ""))
+        await until_text(h, started.conversation_id, "")
+        tree = child_tree()
         took = await cancel(h, started.conversation_id)
         assert took < 3  # well within the grace: SIGTERM, not SIGKILL, ended it
         assert (workspace / "terminated").read_text() == "15"
-        assert not alive(pid)
+        assert tree and not any(alive(pid) for pid in tree)
 
 
 async def test_a_command_ignoring_sigterm_is_killed_after_the_grace(
@@ -231,12 +224,13 @@ async def test_a_command_ignoring_sigterm_is_killed_after_the_grace(
     runner = CommandRunner(profiles={"worker": script(TERM_DEAF)}, grace_s=0.3)
     async with hosted(db_url, workspace, runner) as h:
         started = await h.start("q1")
-        pid = int(await until_text(h, started.conversation_id, ""))
+        await until_text(h, started.conversation_id, "")
+        tree = child_tree()
         took = await cancel(h, started.conversation_id)
         assert 0.3 <= took < 3
         record = await h.engine.get_child(started.conversation_id)
         assert record is not None and record.error.startswith("cancelled")
-        assert not alive(pid)
+        assert tree and not any(alive(pid) for pid in tree)
 
 
 SPAWNS = """
@@ -254,25 +248,35 @@ async def test_cancel_stops_the_commands_whole_process_group(db_url: str, worksp
     runner = CommandRunner(profiles={"worker": script(SPAWNS % (False, False))}, grace_s=2.0)
     async with hosted(db_url, workspace, runner) as h:
         started = await h.start("q1")
-        pids = [int(p) for p in (await until_text(h, started.conversation_id, "")).split()]
+        await until_text(h, started.conversation_id, "")
+        tree = child_tree()
+        assert len(tree) >= 2, "the command and its child"
         assert await cancel(h, started.conversation_id) < 1.5
-        assert not any(alive(pid) for pid in pids)
+        assert not any(alive(pid) for pid in tree)
 
 
 async def test_a_descendant_holding_the_pipes_cannot_stall_a_cancel(
     db_url: str, workspace: Path
 ) -> None:
-    """A grandchild that left the process group survives with the pipes; the command
-    ignores SIGTERM. The cancel still completes once the command itself is reaped."""
+    """A grandchild that left the process group holds the pipes; the command ignores
+    SIGTERM. The cancel still completes once the command itself is reaped (and, in a PID
+    namespace, the grandchild dies with it)."""
     runner = CommandRunner(profiles={"worker": script(SPAWNS % (True, True))}, grace_s=0.2)
     async with hosted(db_url, workspace, runner) as h:
         started = await h.start("q1")
-        pid, escaped = (int(p) for p in (await until_text(h, started.conversation_id, "")).split())
+        await until_text(h, started.conversation_id, "")
+        (keeper,) = launchers()
+        program = program_of(keeper)
+        tree = child_tree()
         try:
             assert await cancel(h, started.conversation_id) < 3
-            assert not alive(pid)
+            assert not alive(program)
+            if runner.containment.namespaces:
+                assert not any(alive(pid) for pid in tree), "setsid left a process behind"
         finally:
-            os.kill(escaped, signal.SIGKILL)
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         await asyncio.sleep(0.1)  # its pipes close; the runner's last readers end
 
 
@@ -464,6 +468,14 @@ def test_from_file_reads_the_command_table(tmp_path: Path) -> None:
         ("[command]\ngrace_s = -1\n[command.profiles.a]\nargv = ['x']", "grace_s must be"),
         ("[command]\nenv_allow = 'PATH'\n[command.profiles.a]\nargv = ['x']", "env_allow must"),
         ("[command]\nenv_allow = ['A=B']\n[command.profiles.a]\nargv = ['x']", "not ['A=B']"),
+        (
+            "[command]\nenv_allow = ['PGPASSWORD']\n[command.profiles.a]\nargv = ['x']",
+            "may not name PGPASSWORD: it gives the host's database to a child",
+        ),
+        (
+            "[command]\nenv_allow = ['DELEGATION_DB']\n[command.profiles.a]\nargv = ['x']",
+            "may not name DELEGATION_DB",
+        ),
         ("[other]\nx = 1", "a [command] table with"),
         ("[command]\n", "[command.profiles.NAME] is required"),
         ("[command", "runner.toml: "),

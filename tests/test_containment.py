@@ -34,9 +34,10 @@ from delegation import (
 )
 from delegation.authority import within
 from delegation.runners.command import CommandRunner
-from delegation.runners.containment import landlock_abi
+from delegation.runners.containment import landlock_abi, namespace_mode
 from tests.contain_host import tree_runner
 from tests.test_fuzz import snapshot
+from tests.trees import LAUNCHER_MARK, launchers, program_of
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -52,8 +53,9 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux containme
 needs_landlock = pytest.mark.skipif(landlock_abi() < 6, reason="Landlock ABI 6 needed")
 
 
-def processes_with(marker: str) -> list[int]:
-    """Live (not zombie) processes whose command line holds ``marker``."""
+def processes_with(marker: str, launchers: bool = False) -> list[int]:
+    """Live (not zombie) processes whose command line holds ``marker``: programs only,
+    unless ``launchers`` (a program's keeper carries its command line too)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -63,7 +65,8 @@ def processes_with(marker: str) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if marker.encode() in cmdline and state != "Z":
+        mine = launchers or LAUNCHER_MARK not in cmdline
+        if marker.encode() in cmdline and state != "Z" and mine:
             found.append(int(entry.name))
     return found
 
@@ -80,31 +83,56 @@ def place(tmp_path: Path) -> Iterator[Path]:
 
 
 @needs_landlock
-def test_a_child_gets_nothing_it_tries(place: Path) -> None:
+@pytest.mark.parametrize(
+    ("user", "namespaces"), [("ordinary", "no-ns"), ("root", "ns"), ("root", "no-ns")]
+)
+def test_a_child_gets_nothing_it_tries(place: Path, user: str, namespaces: str) -> None:
+    """As an ordinary user or as root (SPEC §17: no root powers), in a PID namespace of
+    its own or not: the host's environ, memory and ptrace, a file of mode 000, the
+    database, the socket, writes outside, signals. (A root without capabilities, as the
+    ordinary case is made, may not map uid 0 into a user namespace: it gets none; an
+    ordinary user's namespaces are tested in tests/test_child_reach.py.)"""
+    if user == "root" and os.geteuid() != 0:
+        pytest.skip("the root case needs a root test run (CI is one)")
+    if namespaces == "ns" and namespace_mode() is None:
+        pytest.skip("namespaces are not allowed here")
     db, sock = place / "db" / "delegation.db", place / "db" / "host.sock"
+    locked = place / "ws" / "locked.txt"
+    locked.write_text("private")
+    locked.chmod(0)
     env = {**os.environ, **SECRETS}
     proc = subprocess.run(
         [sys.executable, str(HOST), "attack", str(db), str(place / "ws"), str(sock),
-         str(place / "outside")],
+         str(place / "outside"), user, namespaces],
         capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     outcome = json.loads(proc.stdout.splitlines()[-1])
     assert outcome["error"] == "", outcome
     report = json.loads(outcome["output"])
-    for attempt in ("environ", "mem", "db", "db_dir", "socket", "write_outside", "signal_host"):
+    attempts = ("environ", "mem", "ptrace", "mode_000", "db", "db_dir", "socket",
+                "write_outside", "signal_host")  # fmt: skip
+    for attempt in attempts:
         assert report[attempt].startswith("denied"), (attempt, report)
     assert report["socket"] == "denied (13)", "seccomp refuses the AF_UNIX socket"
+    if namespaces == "ns":  # not even there: the host is no process of its namespace
+        assert (report["environ"], report["ptrace"]) == ("denied (2)", "denied (3)"), report
     assert (report["write_cwd"], report["write_tmp"]) == ("written", "written")
     assert (place / "ws" / "inside.txt").exists()
     assert not (place / "outside" / "escaped.txt").exists()
     assert outcome["lease_revoked"] == [False], "no re-registration revoked the lease"
 
 
-def test_no_copy_of_a_child_survives_its_hosts_kill(place: Path) -> None:
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespace", "no-namespace"])
+def test_no_copy_of_a_child_survives_its_hosts_kill(place: Path, namespaces: bool) -> None:
+    """In a PID namespace the whole tree dies with the host; without one a grandchild
+    outlives it, and the next boot kills it before resuming. Either way one copy runs."""
+    if namespaces and namespace_mode() is None:
+        pytest.skip("namespaces are not allowed here")
     db = place / "db" / "delegation.db"
+    mode = "ns" if namespaces else "no-ns"
     host = subprocess.Popen(
-        [sys.executable, str(HOST), "orphan", str(db), str(place / "ws")],
+        [sys.executable, str(HOST), "orphan", str(db), str(place / "ws"), mode],
         stdout=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     assert host.stdout is not None
@@ -116,28 +144,33 @@ def test_no_copy_of_a_child_survives_its_hosts_kill(place: Path) -> None:
         host.wait(10)
         host.stdout.close()
         _wait_for(lambda: not processes_with(child))  # the parent-death signal
-        assert processes_with(grand) == [old_grand], "a grandchild outlives the host"
-        asyncio.run(_resume_and_count(db, conversation, old_grand, old_child))
+        if namespaces:
+            _wait_for(lambda: not processes_with(grand))  # its namespace ended with it
+        else:
+            assert processes_with(grand) == [old_grand], "a grandchild outlives the host"
+        asyncio.run(_resume_and_count(db, conversation, old_grand, old_child, namespaces))
     finally:
         if host.poll() is None:
             host.kill()
             host.wait()
-        for pid in processes_with(conversation):
+        for pid in processes_with(conversation, launchers=True):
             os.kill(pid, signal.SIGKILL)
 
 
-async def _resume_and_count(db: Path, conversation: str, old_grand: int, old: int) -> None:
+async def _resume_and_count(
+    db: Path, conversation: str, old_grand: int, old: int, namespaces: bool
+) -> None:
     config = EngineConfig(release_drain_s=2.0)
-    async with Engine(f"sqlite:///{db}", runner=tree_runner(), config=config) as engine:
+    async with Engine(f"sqlite:///{db}", runner=tree_runner(namespaces), config=config) as e:
         assert not Path(f"/proc/{old_grand}").exists() or old_grand not in processes_with(
             f"grand-{conversation}"
         ), "boot killed the orphan before resuming"
-        await _until_async(lambda: len(processes_with(f"grand-{conversation}")) == 1, engine)
+        await _until_async(lambda: len(processes_with(f"grand-{conversation}")) == 1, e)
         assert len(processes_with(f"child-{conversation}")) == 1, "exactly one copy runs"
         assert old not in processes_with(f"child-{conversation}")
-        result = await engine.cancel_child(conversation)
+        result = await e.cancel_child(conversation)
         assert result.cancelled
-    assert processes_with(conversation) == [], "cancel reaped the whole group"
+    assert processes_with(conversation, launchers=True) == [], "cancel reaped the whole tree"
 
 
 async def _tool(engine: Engine, profile: str, workspace: Path) -> RunnerConnection:
@@ -262,9 +295,14 @@ async def test_a_childs_process_is_recorded_while_it_runs(place: Path) -> None:
         await _until_async(lambda: bool(snapshot(db)["processes"]), engine)
         ((_, pid, start, boot, _),) = snapshot(db)["processes"]
         assert processes.alive(processes.ProcessId(pid, start, boot))
-        comm = Path(f"/proc/{pid}/comm")
-        await _until_async(lambda: comm.read_text().strip() == "sh", engine)  # exec'd
-        status = Path(f"/proc/{pid}/status").read_text()
+        assert pid in launchers(), "the launcher is what is recorded"
+
+        def program_started() -> bool:
+            comm = Path(f"/proc/{program_of(pid)}/comm")
+            return comm.exists() and comm.read_text().strip() == "sh"  # exec'd
+
+        await _until_async(program_started, engine)
+        status = Path(f"/proc/{program_of(pid)}/status").read_text()
         assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status
         await engine.cancel_child(started.conversation_id)
         assert snapshot(db)["processes"] == [], "the record ends with the run"

@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -34,13 +35,16 @@ needs_postgres = pytest.mark.skipif(
 )
 
 
-def cli(*argv: str, cwd: Path = ROOT, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``delegation ARGV`` in a process of its own (stdin empty)."""
+def cli(
+    *argv: str, cwd: Path = ROOT, timeout: float = 60, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``delegation ARGV`` in a process of its own (stdin empty), in this environment or
+    ``env``."""
     return subprocess.run(
         [sys.executable, "-m", "delegation.cli", *argv],
         cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+        env={**(os.environ if env is None else env), "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
     )  # fmt: skip
 
 
@@ -196,16 +200,18 @@ def _closed_port() -> int:
 
 def test_an_unreachable_server_is_one_clear_line_and_exit_1(tmp_path: Path) -> None:
     port = _closed_port()
+    # A password comes from the environment (tests/test_cli_passwords.py: never --db).
     url = f"postgresql+psycopg://operator:s3cret@127.0.0.1:{port}/delegation"
+    env = {**os.environ, "DELEGATION_DB": url}
     for command in COMMANDS:
         if command[0] == "demo":
             continue  # below: the demo tells its own story
-        done = cli(*command, "--db", url, cwd=tmp_path)
+        done = cli(*command, cwd=tmp_path, env=env)
         assert (done.returncode, done.stdout) == (1, ""), (command, done.stderr)
         line = one_line(done.stderr)
         assert f'"127.0.0.1", port {port} failed' in line and "(store_error)" in line, line
         assert "s3cret" not in line, "a password is never printed"
-    demo = cli("demo", "--fast", "--db", url, cwd=tmp_path)
+    demo = cli("demo", "--fast", cwd=tmp_path, env=env)
     assert demo.returncode == 1
     said = demo.stdout + demo.stderr
     assert "cannot reach the PostgreSQL database" in said and "Traceback" not in said, said

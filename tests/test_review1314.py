@@ -135,9 +135,9 @@ sys.path.insert(0, os.path.dirname(sys.argv[1]))
 import contain
 ws, secret, ro = sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 real = contain.landlock
-def swapped(libc, rw, ro):  # another child swaps the directory right after the check
+def swapped(libc, rw, ro, *ports):  # another child swaps the directory after the check
     os.rename(ws, ws + ".real"); os.symlink(secret, ws)
-    return real(libc, rw, ro)
+    return real(libc, rw, ro, *ports)
 contain.landlock = swapped
 r, w = os.pipe(); os.write(w, b"1"); os.close(w)
 spec = {"parent": os.getppid(), "cwd": ws, "read_write": [ws], "read_only": ro,

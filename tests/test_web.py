@@ -31,6 +31,7 @@ from delegation import ChildContext, Event, cli
 from delegation.clock import SystemClock
 from delegation.inspect import Inspector
 from delegation.web import Page
+from delegation.web_token import Token
 from tests import browser
 from tests.support import PRESET, Harness, Script, finish_after_admit, hold
 from tests.test_cli import fingerprint
@@ -202,7 +203,7 @@ def test_it_binds_to_localhost_by_default(db_path: Path) -> None:
         where = urlsplit(web.url)
         assert where.hostname == "127.0.0.1"
         assert _listening(where.port or 0) == ["0100007F"]  # 127.0.0.1, and nothing else
-        status, _, _ = get(web.url)
+        status, _, _ = get(web.link())
         assert status == 200
 
 
@@ -257,7 +258,7 @@ async def test_the_api_streams_events_and_resumes_after_the_last_event_id(
     harness: Harness, workspace: Path, page: browser.Web
 ) -> None:
     children = await fill(harness, workspace)
-    url = f"{page.url}api/children/{children['failed']}/events"
+    url = page.link(f"api/children/{children['failed']}/events")
     frames = await asyncio.to_thread(lambda: list(stream(url)))
     assert [(kind, event_id) for kind, event_id, _ in frames] == [
         ("child", ""),
@@ -272,14 +273,14 @@ async def test_the_api_streams_events_and_resumes_after_the_last_event_id(
     again = await asyncio.to_thread(lambda: list(stream(url, **{"Last-Event-ID": "1"})))
     assert [event_id for _, event_id, _ in again] == ["", "2", ""]
 
-    _, _, body = await asyncio.to_thread(get, f"{page.url}api/children")
+    _, _, body = await asyncio.to_thread(get, page.link("api/children"))
     listed = {child["conversationId"]: child["state"] for child in json.loads(body)["children"]}
     assert listed == {r.conversation_id: r.state for r in await harness.engine.list_children()}
-    _, _, body = await asyncio.to_thread(get, f"{page.url}api/children?state=cancelled")
+    _, _, body = await asyncio.to_thread(get, page.link("api/children?state=cancelled"))
     cancelled = {child["conversationId"] for child in json.loads(body)["children"]}
     assert cancelled == {children["cancelled"], children["revoked"]}
-    assert get(f"{page.url}api/children?state=nonsense")[0] == 400
-    assert get(f"{page.url}api/children/c-missing/events")[0] == 404
+    assert get(page.link("api/children?state=nonsense"))[0] == 400
+    assert get(page.link("api/children/c-missing/events"))[0] == 404
 
 
 ROUTES = ("", "page.js", "page.css", "favicon.ico", "api/children", "api/leases", "api/changes")
@@ -292,14 +293,14 @@ async def test_the_page_is_read_only(harness: Harness, workspace: Path, db_path:
     events = f"api/children/{children['done']}/events"
     with browser.web(str(db_path)) as web:
         for path in (*ROUTES[:-1], events):  # every route but the endless one
-            assert get(web.url + path)[0] in (200, 204), path
+            assert get(web.link(path))[0] in (200, 204), path
         for method in ("POST", "PUT", "PATCH", "DELETE"):
             for path in (*ROUTES, events):
-                assert get(web.url + path, method)[0] == 405, (method, path)
+                assert get(web.link(path), method)[0] == 405, (method, path)
     assert fingerprint(db_path) == before
 
     with Inspector(f"sqlite:///{db_path}") as inspector:
-        app = Page(inspector).app()
+        app = Page(inspector).app(["127.0.0.1"], Token.new(8765))
         methods = {method for route in app.routes for method in getattr(route, "methods", ())}
     assert methods == {"GET", "HEAD"}
 
@@ -307,9 +308,9 @@ async def test_the_page_is_read_only(harness: Harness, workspace: Path, db_path:
 def test_only_local_host_names_are_answered_with_safe_headers(page: browser.Web) -> None:
     port = urlsplit(page.url).port
     # A page elsewhere that rebinds its own name to 127.0.0.1 still sends its name.
-    assert get(page.url, Host=f"attacker.example:{port}")[0] == 400
+    assert get(page.link(), Host=f"attacker.example:{port}")[0] == 400
     for path in ROUTES[:-1]:
-        status, headers, _ = get(page.url + path, Host=f"localhost:{port}")
+        status, headers, _ = get(page.link(path), Host=f"localhost:{port}")
         assert status in (200, 204)
         assert "script-src 'self'" in headers["content-security-policy"]
         assert headers["x-content-type-options"] == "nosniff"
@@ -321,9 +322,9 @@ async def test_ctrl_c_stops_it_at_once_with_streams_open(harness: Harness, db_ur
     with browser.web(db_url) as web:
         where = urlsplit(web.url)
         streams = []
-        for path in ("/api/changes", f"/api/children/{child}/events"):
+        for path in ("api/changes", f"api/children/{child}/events"):
             conn = http.client.HTTPConnection(where.netloc, timeout=10)
-            conn.request("GET", path)
+            conn.request("GET", "/" + web.link(path).removeprefix(web.url))
             answer = conn.getresponse()
             assert answer.readline() == b"retry: 2000\n"  # the stream is open
             streams.append((conn, answer))
@@ -340,7 +341,102 @@ async def test_ctrl_c_stops_it_at_once_with_streams_open(harness: Harness, db_ur
     assert took < 5.0, f"took {took:.1f} s to stop"
 
 
+# --- the token ---------------------------------------------------------------------------
+
+
+def opened(url: str, **headers: str) -> int:
+    """The status of an endless stream at ``url``; once 200, its first line is read."""
+    where = urlsplit(url)
+    conn = http.client.HTTPConnection(where.netloc, timeout=10)
+    try:
+        conn.request("GET", f"{where.path}?{where.query}", headers=headers)
+        answer = conn.getresponse()
+        if answer.status == 200:
+            assert answer.readline() == b"retry: 2000\n"
+        return answer.status
+    finally:
+        conn.close()
+
+
+def test_without_the_token_every_route_and_stream_is_401(page: browser.Web) -> None:
+    assert page.token is not None and len(page.token) >= 43  # 256 random bits
+    port = urlsplit(page.url).port
+    wrong = ["", "?token=", f"?token=x{page.token}", f"?token={page.token[:-1]}", "?token=%C3%A9"]
+    cookies = [f"delegation-token-{port}=x{page.token}", f"delegation-token-1{port}={page.token}"]
+    # Before any route: a child that does not exist, a route that does not, a stream.
+    for path in (*ROUTES[:-1], "api/children/c-missing/events", "no/such/route"):
+        for url in [page.url + path + query for query in wrong]:
+            status, headers, body = get(url)
+            assert (status, body) == (401, b"delegation web: open the address it printed"
+                                           b" (with ?token=\xe2\x80\xa6)\n"), url  # fmt: skip
+            assert "script-src 'self'" in headers["content-security-policy"]
+            assert "set-cookie" not in headers
+        for cookie in cookies:
+            assert get(page.url + path, Cookie=cookie)[0] == 401, (path, cookie)
+        assert get(page.url + path, "HEAD")[0] == 401
+    for query in wrong:
+        assert opened(page.url + "api/changes" + query) == 401
+    assert opened(page.url + "api/changes", Cookie=cookies[0]) == 401
+
+
+async def test_the_token_sets_a_cookie_that_lets_the_next_requests_in(
+    harness: Harness, page: browser.Web
+) -> None:
+    child = (await harness.start("q1")).conversation_id
+    await harness.wait_done(child)
+    status, headers, _ = await asyncio.to_thread(get, page.link())
+    assert status == 200
+    cookie, *attributes = [part.strip() for part in headers["set-cookie"].split(";")]
+    assert cookie == f"delegation-token-{urlsplit(page.url).port}={page.token}"
+    assert sorted(attributes) == ["HttpOnly", "Path=/", "SameSite=Strict"]
+    for path in ROUTES[:-1]:
+        status, headers, _ = await asyncio.to_thread(get, page.url + path, Cookie=cookie)
+        assert status in (200, 204) and "set-cookie" not in headers, path
+    assert opened(page.url + "api/changes", Cookie=cookie) == 200
+    url = f"{page.url}api/children/{child}/events"
+    frames = await asyncio.to_thread(lambda: list(stream(url, Cookie=cookie)))
+    assert [kind for kind, _, _ in frames] == ["child", "message", "end"]
+
+
+def test_no_token_serves_without_and_says_so(db_path: Path) -> None:
+    with browser.web(str(db_path), "--no-token") as web:
+        assert web.token is None
+        assert web.said == (
+            f"delegation web: {web.url} (read-only; no token: whoever reaches the port"
+            " reads every child; Ctrl-C stops)"
+        )
+        for path in ROUTES[:-1]:
+            status, headers, _ = get(web.url + path)
+            assert status in (200, 204) and "set-cookie" not in headers, path
+        assert opened(web.url + "api/changes") == 200
+
+
 # --- in a real browser -----------------------------------------------------------------
+
+
+async def test_in_the_browser_the_token_becomes_a_cookie_and_leaves_the_address(
+    harness: Harness, page: browser.Web, driver: webdriver.Chrome
+) -> None:
+    child = (await harness.start("q1")).conversation_id
+    await harness.wait_done(child)
+    await asyncio.to_thread(driver.get, page.url)  # no cookie for this server yet
+    assert "open the address it printed" in driver.find_element(By.TAG_NAME, "body").text
+    driver.get_log("browser")  # the refused page is logged as an error: expected here
+
+    await asyncio.to_thread(driver.get, page.link(f"?child={child}"))
+    end = (By.ID, "events-end")  # the events' stream got in with the cookie ...
+    await asyncio.to_thread(until, driver, lambda d: d.find_element(*end).text == "ended done")
+    live = (By.ID, "status")  # ... and the stream of changes
+    await asyncio.to_thread(until, driver, lambda d: d.find_element(*live).text == "live")
+    assert urlsplit(driver.current_url).query == f"child={child}", "the token left the address"
+    (cookie,) = [
+        c for c in driver.get_cookies() if c["name"].endswith(f"-{urlsplit(page.url).port}")
+    ]
+    assert (cookie["value"], cookie["httpOnly"], cookie["sameSite"]) == (page.token, True, "Strict")
+    assert driver.execute_script("return document.cookie") == "", "no script reads it"
+
+    await asyncio.to_thread(driver.get, page.url)  # the address alone, as a bookmark
+    await asyncio.to_thread(until, driver, lambda d: rows(d, "children")[0][0] == child)
 
 
 async def test_a_new_event_appears_on_the_open_page_without_a_reload(
@@ -360,7 +456,7 @@ async def test_a_new_event_appears_on_the_open_page_without_a_reload(
 
     harness.runner.script = run
     child = (await harness.start("q1")).conversation_id
-    await asyncio.to_thread(driver.get, f"{page.url}?child={child}")
+    await asyncio.to_thread(driver.get, page.link(f"?child={child}"))
     await asyncio.to_thread(until, driver, lambda d: "first step" in events_text(d))
     await asyncio.to_thread(until, driver, lambda d: rows(d, "children")[0][2] == "running")
     driver.execute_script("window.sameDocument = true")  # gone if the page reloads
@@ -384,7 +480,7 @@ async def test_what_a_child_wrote_is_shown_as_text_and_never_runs(
     db_path: Path,  # the page's escaping is the same on every store: SQLite only
 ) -> None:
     children = await fill(harness, workspace)
-    await asyncio.to_thread(driver.get, f"{page.url}?child={children['failed']}")
+    await asyncio.to_thread(driver.get, page.link(f"?child={children['failed']}"))
     end = (By.ID, "events-end")
     await asyncio.to_thread(until, driver, lambda d: d.find_element(*end).text.startswith("ended"))
     shown = events_text(driver)
@@ -412,7 +508,7 @@ async def test_filters_by_state_and_lease_kept_in_the_address(
     def showing(*names: str) -> Callable[[webdriver.Chrome], bool]:
         return lambda d: shown(d) == {children[name] for name in names}
 
-    await asyncio.to_thread(driver.get, page.url)
+    await asyncio.to_thread(driver.get, page.link())
     await asyncio.to_thread(until, driver, showing(*children))
     await asyncio.to_thread(pick, driver, "state-filter", "cancelled")
     await asyncio.to_thread(until, driver, showing("cancelled", "revoked"))
@@ -424,7 +520,7 @@ async def test_filters_by_state_and_lease_kept_in_the_address(
     await asyncio.to_thread(driver.refresh)
     await asyncio.to_thread(until, driver, showing("leased"))
     assert driver.execute_script("return document.getElementById('lease-filter').value") == LEASE
-    await asyncio.to_thread(driver.get, f"{page.url}?state=done")
+    await asyncio.to_thread(driver.get, f"{page.url}?state=done")  # the cookie lets it in
     await asyncio.to_thread(until, driver, showing("done", "failed"))
 
 
@@ -436,7 +532,7 @@ async def test_the_leases_live_and_revoked_and_a_click_filters_by_one(
     db_path: Path,  # the leases are the store's, tested on both in test_cli: SQLite only
 ) -> None:
     children = await fill(harness, workspace)
-    await asyncio.to_thread(driver.get, page.url)
+    await asyncio.to_thread(driver.get, page.link())
     await asyncio.to_thread(until, driver, lambda d: len(rows(d, "leases")) == 2)
     leases = {row[0]: row for row in rows(driver, "leases")}
     assert leases[LEASE][1:5] == ["runner-1", "ext", "parent-run", "1"]

@@ -51,17 +51,23 @@ from typing import Any
 from delegation import errors, processes, tmpdirs
 from delegation.codec import decode
 from delegation.runners.containment import (
+    DEFAULT_NET_CONNECT,
     DEFAULT_READ_ONLY,
     DEFAULT_READ_WRITE,
     Containment,
     ContainmentRefused,
     check_paths,
+    check_ports,
     refusal,
 )
 from delegation.runs import ChildContext, Recovery
 from delegation.wire import Event, Identity, Preset, Request
 
 DEFAULT_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+# Where the host's database URL or its password may be: never a child's (SPEC §17).
+DATABASE_CREDENTIALS = frozenset(
+    {"DELEGATION_DB", "PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE", "PGSERVICE", "PGSYSCONFDIR"}
+)
 PLACEHOLDERS = frozenset({"message", "profile", "conversation_id", "run_id", "cwd"})
 DEFAULT_GRACE_S = 5.0
 STDERR_TAIL_BYTES = 64 * 1024
@@ -71,7 +77,9 @@ FLUSH_EVERY = 256  # events between commits awaited, so a chatty command cannot 
 _CHUNK = 64 * 1024
 _POLL_S = 0.01
 _PIPES_S = 1.0
-_SETTINGS = frozenset({"profiles", "env_allow", "grace_s", "read_only", "read_write"})
+_SETTINGS = frozenset(
+    {"profiles", "env_allow", "grace_s", "read_only", "read_write", "net_connect"}
+)
 
 
 class CommandConfigError(ValueError):
@@ -96,7 +104,8 @@ class CommandRunner:
     ``profiles`` maps a preset name to its argv template; ``env_allow`` adds names to
     :data:`DEFAULT_ENV_ALLOW`; ``grace_s`` is the wait between SIGTERM and SIGKILL;
     ``read_only`` and ``read_write`` add directories (or files) a child may read, or
-    read and write, to the defaults of :mod:`delegation.runners.containment`.
+    read and write, to the defaults of :mod:`delegation.runners.containment`;
+    ``net_connect`` replaces the TCP ports a child may connect to (default ``[443]``).
     Everything is checked and frozen here: a bad template, name or grace raises
     :class:`CommandConfigError` now, never at run time.
     """
@@ -109,6 +118,7 @@ class CommandRunner:
         grace_s: float = DEFAULT_GRACE_S,
         read_only: Sequence[str] = (),
         read_write: Sequence[str] = (),
+        net_connect: Sequence[int] = DEFAULT_NET_CONNECT,
     ) -> None:
         if not isinstance(profiles, Mapping) or not profiles:
             raise CommandConfigError("the command runner needs at least one profile")
@@ -119,15 +129,17 @@ class CommandRunner:
         )
         self.grace_s = _check_grace(grace_s)
         try:
-            extra_ro, extra_rw = (
+            extra_ro, extra_rw, ports = (
                 check_paths(read_only, "read_only"),
                 check_paths(read_write, "read_write"),
+                check_ports(net_connect, "net_connect"),
             )
         except ValueError as exc:
             raise CommandConfigError(str(exc)) from None
         self.containment = Containment(
             read_only=tuple(dict.fromkeys([*DEFAULT_READ_ONLY, *extra_ro])),
             read_write=tuple(dict.fromkeys([*DEFAULT_READ_WRITE, *extra_rw])),
+            net_connect=ports,
         )
 
     def protect_paths(self, paths: Iterable[str]) -> None:
@@ -290,22 +302,64 @@ async def _spawn(argv: list[str], env: Mapping[str, str], go_fd: int) -> asyncio
 async def _converse(
     process: asyncio.subprocess.Process, ctx: ChildContext, message: bytes
 ) -> tuple[int, str]:
-    """Feed stdin and read stdout and stderr until the command exits; its code and stderr."""
+    """Feed stdin and read stdout and stderr until the command exits; its code and stderr.
+
+    The command's end is its process's exit: a descendant that left its process group
+    (where no PID namespace ends it) may hold stdout open for ever, so once the process
+    has exited its pipes get :data:`_PIPES_S` to drain, and its group is killed."""
     stdin, stdout, stderr = _pipes(process)
     tail = bytearray()
     feeder = asyncio.create_task(_feed(stdin, ctx, message))
     collector = asyncio.create_task(_collect(stderr, tail))
+    reader = asyncio.create_task(_read_events(stdout, ctx))
+    exited = asyncio.create_task(_exited(process))
+    tasks = (feeder, collector, reader, exited)
     try:
-        await _read_events(stdout, ctx)
+        await asyncio.wait((reader, exited), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((reader,), timeout=_PIPES_S if exited.done() else None)
+        if reader.done():
+            reader.result()  # a line over the limit fails the run
         feeder.cancel()
         stdin.close()
-        code = await process.wait()  # also waits for stderr's end, which the collector reads
-        await collector
+        await exited
+        _signal_group(process, signal.SIGKILL)  # nothing of its group outlives it
+        await asyncio.wait((collector,), timeout=_PIPES_S)
     finally:
-        for task in (feeder, collector):
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(feeder, collector, return_exceptions=True)
-    return code, tail.decode("utf-8", "replace")
+        await asyncio.gather(*tasks, return_exceptions=True)
+    _release(process)
+    assert process.returncode is not None
+    return process.returncode, tail.decode("utf-8", "replace")
+
+
+async def _exited(process: asyncio.subprocess.Process) -> None:
+    """Return once the process has exited; ``process.wait()`` also waits for every pipe
+    to close, which a descendant may put off for ever. Linux's pidfd says when it exits;
+    elsewhere this waits for ``wait()``."""
+    try:
+        fd = os.pidfd_open(process.pid) if process.returncode is None else -1
+    except ProcessLookupError:
+        fd = -1  # reaped already: its return code is on its way
+    except (AttributeError, OSError):
+        await process.wait()  # no pidfd here
+        return
+    if fd >= 0:
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+
+        def readable() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await ended
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    while process.returncode is None:  # set once the child watcher has reaped it
+        await asyncio.sleep(_POLL_S)
 
 
 async def _read_events(stdout: asyncio.StreamReader, ctx: ChildContext) -> None:
@@ -379,6 +433,17 @@ async def _stop(process: asyncio.subprocess.Process, grace_s: float) -> None:
             await asyncio.sleep(_POLL_S)
         # A descendant that left the group may hold the pipes open: wait only so long.
         await asyncio.wait(drains, timeout=_PIPES_S)
+        for drain in drains:
+            drain.cancel()
+        await asyncio.gather(*drains, return_exceptions=True)
+        _release(process)
+
+
+def _release(process: asyncio.subprocess.Process) -> None:
+    """Close the pipes of an exited process: a descendant that still holds one must not
+    keep it open in this process (asyncio's ``Process`` has no public close)."""
+    if process.returncode is not None:
+        getattr(process, "_transport").close()  # noqa: B009
 
 
 def _pipes(
@@ -439,6 +504,10 @@ def _check_env_names(names: Iterable[str]) -> list[str]:
     for name in checked:
         if isinstance(names, str) or not isinstance(name, str) or not name.isidentifier():
             raise CommandConfigError(f"env_allow must list variable names, not {names!r}")
+        if name in DATABASE_CREDENTIALS:
+            raise CommandConfigError(
+                f"env_allow may not name {name}: it gives the host's database to a child"
+            )
     return checked
 
 

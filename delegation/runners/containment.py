@@ -12,18 +12,25 @@ What each command child gets is decided here and carried out in the child itself
   private temp dir (and ``read_write``), read only beneath ``read_only``, and nothing
   else; the directory of the host's database is refused as any of these, and the
   host's own code and configuration (``ctx.protected``, the runner's TOML) as any it
-  may write (SPEC §17, :mod:`delegation.protection`);
+  may write (SPEC §17, :mod:`delegation.protection`); from ABI 4 on, TCP may connect
+  only to ``net_connect`` ports and bind none;
+* where namespaces are allowed (as root, or with unprivileged user namespaces), it is
+  the first process of its own PID namespace with its own ``/proc``: it sees no other
+  process, and every process it starts dies with it;
 * a seccomp filter refuses it every ``AF_UNIX`` socket, so no process of it can
-  connect to the serve socket (or any other Unix socket).
+  connect to the serve socket (or any other Unix socket);
+* it holds no capability, even when the host is root.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import logging
 import os
 import platform
+import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +70,8 @@ DEFAULT_READ_WRITE: tuple[str, ...] = (
     "/dev/random",
     "/dev/urandom",
 )
+# TCP ports a child may connect to: HTTPS, for agents that call their model.
+DEFAULT_NET_CONNECT: tuple[int, ...] = (443,)
 LAUNCHER = (sys.executable, "-I", "-S", contain.__file__)
 
 
@@ -80,6 +89,26 @@ def socket_filter_available() -> bool:
     return sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
 
 
+@functools.cache
+def namespace_mode() -> str | None:
+    """How this machine lets a child have its own PID namespace and ``/proc``:
+    ``"root"``, ``"user"`` (an unprivileged user namespace), or None where it does not.
+
+    Found once per process by trying it in a throwaway launcher (a few milliseconds):
+    whether it works depends on the kernel, its settings and the container around it.
+    """
+    if sys.platform != "linux":
+        return None
+    try:
+        probe = subprocess.run(
+            [*LAUNCHER, "--probe"], capture_output=True, timeout=30, check=False, cwd="/"
+        )
+        mode = json.loads(probe.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return mode if mode in contain.NAMESPACE_MODES else None
+
+
 class ContainmentRefused(RuntimeError):
     """A child's confinement would give it the host's database, code or configuration."""
 
@@ -91,8 +120,10 @@ class Containment:
     read_only: tuple[str, ...] = DEFAULT_READ_ONLY
     read_write: tuple[str, ...] = DEFAULT_READ_WRITE
     protected: Protected = field(default_factory=Protected)  # beyond what the engine protects
+    net_connect: tuple[int, ...] = DEFAULT_NET_CONNECT
     landlock: int = field(default_factory=landlock_abi)
     socket_filter: bool = field(default_factory=socket_filter_available)
+    namespaces: str | None = field(default_factory=namespace_mode)
     _said: bool = False
 
     def announce(self) -> None:
@@ -106,11 +137,24 @@ class Containment:
                 " working directory (the other protections still hold)",
                 extra={"action": "landlock_unavailable"},
             )
+        elif self.landlock < 4:
+            log.warning(
+                "Landlock ABI %d has no network rules: command children can reach any"
+                " TCP port (the other protections still hold)",
+                self.landlock,
+                extra={"action": "landlock_network_unavailable"},
+            )
         if not self.socket_filter:
             log.warning(
                 "no socket filter on %s: command children can connect to Unix sockets",
                 platform.machine(),
                 extra={"action": "socket_filter_unavailable"},
+            )
+        if not self.namespaces:
+            log.warning(
+                "namespaces are not allowed here: command children see every process and"
+                " a descendant that leaves their process group can outlive them",
+                extra={"action": "namespaces_unavailable"},
             )
 
     def protect(self, paths: Iterable[str]) -> None:
@@ -145,8 +189,10 @@ class Containment:
             "cwd": cwd,
             "read_write": writable,
             "read_only": list(self.read_only),
+            "net_connect": list(self.net_connect),
             "landlock": bool(self.landlock),
             "seccomp": self.socket_filter,
+            "namespaces": self.namespaces,
             "go_fd": go_fd,
         }
         return [*LAUNCHER, json.dumps(spec), *argv]
@@ -170,3 +216,13 @@ def check_paths(paths: object, name: str) -> tuple[str, ...]:
         if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
             raise ValueError(f"{name} must list absolute paths, not {path!r}")
     return tuple(paths)
+
+
+def check_ports(ports: object, name: str) -> tuple[int, ...]:
+    """A TOML list of TCP port numbers (1-65535)."""
+    if not isinstance(ports, list | tuple):
+        raise ValueError(f"{name} must be a list of TCP ports, not {ports!r}")
+    for port in ports:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"{name} must list TCP ports (1-65535), not {port!r}")
+    return tuple(dict.fromkeys(ports))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from delegation import passwords
 from delegation.progress import Progress
 from delegation.soak.check import EPS, Checker
 from delegation.soak.host import (
@@ -349,7 +350,7 @@ class Driver:
             "seconds": self.seconds,
             "seed": self.seed,
             "store": self.store,
-            "database": stores.shown(self.url),
+            "database": passwords.redacted(self.url),
             "hosts": self.hosts,
             "heartbeat_s": self.heartbeat_s,
             "host_timeout_s": self.timeout_s,

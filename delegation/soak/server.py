@@ -13,6 +13,7 @@ import uuid
 from types import TracebackType
 from typing import Any
 
+from delegation import passwords
 from delegation.store import stores
 
 
@@ -38,7 +39,7 @@ class SoakDatabase:
         import psycopg
         from psycopg import sql
 
-        shown = stores.shown(self.server)
+        shown = passwords.redacted(self.server)
         try:
             self._admin = psycopg.connect(
                 stores.libpq(self.server), autocommit=True, application_name="delegation-soak"

@@ -47,10 +47,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.pool import NullPool
 
-from delegation import errors
+from delegation import errors, passwords
 from delegation.store import dbapi, migrate
 from delegation.store.database import (
     Database,
@@ -126,7 +126,7 @@ def _engine(
 
 
 def _connect_error(url: str, exc: BaseException) -> errors.DelegationError:
-    shown = make_url(url).render_as_string(hide_password=True)
+    shown = passwords.redacted(url)
     return errors.StoreError(f"cannot reach the PostgreSQL database {shown}: {exc}")
 
 

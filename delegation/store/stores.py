@@ -61,14 +61,6 @@ def _need_psycopg() -> None:
         raise ValueError("PostgreSQL needs psycopg 3: pip install 'delegation[postgres]'") from exc
 
 
-def shown(url: str) -> str:
-    """``url`` fit to print: a password is hidden."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
-
-
 def open_store(url: str, *, synchronous: str, busy_timeout_ms: int) -> Store:
     """The store for ``url``, not opened yet (see :class:`Store`)."""
     url = normalize(url)
@@ -163,7 +155,6 @@ __all__ = [
     "open_watch",
     "read_once",
     "reader",
-    "shown",
     "upgrade",
     "write_once",
 ]

@@ -279,6 +279,8 @@ function watchChanges() {
 }
 
 function start() {
+  // The server has set its token as a cookie: off the address bar, history and bookmarks.
+  if (place().has("token")) remember({ token: null });
   const here = place();
   $("state-filter").value = here.get("state") || "";
   if (here.get("lease")) {
