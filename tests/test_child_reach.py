@@ -366,3 +366,27 @@ def test_delegation_containment_prints_what_a_child_got(tmp_path: Path) -> None:
     if namespace_mode() is not None:
         assert (report["pid"], report["processes_visible"], report["host_visible"]) == (1, 1, False)
     assert set(report["spawn_to_first_line"]) >= {"bare_ms", "launcher_no_namespace_ms"}
+
+
+# --- libpq's credentials --------------------------------------------------------------
+
+
+async def test_a_confinement_that_would_read_libpqs_password_file_is_refused(
+    tmp_path: Path, postgres_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23's gap: a PGPASSFILE under a ``read_only`` directory (``/etc`` is one by
+    default) was readable by every child; the engine now protects libpq's files."""
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    (secrets_dir / "pgpass").write_text("*:*:*:*:hunter2\n")
+    monkeypatch.setenv("PGPASSFILE", str(secrets_dir / "pgpass"))
+    (tmp_path / "ws").mkdir()
+    errors_seen = []
+    for read_only in ([str(secrets_dir)], []):
+        runner = CommandRunner({"worker": ["/bin/true"]}, read_only=read_only)
+        async with Engine(postgres_db, runner=runner) as engine:
+            h = await open_harness(engine, runner, tmp_path / "ws", [PRESET])
+            started = await h.start("q1")
+            errors_seen.append(await ended(h, started.conversation_id))
+    assert errors_seen[0] == f"child confinement would reach the host database: {secrets_dir}"
+    assert errors_seen[1] == "", "without it in reach the child runs"

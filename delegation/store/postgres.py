@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import threading
 import time
@@ -257,7 +258,14 @@ class PostgresDatabase(Database):
         return PostgresWatch(self.url, interval)
 
     def protected_paths(self) -> list[str]:
-        return []  # no file; the server's own credentials keep children out
+        """No file of the database, but libpq's files of credentials the host may use:
+        its password file, its service file and its client certificates (SPEC §17)."""
+        home = os.path.expanduser("~")
+        return [
+            os.environ.get("PGPASSFILE") or os.path.join(home, ".pgpass"),
+            os.environ.get("PGSERVICEFILE") or os.path.join(home, ".pg_service.conf"),
+            os.path.join(home, ".postgresql"),
+        ]
 
     # --- what differs from SQLite -------------------------------------------------
 
