@@ -126,7 +126,7 @@ class Engine:
         self._open = False
         self._protected = Protected()  # what no child process may reach; set at open
         self.timers = Timers(
-            self.clock, self.expire_due, self._sweep, self.config.retention_sweep_s
+            self.clock, self._expire_on_time, self._sweep, self.config.retention_sweep_s
         )
 
     # --- lifecycle --------------------------------------------------------------------
@@ -246,6 +246,8 @@ class Engine:
                 log.exception("heartbeat failed", extra={"action": "heartbeat_failed"})
 
     async def _beat(self) -> None:
+        # The lock first: a heartbeat commits only after it is held on the same server.
+        await asyncio.get_running_loop().run_in_executor(None, self._db.keep_lock)
         beat = boot_clock()
         try:  # a closing host only beats: it takes nothing over
             takeover = await self._write(
@@ -338,6 +340,15 @@ class Engine:
             log.info("leases expired", extra={"action": "lease_expired", "children": len(affected)})
         await self._stop(affected)
         self.timers.arm(deadline)
+
+    async def _expire_on_time(self) -> None:
+        """The lease timer: a database busy or away puts the expiry off, never drops it
+        (the one-shot timer is armed again; SPEC §19)."""
+        try:
+            await self.expire_due()
+        except (errors.DatabaseBusy, errors.StoreUnavailable) as exc:
+            log.warning("leases not expired yet: %s", exc, extra={"action": "expiry_delayed"})
+            self.timers.arm(self.clock.now() + _OWED_PAUSE_MAX_S)
 
     async def purge(self) -> int:
         """Purge everything past ``retention_s`` now; returns how many children went."""
@@ -866,13 +877,60 @@ class Engine:
         """Record the end of a run (unless the engine is closing): its terminal record,
         None when closing. A busy database delays it, never loses it: the run is over,
         and no caller will retry for it."""
-        while not local.suspended:
+        ended = await self._owed(
+            lambda: local.suspended, service.finish, local.child_id, error, local.tracked
+        )
+        if ended is not None:
+            self._notices.bump([local.child_id])
+        return ended
+
+    def _owe_later(self, given_up: Callable[[], bool], fn: Callable[..., Any], *args: Any) -> None:
+        """:meth:`_owed` for a write nobody waits for (a steer's delivery): queued now,
+        in order with what the run emitted, and tried again in a task of its own (which
+        close cancels like the other watchers) if the database was busy or away."""
+        now = self.clock.now()
+        try:
+            first = self._db.submit(lambda conn: fn(conn, *args, now))
+        except errors.StoreError as exc:  # closed
+            log.warning("background write dropped: %s", exc, extra={"action": "write_dropped"})
+            return
+        task = asyncio.create_task(self._settle(first, given_up, fn, *args))
+        self._watching.add(task)
+        task.add_done_callback(self._watching.discard)
+
+    async def _settle(
+        self, first: Awaitable[Any], given_up: Callable[[], bool], fn: Callable[..., Any], *a: Any
+    ) -> None:
+        try:
             try:
-                ended = await self._write(service.finish, local.child_id, error, local.tracked)
-                self._notices.bump([local.child_id])
-                return ended
+                await first
+            except (errors.DatabaseBusy, errors.StoreUnavailable):
+                await self._owed(given_up, fn, *a)
+        except errors.DelegationError as exc:  # a fenced host, a closed store: the next boot
+            log.warning("background write dropped: %s", exc, extra={"action": "write_dropped"})
+
+    async def _owed(
+        self,
+        given_up: Callable[[], bool],
+        fn: Callable[..., T],
+        *args: Any,
+        committed: Callable[[T], None] | None = None,
+        one_write: bool = False,
+    ) -> T | None:
+        """A write the engine owes and nobody would retry (a run's end, its admission,
+        its process, a steer's delivery): tried again while the database is busy or
+        away (SPEC §19), with pauses from 50 ms doubling to 0.4 s, until it commits (its
+        value) or ``given_up()`` (None: the run was stopped with its host, whose next
+        boot, or the host that took it over, settles it). Anything else is raised."""
+        pause = _OWED_PAUSE_S
+        while not given_up():
+            try:
+                return await self._write(fn, *args, committed=committed, one_write=one_write)
             except errors.DatabaseBusy:
-                continue
+                continue  # the writer waited busy_timeout already
+            except errors.StoreUnavailable:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _OWED_PAUSE_MAX_S)
         return None
 
     async def _stop(self, child_ids: Sequence[int]) -> list[asyncio.Event]:
@@ -993,6 +1051,9 @@ class Engine:
             return fn(conn, *args, now)
 
         return await self._db.submit(job, committed=committed, one_write=one_write)
+
+
+_OWED_PAUSE_S, _OWED_PAUSE_MAX_S = 0.05, 0.4
 
 
 def _forget_processes(conn: Connection, child_ids: list[int], now: float) -> None:

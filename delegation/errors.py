@@ -70,6 +70,7 @@ by clients: keep them exactly as written.
     │   └── MethodNotFound                   (-32601)
     ├── StoreError                           (-32603) the database refused or failed
     │   ├── DatabaseBusy                     another writer held the lock too long; retry
+    │   ├── StoreUnavailable                 the database cannot be reached now; retry
     │   ├── HostClosing                      the host closed before the answer; retry
     │   ├── SchemaMismatch                   not a delegation database, or a newer one
     │   ├── HostConflict                     another live host holds the SQLite file
@@ -489,6 +490,12 @@ class DatabaseBusy(StoreError):
     """child store is busy; retry"""
 
     reason = "database_busy"
+
+
+class StoreUnavailable(StoreError):
+    """database is unavailable; try again"""
+
+    reason = "store_unavailable"
 
 
 class HostClosing(StoreError):

@@ -109,13 +109,20 @@ class LocalRun:
     async def admit(self) -> None:
         # Confined at the start, but the path may have been swapped since (SPEC §3.4).
         authority.confirm_cwd(self.cwd)
+        # Owed (SPEC §19): a database away delays the admission, never drops it; a run
+        # stopped meanwhile (its task cancelled) stops waiting.
+        owed, stopped = self.engine._owed, self._stopped
         if not self.lease_pending:
             # The usual case is one guarded UPDATE, which a server store commits as its
             # own transaction; when it does not match, admit() learns why.
-            usual = self.engine._write(self._try_admit, committed=self._on_admitted, one_write=True)
+            usual = owed(stopped, self._try_admit, committed=self._on_admitted, one_write=True)
             if await usual is not None:
                 return
-        await self.engine._write(self._admit_and_page, committed=self._on_admitted)
+        if await owed(stopped, self._admit_and_page, committed=self._on_admitted) is None:
+            raise errors.HostClosing()
+
+    def _stopped(self) -> bool:
+        return self.suspended
 
     def _try_admit(self, conn: Connection, now: float) -> Result | None:
         child = service.try_admit(conn, self.child_id, self.engine.instance_id, now)
@@ -154,12 +161,18 @@ class LocalRun:
         process = processes.identify(pid)
         if process is None:
             return  # already gone: nothing could outlive the host
-        await self.engine._write(store_processes.record, self.child_id, process)
+        recorded = await self.engine._owed(self._stopped, _record, self.child_id, process)
+        if recorded is None:
+            raise errors.HostClosing("this run was stopped with its host before it started")
         self.tracked = True
 
     def delivered(self, steer_ids: list[int]) -> None:
-        now = self.engine.clock.now()
-        self.engine._db.write_nowait(lambda c: mark_delivered(c, steer_ids, now))
+        self.engine._owe_later(self._stopped, mark_delivered, steer_ids)
+
+
+def _record(conn: Connection, child_id: int, process: processes.ProcessId, now: float) -> bool:
+    store_processes.record(conn, child_id, process, now)
+    return True
 
 
 class LocalRuns:

@@ -29,6 +29,8 @@ UNPRIVILEGED = "nobody"
 class Server:
     url: str  # postgresql+psycopg://…/postgres
     stop: Callable[[], None]
+    # pg_ctl on this cluster ("stop", "-m", "fast"; "start"), None for a given server.
+    ctl: Callable[..., None] | None = None
 
 
 def binaries() -> Path | None:
@@ -130,4 +132,13 @@ def start(*, durable: bool = True, password: str | None = None) -> Server:
         )  # fmt: skip
         shutil.rmtree(root, ignore_errors=True)
 
-    return Server(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", stop)
+    def ctl(*args: str) -> None:
+        started = (
+            ["-l", str(root / "log"), "-o", options, "-w", "-t", "60"] if "start" in args else []
+        )
+        subprocess.run(
+            [str(bin_dir / "pg_ctl"), "-D", str(data), *started, *args],
+            env=env, **run,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    return Server(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", stop, ctl)

@@ -57,9 +57,14 @@ T = TypeVar("T")
 Job = Callable[[Connection], Any]
 _SQLITE_BUSY, _SQLITE_LOCKED = 5, 6  # primary result codes: another connection has the lock
 _RETRY_PAUSE_S = 0.05  # before events that failed to commit are tried again
+_AWAY_PAUSE_MAX_S = 0.4  # the longest pause between tries while the server is away
 _SQLITE_MIN = (3, 35, 5)  # UPDATE ... RETURNING, with the fixes of 3.35.5
 _BUSY_PAUSE_MAX_S = 0.05  # the longest pause between two tries of a busy BEGIN
 _POSTGRES_BUSY = frozenset({"40001", "40P01", "55P03", "57014"})
+# The server went away or cannot take writes now: shut down (57P01-3), out of
+# connections (53300), a read-only server after a failover (25006); class 08 below.
+_POSTGRES_GONE = frozenset({"57P01", "57P02", "57P03", "53300", "25006"})
+_PSYCOPG_CONNECTION_ERRORS = frozenset({"OperationalError", "InterfaceError"})
 _POSTGRES_REFUSALS = frozenset(
     {
         "IntegrityError",
@@ -157,6 +162,8 @@ def translate(exc: BaseException) -> errors.DelegationError:
     # SQLAlchemy wraps the driver's errors, but not those raised in its event hooks:
     # a busy BEGIN IMMEDIATE (see ``_on_begin``) arrives as sqlite3's own error.
     cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    if unavailable(exc):
+        return errors.StoreUnavailable()
     if isinstance(cause, sqlite3.Error):
         busy = _is_busy(cause)
     elif type(cause).__module__.startswith("psycopg") and isinstance(cause, Exception):
@@ -167,6 +174,25 @@ def translate(exc: BaseException) -> errors.DelegationError:
     if busy:
         return errors.DatabaseBusy(f"child store is busy; retry ({cause})")
     return errors.StoreError(f"child store failed: {cause}")
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server cannot be reached or cannot take writes now (a
+    restart, a failover, a killed backend, a cut network): the same work may succeed
+    once it is back. A store already closed is not that."""
+    if isinstance(exc, errors.StoreUnavailable):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    if not type(cause).__module__.startswith("psycopg"):
+        return False
+    state = getattr(cause, "sqlstate", None)
+    if state is None:  # libpq's own: no connection, lost, closed, timed out
+        return type(cause).__name__ in _PSYCOPG_CONNECTION_ERRORS or any(
+            kind.__name__ in _PSYCOPG_CONNECTION_ERRORS for kind in type(cause).__mro__
+        )
+    return state.startswith("08") or state in _POSTGRES_GONE
 
 
 def refused(exc: BaseException) -> bool:
@@ -212,6 +238,8 @@ class Database:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._write_engine: Engine | None = None
         self._read_engine: Engine | None = None
+        self._away_pause = _RETRY_PAUSE_S
+        self._away = False  # the server was found away, and no batch committed since
         self._reader: Connection | None = None
         self._lock: HostLock | None = None
         # Called on the loop's thread with the ids of children whose events a batch
@@ -482,7 +510,9 @@ class Database:
                 try:
                     try:
                         conn = self._healthy(conn)
-                    except Exception as exc:  # the server is gone: this batch fails
+                    except Exception as exc:  # the server is away: this batch fails
+                        with self._cond:
+                            self._conn = None  # nothing to commit on inline meanwhile
                         self._failed(batch, exc)
                     else:
                         with self._cond:
@@ -530,6 +560,7 @@ class Database:
                 if begun or not batch.events or not refused(exc):
                     raise
                 self._transaction(conn, batch, savepoints=True, begun=False)
+            self._back()
             return True
         except _Redo:
             raise
@@ -540,7 +571,15 @@ class Database:
     def _failed(self, batch: _Queue, exc: Exception) -> None:
         """``batch`` did not commit: its jobs fail with ``exc``; its events are kept."""
         failure = translate(exc)
-        log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
+        if not isinstance(failure, errors.StoreUnavailable):
+            log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
+        elif not self._away:  # once per outage, not once per batch
+            self._away = True
+            log.warning(
+                "the database is unavailable: writes are refused until it is back (%s)",
+                exc,
+                extra={"action": "store_unavailable"},
+            )
         for pending in batch.jobs:
             pending.ok, pending.value = False, failure
         if batch.events:
@@ -556,7 +595,24 @@ class Database:
                 if not self._stopping and not refused(exc) and not fenced:
                     self._queue.events[:0] = batch.events
             if not isinstance(failure, errors.DatabaseBusy):  # busy already waited
-                time.sleep(_RETRY_PAUSE_S)
+                time.sleep(self._pause(failure))
+
+    def _back(self) -> None:
+        """A batch committed: if the server was away, say it is back."""
+        self._away_pause = _RETRY_PAUSE_S
+        if self._away:
+            self._away = False
+            log.warning("the database is back: writing again", extra={"action": "store_back"})
+
+    def _pause(self, failure: errors.DelegationError) -> float:
+        """Seconds before events that failed are tried again: while the server is away,
+        a pause that doubles up to ``_AWAY_PAUSE_MAX_S`` (so a restart is noticed within
+        about that), else ``_RETRY_PAUSE_S``."""
+        if not isinstance(failure, errors.StoreUnavailable):
+            self._away_pause = _RETRY_PAUSE_S
+            return _RETRY_PAUSE_S
+        pause, self._away_pause = self._away_pause, min(self._away_pause * 2, _AWAY_PAUSE_MAX_S)
+        return pause
 
     def _synchronous(self, conn: Connection, batch: _Queue) -> None:
         """Set the sync level ``batch`` needs (SQLite takes it only between transactions):
@@ -575,9 +631,9 @@ class Database:
         runs a Core statement joins this transaction (see ``_on_begin``)."""
         raw = dbapi(conn)
         began = time.perf_counter() if self.on_commit is not None else 0.0
-        if not begun:
-            self._begin(raw)
         try:
+            if not begun:
+                self._begin(raw)  # inside: a BEGIN whose fence failed is rolled back too
             self._guard(conn)
             self._run_batch(conn, batch, savepoints=savepoints)
             self._announce_in(conn, batch)
@@ -653,6 +709,10 @@ class Database:
     def alive_until(self, deadline: float) -> None:
         """Until ``deadline`` (:func:`boot_clock`) no other host can take this one over."""
 
+    def keep_lock(self) -> None:
+        """Hold this host's lock again if the server let it go (SQLite: the file's lock
+        is this process's own, never lost)."""
+
     def _guard(self, conn: Connection) -> None:
         """Refuse the batch if this host may no longer write (SQLite: it always may)."""
 
@@ -669,15 +729,20 @@ class Database:
     def _healthy(self, conn: Connection, engine: Engine | None = None) -> Connection:
         """``conn``, or a new connection of ``engine`` (the writer's by default) if the
         server dropped it: a lost connection fails one batch or one read, not all after."""
-        if not conn.invalidated and not self._lost(dbapi(conn)):
+        if not conn.closed and not conn.invalidated and not self._lost(dbapi(conn)):
             return conn
         engine = engine or self._write_engine
         assert engine is not None
-        log.warning("a connection to the store was lost; connecting again")
-        with contextlib.suppress(Exception):  # gone already: only SQLAlchemy's state is left
-            conn.rollback()
-            conn.invalidate()
-        conn.close()
+        if not conn.closed:
+            log.warning(
+                "a connection to the store was lost; connecting again",
+                extra={"action": "store_connection_lost"},
+            )
+            with contextlib.suppress(Exception):  # gone: only SQLAlchemy's state is left
+                conn.rollback()
+                conn.invalidate()
+            conn.close()
+        # A failed connect leaves ``conn`` closed: the next call tries again.
         return engine.connect()
 
     @staticmethod
@@ -816,10 +881,11 @@ class Database:
         await asyncio.sleep(0)
         if self._read_engine is None:  # closed, perhaps while this read yielded
             raise errors.StoreError("child store is closed")
-        if self._reader is None:
-            self._reader = self._read_engine.connect()
-        else:
-            self._reader = self._healthy(self._reader, self._read_engine)
+        with translated():  # a server away: StoreUnavailable, and the next read tries again
+            if self._reader is None:
+                self._reader = self._read_engine.connect()
+            else:
+                self._reader = self._healthy(self._reader, self._read_engine)
         return self._reader
 
 

@@ -64,6 +64,14 @@ def db_clock(conn: Connection) -> str:
     return "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
 
 
+# When this connection's session began (the database's clock): after a restart or a
+# failover, when this host reached the server it writes to now.
+_SESSION_BEGAN = (
+    "EXTRACT(EPOCH FROM (SELECT backend_start FROM pg_stat_activity"
+    " WHERE pid = pg_backend_pid()))::double precision"
+)
+
+
 def take_instances(
     conn: Connection, me: str, now: float, timeout_s: float, *, everyone: bool
 ) -> list[str]:
@@ -76,11 +84,15 @@ def take_instances(
     """
     # Dead: no heartbeat for timeout_s, or (PostgreSQL) nobody holds its lock any more,
     # which the server frees as soon as the host's process is gone (kill -9 included).
+    # A restart or a failover frees every lock too, and a live host takes its own again
+    # only before its next heartbeat (Store.keep_lock): a free lock proves death only
+    # for a host that beat on this server since this host's connection to it began.
     dead = (
         "TRUE"
         if everyone
         else f"(COALESCE(heartbeat_at, 0) < {db_clock(conn)} - :timeout"
-        " OR pg_try_advisory_xact_lock(:locks, hashtext(id)))"
+        f" OR (heartbeat_at > {_SESSION_BEGAN}"
+        " AND pg_try_advisory_xact_lock(:locks, hashtext(id))))"
     )
     rows = conn.execute(
         text(

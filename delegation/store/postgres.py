@@ -60,6 +60,7 @@ from delegation.store.database import (
     boot_clock,
     translate,
     translated,
+    unavailable,
 )
 from delegation.store.lifecycle import INSTANCE_LOCKS
 from delegation.store.stores import libpq
@@ -236,6 +237,42 @@ class PostgresDatabase(Database):
             lock.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (INSTANCE_LOCKS, previous))
         lock.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance_id))
 
+    def keep_lock(self) -> None:
+        """Hold this instance's lock again if its connection was lost (a server restart
+        or failover frees every lock): called before each heartbeat, so a heartbeat
+        that commits was preceded by a lock held on the same server.
+
+        Raises:
+            errors.StoreUnavailable: the server cannot be reached (the next beat tries).
+        """
+        lock, instance = self._lock_conn, self._claimed
+        if instance is None:
+            return
+        try:
+            if lock is not None and not lock.closed:
+                lock.execute("SELECT 1")  # a dead session is found only by using it
+                return
+        except Exception as exc:
+            if not unavailable(exc):
+                raise translate(exc) from exc
+        if lock is not None:
+            with contextlib.suppress(Exception):
+                lock.close()
+        self._lock_conn = None
+        try:
+            lock = _connect(self.url, "delegation-host")
+        except errors.StoreError as exc:
+            raise errors.StoreUnavailable() from exc
+        held = lock.execute(
+            "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance)
+        ).fetchone()
+        self._lock_conn = lock
+        log.warning(
+            "the host lock was lost with its connection; held again: %s",
+            bool(held and held[0]),
+            extra={"action": "host_lock_renewed"},
+        )
+
     def _refuse(self, left: _Queue, fenced: errors.HostFenced) -> None:
         for pending in left.jobs:
             pending.ok, pending.value = False, fenced
@@ -331,7 +368,10 @@ class PostgresDatabase(Database):
         if self._claimed is not None and boot_clock() >= self._alive_until:
             return None
         if not pending.durable:
-            conn = self._unflushed_connection()
+            try:
+                conn = self._unflushed_connection()
+            except Exception:  # the server away: the writer runs it, and says so
+                return False
         raw = dbapi(conn)
         if raw.closed or self._in_transaction(raw):
             return False
@@ -529,6 +569,9 @@ def write_once(url: str, fn: Callable[[Connection], T], *, busy_timeout_ms: int 
         engine.dispose()
 
 
+_WATCH_RETRY_S = 0.25
+
+
 class PostgresWatch(Watch):
     """Notices of commits by other connections: ``LISTEN delegation``, with a poll.
 
@@ -543,28 +586,62 @@ class PostgresWatch(Watch):
         self.interval = interval
         self._fallback = fallback
         self._lock = threading.Lock()
+        self._url = url
         try:
-            self._conn = psycopg.connect(
-                libpq(url), autocommit=True, application_name="delegation-watch"
-            )
+            self._conn = self._listen()
         except psycopg.Error as exc:
             raise _connect_error(url, exc) from exc
-        self._conn.execute(f"LISTEN {CHANNEL}")
         self._polled = time.monotonic()
+        self._retry_at = 0.0  # while the server is away: when to connect again
         self._moved: set[int] | None = set()
 
+    def _listen(self) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(
+            libpq(self._url), autocommit=True, application_name="delegation-watch"
+        )
+        conn.execute(f"LISTEN {CHANNEL}")
+        return conn
+
     def changed(self) -> bool:
-        """Whether a notice came since the last call (or the fallback poll is due)."""
+        """Whether a notice came since the last call (or the fallback poll is due).
+
+        A lost connection is opened again (and LISTENs again) at most every
+        ``_WATCH_RETRY_S``; once it is, everything counts as moved: notices sent
+        meanwhile were lost."""
         with self._lock:
             moved = False
-            for notice in self._conn.notifies(timeout=0):
-                moved = True
-                self._note(notice.payload)
+            try:
+                for notice in self._conn.notifies(timeout=0):
+                    moved = True
+                    self._note(notice.payload)
+            except Exception as exc:
+                if not unavailable(exc):
+                    raise
+                return self._again()
             now = time.monotonic()
             if moved or now - self._polled >= self._fallback:
                 self._polled = now
                 return True
             return False
+
+    def _again(self) -> bool:
+        """Connect and LISTEN again (under ``_lock``); whether it worked."""
+        now = time.monotonic()
+        if now < self._retry_at:
+            return False
+        self._retry_at = now + _WATCH_RETRY_S
+        with contextlib.suppress(Exception):
+            self._conn.close()
+        try:
+            self._conn = self._listen()
+        except Exception as exc:
+            if not unavailable(exc):
+                raise
+            return False
+        self._moved, self._polled = None, now
+        return True
 
     def _note(self, payload: str) -> None:
         if payload == "c":  # a control request or a steer: no child's events

@@ -1,0 +1,177 @@
+"""The engine survives its database going away (SPEC §19), with a real server stopped
+and started under a running host, and with its sessions killed:
+
+- while the server is away, calls are refused with ``StoreUnavailable`` (reason
+  ``store_unavailable``), never ``internal_error``;
+- afterwards the host writes again by itself: a new child starts, runs and ends;
+- a run that ended while the server was away is recorded as ended (its finish is owed,
+  not dropped), and its events emitted meanwhile are kept;
+- everything acknowledged before is there, and no child ran twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+
+from delegation import ChildContext, Engine, EngineConfig, Event, errors
+from delegation.store.stores import libpq, with_database
+from tests import postgres
+from tests.support import PRESET, Harness, ScriptRunner, open_harness
+
+pytestmark = pytest.mark.skipif(postgres.binaries() is None, reason="no PostgreSQL server")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[postgres.Server]:
+    """A cluster of this module's own: the tests stop and start it."""
+    own = postgres.start()
+    if own.ctl is None:
+        own.stop()
+        pytest.skip("a given server cannot be restarted here")
+    yield own
+    own.stop()
+
+
+@pytest.fixture
+def away_url(server: postgres.Server) -> str:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(libpq(server.url), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return with_database(server.url, name)
+
+
+class Gate:
+    """Runs that emit, flush, wait for ``gate``, emit once more and end."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+
+    async def __call__(self, ctx: ChildContext) -> None:
+        await ctx.admit()
+        ctx.emit(Event(kind="text", text="before"))
+        await ctx.flush()
+        await self.gate.wait()
+        ctx.emit(Event(kind="result", text="after"))
+
+
+@contextlib.asynccontextmanager
+async def hosted(db_url: str, runner: ScriptRunner) -> AsyncIterator[Harness]:
+    config = EngineConfig(release_drain_s=2.0, host_heartbeat_s=0.5)
+    async with Engine(db_url, runner=runner, config=config) as engine:
+        yield await open_harness(engine, runner, "/tmp", [PRESET])
+
+
+async def refused_while_away(h: Harness) -> list[str]:
+    """What a start and a read get while the server is away: their reasons."""
+    reasons = []
+    for attempt in (h.start("while-away"), h.engine.get_child("c-" + "0" * 32)):
+        try:
+            await attempt
+        except errors.DelegationError as exc:
+            reasons.append(exc.reason)
+        else:
+            reasons.append("answered")
+    return reasons
+
+
+async def until(check: object, timeout: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await check():  # type: ignore[operator]
+        if loop.time() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.05)
+
+
+def kill_sessions(url: str) -> int:
+    """End every session of the engine's (pg_terminate_backend), as an operator or a
+    crashed backend would."""
+    with psycopg.connect(libpq(url), autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name LIKE 'delegation%' AND pid != pg_backend_pid()"
+        ).fetchall()
+    return len(rows)
+
+
+async def _through(h: Harness, runner: ScriptRunner, script: Gate, outage: object) -> None:
+    first = await h.start("q1")
+
+    async def flushed() -> bool:
+        return [e.text for e in await h.engine.events(first.conversation_id)] == ["before"]
+
+    await until(flushed)
+    reasons = await outage(script)  # type: ignore[operator]
+    if reasons is not None:
+        assert set(reasons) == {"store_unavailable"}, reasons
+
+    async def ended() -> bool:
+        with contextlib.suppress(errors.StoreUnavailable):
+            record = await h.engine.get_child(first.conversation_id)
+            return record is not None and record.terminal
+        return False
+
+    await until(ended)
+    record = await h.engine.get_child(first.conversation_id)
+    assert record is not None and (record.state, record.error) == ("done", "")
+    assert [e.text for e in await h.engine.events(first.conversation_id)] == ["before", "after"]
+    second = await until_started(h)
+    script.gate.set()
+    done = await h.wait_done(second.conversation_id, timeout=20)
+    assert done.state == "done"
+    assert runner.started == 2, "no child ran twice"
+    assert [p.recovery for p in runner.prepared] == [None, None]
+
+
+async def until_started(h: Harness):  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        try:
+            return await h.start("q2")
+        except errors.StoreUnavailable:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+async def test_a_host_writes_again_after_its_server_restarts(
+    away_url: str, server: postgres.Server, mode: str
+) -> None:
+    """Issue 24, finding 1: after `pg_ctl stop -m fast` and a start, the host never
+    wrote again (every start and flush: internal error)."""
+    script = Gate()
+    runner = ScriptRunner(script)
+    assert server.ctl is not None
+    async with hosted(away_url, runner) as h:
+
+        async def restart(gate: Gate) -> list[str]:
+            server.ctl("stop", "-m", mode)  # type: ignore[misc]
+            try:
+                gate.gate.set()  # the run ends while the server is away
+                await asyncio.sleep(0.3)  # its finish meets the server away
+                return await refused_while_away(h)
+            finally:
+                server.ctl("start")  # type: ignore[misc]
+
+        await _through(h, runner, script, restart)
+
+
+async def test_a_host_writes_again_after_its_sessions_are_killed(away_url: str) -> None:
+    script = Gate()
+    runner = ScriptRunner(script)
+    async with hosted(away_url, runner) as h:
+
+        async def kill(gate: Gate) -> None:
+            assert kill_sessions(away_url) >= 2  # the writer, the lock, the reader, the watch
+            gate.gate.set()
+            return None
+
+        await _through(h, runner, script, kill)
