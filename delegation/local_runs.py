@@ -151,7 +151,9 @@ class LocalRun:
         self.engine._db.append_event(EventRow(self.child_id, sequence, body, output))
 
     async def flush(self) -> None:
-        await self.engine._db.barrier()
+        # The events are kept and written once the database is back (SPEC §19): a run
+        # waits for that, as for a slow disk, rather than fail for it.
+        await self.engine._owed(self._stopped, _barrier)
         if self.suspended:  # what it emitted since is not written (see the module)
             raise errors.HostClosing(
                 "this run was stopped with its host: what it emitted since is not written"
@@ -168,6 +170,11 @@ class LocalRun:
 
     def delivered(self, steer_ids: list[int]) -> None:
         self.engine._owe_later(self._stopped, mark_delivered, steer_ids)
+
+
+def _barrier(conn: Connection, now: float) -> bool:
+    """A job that writes nothing: committed once everything queued before it is."""
+    return True
 
 
 def _record(conn: Connection, child_id: int, process: processes.ProcessId, now: float) -> bool:

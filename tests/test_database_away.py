@@ -67,6 +67,17 @@ async def hosted(db_url: str, runner: ScriptRunner) -> AsyncIterator[Harness]:
         yield await open_harness(engine, runner, "/tmp", [PRESET])
 
 
+async def own_harness(engine: Engine, runner: ScriptRunner, runner_id: str) -> Harness:
+    """The usual harness, for one of several hosts: a runner of its own."""
+    conn = await engine.connect(runner_id, f"{runner_id}-host")
+    tool = await engine.open_tool(
+        conn, run_id=f"{runner_id}-run", conversation_id=f"{runner_id}-conv",
+        tool_call_id="call-1", extension_id=PRESET.extension_id, presets=[PRESET],
+        workspace="/tmp",
+    )  # fmt: skip
+    return Harness(engine, runner, conn, tool, "/tmp")
+
+
 async def refused_while_away(h: Harness) -> list[str]:
     """What a start and a read get while the server is away: their reasons."""
     reasons = []
@@ -175,3 +186,39 @@ async def test_a_host_writes_again_after_its_sessions_are_killed(away_url: str) 
             return None
 
         await _through(h, runner, script, kill)
+
+
+async def test_no_live_host_is_taken_over_for_a_restart_of_the_server(
+    away_url: str, server: postgres.Server
+) -> None:
+    """A restart frees every host's lock: the first host to beat after it must not take
+    the others over (the lock proved death before; they were only cut off for a while),
+    and each host's child goes on running where it ran."""
+    assert server.ctl is not None
+    scripts = [Gate(), Gate()]
+    runners = [ScriptRunner(script) for script in scripts]
+    # The first host beats often, the second seldom: after the restart the first looks
+    # at the second's lock long before the second has taken it again.
+    beats = [0.2, 3.0]
+    async with contextlib.AsyncExitStack() as stack:
+        hosts = []
+        for i, runner in enumerate(runners):
+            config = EngineConfig(release_drain_s=2.0, host_heartbeat_s=beats[i])
+            engine = await stack.enter_async_context(Engine(away_url, runner=runner, config=config))
+            hosts.append(await own_harness(engine, runner, f"runner-{i}"))
+        children = [await h.start("q1", lease_id="") for h in hosts]
+        server.ctl("stop", "-m", "fast")
+        await asyncio.sleep(1.0)
+        server.ctl("start")
+        await asyncio.sleep(2.0)  # the first host's ten heartbeats, the second's none
+        with psycopg.connect(libpq(away_url), autocommit=True) as admin:
+            taken = admin.execute(
+                "SELECT count(*) FROM host_instances WHERE taken_by IS NOT NULL"
+            ).fetchone()
+        assert taken == (0,), "a live host was taken over"
+        for script in scripts:
+            script.gate.set()
+        for h, child in zip(hosts, children, strict=True):
+            done = await h.wait_done(child.conversation_id, timeout=20)
+            assert (done.state, done.error) == ("done", "")
+        assert [r.started for r in runners] == [1, 1], "no child ran twice"
