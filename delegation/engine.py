@@ -13,6 +13,7 @@ import contextlib
 import functools
 import gc
 import logging
+import math
 import secrets
 import time
 from collections.abc import (
@@ -124,6 +125,8 @@ class Engine:
         self._rejoining = False  # fenced, and not yet a new instance: writes are refused
         self._cancel_on_resume: set[int] = set()
         self._open = False
+        self._alive_deadline = math.inf  # see _alive_since; none before the first beat
+        self._cut = False  # runs were stopped for a heartbeat lapse (see _cut_off)
         self._protected = Protected()  # what no child process may reach; set at open
         self.timers = Timers(
             self.clock, self._expire_on_time, self._sweep, self.config.retention_sweep_s
@@ -242,6 +245,7 @@ class Engine:
                 await self._beat()
             except errors.DelegationError as exc:  # busy, or the server away: next beat
                 log.warning("heartbeat failed: %s", exc, extra={"action": "heartbeat_failed"})
+                await self._cut_off()
             except Exception:
                 log.exception("heartbeat failed", extra={"action": "heartbeat_failed"})
 
@@ -261,6 +265,8 @@ class Engine:
             await self._fenced()
             return
         self._alive_since(beat)
+        if self._cut:
+            await self._back_from_cut()
         self._ended(takeover.ended)
         if isinstance(self.clock, ServerClock):
             await self._correct_clock(self.clock)
@@ -304,7 +310,38 @@ class Engine:
         one dead before host_timeout_s after it (on the database's clock); a heartbeat's
         margin covers the clocks' drift."""
         cfg = self.config
-        self._db.alive_until(beat + cfg.host_timeout_s - cfg.host_heartbeat_s)
+        self._alive_deadline = beat + cfg.host_timeout_s - cfg.host_heartbeat_s
+        self._db.alive_until(self._alive_deadline)
+
+    async def _cut_off(self) -> None:
+        """No heartbeat has committed for so long that another host may declare this
+        one dead any moment (the database away, or this host cut off from it): stop
+        every local run now, without a write, so none runs beside the copy a taking
+        host would resume (SPEC §19). Once a heartbeat commits again, the host rejoins
+        (:meth:`_back_from_cut`)."""
+        if self._cut or boot_clock() < self._alive_deadline:
+            return
+        self._cut = True
+        log.error(
+            "no heartbeat for too long: %d runs stopped until the database is back",
+            len(self._local),
+            extra={"action": "host_cut_off", "instance": self.instance_id},
+        )
+        await self._suspend_runs()
+
+    async def _back_from_cut(self) -> None:
+        """A heartbeat committed after :meth:`_cut_off`, and nobody took this instance
+        over: its stopped runs' children are still its own, yet nothing runs them. The
+        host goes on as a new instance, as a fenced one does, and closes the old one,
+        which its next heartbeat takes over: that resumes those children here."""
+        self._cut = False
+        old = self.instance_id
+        await self._rejoin()
+        await self._write(service.close_instance, old)
+        log.warning(
+            "the database is back: this host goes on as a new instance",
+            extra={"action": "host_rejoined", "old_instance": old, "instance": self.instance_id},
+        )
 
     async def _fenced(self) -> None:
         """Another host declared this one dead (it was paused, or cut off, past
@@ -313,22 +350,27 @@ class Engine:
 
         Until it has, writes are refused: one begun now would name the instance that
         was taken over, yet be fenced on the new one (a connection left open on it)."""
-        lost = len(self._local)
+        lost, old = len(self._local), self.instance_id
+        self._cut = False  # what a cut stopped was taken over: nothing to resume here
+        await self._rejoin()
+        log.error(
+            "this host was taken over while it could not heartbeat; %d runs stopped",
+            lost,
+            extra={"action": "host_fenced", "old_instance": old, "instance": self.instance_id},
+        )
+
+    async def _rejoin(self) -> None:
+        """Stop every local run without a write, and go on as a new host instance."""
         self._rejoining = True
         try:
             await self._suspend_runs()
-            old, new = self.instance_id, f"h-{secrets.token_hex(16)}"
+            new = f"h-{secrets.token_hex(16)}"
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, self._db.claim, new)
             await self._submit(maintenance.rejoin, new)
             self.instance_id = new  # once its row exists: connections name it
         finally:
             self._rejoining = False
-        log.error(
-            "this host was taken over while it could not heartbeat; %d runs stopped",
-            lost,
-            extra={"action": "host_fenced", "old_instance": old, "instance": self.instance_id},
-        )
 
     async def expire_due(self) -> None:
         """Expire every lease past its deadline now, then re-arm at the next deadline.

@@ -222,3 +222,50 @@ async def test_no_live_host_is_taken_over_for_a_restart_of_the_server(
             done = await h.wait_done(child.conversation_id, timeout=20)
             assert (done.state, done.error) == ("done", "")
         assert [r.started for r in runners] == [1, 1], "no child ran twice"
+
+
+class Counted(Gate):
+    """A Gate that counts how many of its runs run at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = self.most = 0
+
+    async def __call__(self, ctx: ChildContext) -> None:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await super().__call__(ctx)
+        finally:
+            self.now -= 1
+
+
+async def test_a_host_cut_off_past_its_deadline_stops_its_runs_and_resumes_them_after(
+    away_url: str, server: postgres.Server
+) -> None:
+    """Away longer than a takeover needs: the host stops its runs before anyone could
+    take them (never two runners), and once the database is back goes on as a new
+    instance that resumes them itself."""
+    assert server.ctl is not None
+    script = Counted()
+    runner = ScriptRunner(script)
+    config = EngineConfig(release_drain_s=2.0, host_heartbeat_s=0.2, host_timeout_s=1.5)
+    async with Engine(away_url, runner=runner, config=config) as engine:
+        h = await open_harness(engine, runner, "/tmp", [PRESET])
+        child = await h.start("q1", lease_id="L1")  # leased: resumed by a takeover
+        server.ctl("stop", "-m", "fast")
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            while script.now and loop.time() < deadline:  # stopped at the deadline
+                await asyncio.sleep(0.05)
+            assert script.now == 0, "the run went on past the host's deadline"
+        finally:
+            server.ctl("start")
+        while len(runner.prepared) < 2 and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert [p.recovery is not None for p in runner.prepared] == [False, True]
+        script.gate.set()
+        done = await h.wait_done(child.conversation_id, timeout=20)
+        assert (done.state, done.error) == ("done", "")
+        assert script.most == 1, "two runs of the child at once"
