@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -20,6 +21,7 @@ import psycopg
 import pytest
 
 from delegation import ChildContext, Engine, EngineConfig, Event, errors
+from delegation.client import Client
 from delegation.store.stores import libpq, with_database
 from tests import postgres
 from tests.support import PRESET, Harness, ScriptRunner, open_harness
@@ -269,3 +271,34 @@ async def test_a_host_cut_off_past_its_deadline_stops_its_runs_and_resumes_them_
         done = await h.wait_done(child.conversation_id, timeout=20)
         assert (done.state, done.error) == ("done", "")
         assert script.most == 1, "two runs of the child at once"
+
+
+async def test_serve_stays_up_and_refuses_with_store_unavailable(
+    away_url: str, server: postgres.Server
+) -> None:
+    """`delegation serve` over a server that goes away: its answer is the retryable
+    refusal (never internal_error), it stays up, and it serves again after."""
+    assert server.ctl is not None
+    async with await Client.spawn(["--db", away_url], stderr=subprocess.DEVNULL) as client:
+        await client.register("runner-1", "host-a")
+        server.ctl("stop", "-m", "fast")
+        try:
+            with pytest.raises(errors.DelegationError) as away:
+                await client.register("runner-1", "host-a")
+        finally:
+            server.ctl("start")
+        assert (away.value.reason, str(away.value)) == (
+            "store_unavailable",
+            "database is unavailable; try again",
+        )
+        assert client.process is not None and client.process.returncode is None, "serve is up"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while True:
+            try:
+                await client.register("runner-1", "host-a")
+                break
+            except errors.DelegationError as exc:
+                assert exc.reason == "store_unavailable", exc
+                assert loop.time() < deadline, "serve never wrote again"
+                await asyncio.sleep(0.1)
