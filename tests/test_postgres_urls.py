@@ -1,9 +1,13 @@
-"""PostgreSQL URLs with ``target_session_attrs=read-write`` (SPEC §19), what
-pg_auto_failover prints, on a real server: every connection the package makes -- the
+"""PostgreSQL URLs as libpq and pg_auto_failover write them (SPEC §19): several hosts in
+each spelling, with ``target_session_attrs=read-write``, on a real server.
+
+Each spelling names a host where nothing listens first (``127.0.0.1:1``: refused at
+once) and the test's server second, so every connection the package makes -- the
 engine's writer and reader, its host lock and ``LISTEN`` watch, the read-only CLI,
-``db upgrade`` and ``serve`` -- must be a read-write session. Readers are read-only per
-transaction, not per session (a session started read-only is one ``read-write``
-refuses); that a read still cannot write is in tests/test_store_contract.py.
+``db upgrade`` and ``serve`` -- must try the hosts in turn to work at all. A URL none of
+them can read is one line, never a traceback. Readers are read-only per transaction,
+not per session (a session started read-only is one ``read-write`` refuses); that a
+read still cannot write is in tests/test_store_contract.py.
 """
 
 from __future__ import annotations
@@ -14,22 +18,42 @@ import os
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Connection, create_engine, text
+from psycopg.conninfo import conninfo_to_dict
+from sqlalchemy import Connection, create_engine, make_url, text
 
 from delegation import Engine, EngineConfig, errors
+from delegation.cli import main
 from delegation.store import migrate, run, stores
 from tests.support import ScriptRunner, open_harness
 from tests.test_cli_passwords import a_child_on_a_host
-from tests.test_postgres_cli import cli, needs_postgres
+from tests.test_postgres_cli import COMMANDS, cli, needs_postgres, one_line
 
 READ_WRITE = "target_session_attrs=read-write"
-FORMS = ["one host"]
+DEAD = ("127.0.0.1", 1)  # nothing listens there: a connection is refused at once
+FORMS = ["one host", "libpq URI", "libpq keywords", "SQLAlchemy"]
 
 
 def spelled(url: str, form: str) -> str:
     """``url`` (``postgresql+psycopg://USER@HOST:PORT/DB``, no query) with
-    ``target_session_attrs=read-write``, in ``form``."""
-    return {"one host": f"{url}?{READ_WRITE}"}[form]
+    ``target_session_attrs=read-write``, naming :data:`DEAD` first in every ``form`` but
+    "one host". The libpq URI is what ``pg_autoctl show uri`` prints."""
+    parsed = make_url(url)
+    user, host, port, database = parsed.username, parsed.host, parsed.port or 5432, parsed.database
+    dead, dead_port = DEAD
+    return {
+        "one host": f"{url}?{READ_WRITE}",
+        "libpq URI": (
+            f"postgresql://{user}@{dead}:{dead_port},{host}:{port}/{database}?{READ_WRITE}"
+        ),
+        "libpq keywords": (
+            f"postgresql+psycopg://{user}@/{database}?host={dead},{host}"
+            f"&port={dead_port},{port}&{READ_WRITE}"
+        ),
+        "SQLAlchemy": (
+            f"postgresql+psycopg://{user}@/{database}?host={dead}:{dead_port}"
+            f"&host={host}:{port}&{READ_WRITE}"
+        ),
+    }[form]
 
 
 def applications(url: str) -> set[str]:
@@ -41,6 +65,23 @@ def applications(url: str) -> set[str]:
             return set(conn.execute(text(sql)).scalars())
     finally:
         admin.dispose()
+
+
+def test_every_spelling_of_several_hosts_is_made_one() -> None:
+    made = {stores.normalize(spelled("postgresql+psycopg://app@h2:5433/db", f)) for f in FORMS[1:]}
+    assert len(made) == 1, made
+    (one,) = made
+    assert conninfo_to_dict(stores.libpq(one)) == {
+        "user": "app",
+        "dbname": "db",
+        "host": "127.0.0.1,h2",
+        "port": "1,5433",
+        "target_session_attrs": "read-write",
+    }
+    assert stores.normalize(one) == one
+    v6 = stores.normalize("postgresql://app@[::1]:5432,h2/db")
+    assert conninfo_to_dict(stores.libpq(v6))["host"] == "::1,h2"
+    assert conninfo_to_dict(stores.libpq(v6))["port"] == "5432,"
 
 
 # --- the engine --------------------------------------------------------------------------
@@ -70,7 +111,7 @@ async def test_an_engine_works_on_every_spelling(
 async def test_a_reader_connected_again_is_read_only_too(postgres_db: str) -> None:
     # The read-only default is set on each connection once it is open, not by a
     # startup option: a connection the reader makes after losing one has it too.
-    store = stores.open_store(spelled(postgres_db, "one host"), synchronous="FULL",
+    store = stores.open_store(spelled(postgres_db, "libpq URI"), synchronous="FULL",
                               busy_timeout_ms=5000)  # fmt: skip
     store.open(asyncio.get_running_loop())
     try:
@@ -127,3 +168,44 @@ async def test_serve_and_the_cli_work_on_every_spelling(
     assert child["state"] == "done"
     current = await asyncio.to_thread(cli, "db", "current", "--db", url, env=env)
     assert (current.returncode, current.stdout) == (0, migrate.head() + "\n"), current.stderr
+
+
+# --- URLs nothing can read ---------------------------------------------------------------
+
+UNREADABLE = [
+    ("postgresql://app@h1:x,h2:5432/app", "'x' is not a port number"),
+    ("postgresql://app@h1:5432,h2:70000/app", "'70000' is not a port number"),
+    ("postgresql://app@h1,h2/app?host=h3", "several hosts named both before the path and in"),
+    ("postgresql+psycopg://app@/app?host=h1:5432&host=h2:5433&port=5434", "cannot go with port="),
+    ("postgresql+psycopg://app@/app?host=h1,h2&port=1,2,3", "2 hosts and 3 ports"),
+    ("postgresql://app@h1,h2/app?sslmode=disable&sslmode=require", "sslmode= given more than once"),
+]
+
+
+@pytest.mark.parametrize(("url", "why"), UNREADABLE)
+def test_a_url_that_cannot_be_read_is_one_line(
+    url: str,
+    why: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ValueError, match=why) as refused:
+        Engine(url, runner=ScriptRunner())
+    assert "\n" not in str(refused.value)
+    monkeypatch.chdir(tmp_path)
+    for command in COMMANDS:
+        assert main([*command, "--db", url]) == 2, command
+        out, err = capsys.readouterr()
+        assert out == ""
+        line = one_line(err)
+        assert line.startswith(f"delegation: --db {url}: ") and why in line, line
+    assert not list(tmp_path.iterdir()), "nothing was created"
+
+
+def test_serve_refuses_a_url_it_cannot_read_in_one_line(tmp_path: Path) -> None:
+    url, why = UNREADABLE[0]
+    done = cli("serve", "--stdio", "--db", url, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert one_line(done.stderr) == f"delegation: --db {url}: {why}"
+    assert not list(tmp_path.iterdir()), "nothing was created"
