@@ -12,8 +12,9 @@ three spellings:
 :func:`one_spelling` writes the first and the last as the second, the one SQLAlchemy's
 engines and the store's own psycopg connections read alike; the store converts every
 URL it is given with it, once (``stores.normalize``). :data:`URL` splits a URL into its
-parts. Only the standard library here, so that code outside the store may read URLs
-with it too (SQLAlchemy is the store's alone).
+parts, here and in :mod:`delegation.passwords`, so that a password is looked for where
+a connection takes it from, before several hosts too. Only the standard library here
+(SQLAlchemy is the store's alone).
 """
 
 from __future__ import annotations
