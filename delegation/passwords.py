@@ -3,10 +3,11 @@
 A password sits in a URL's user part (``user:pw@host``, also before several hosts:
 ``user:pw@h1:5432,h2:5433``) or in its query (``?password=…``, the key in any case,
 anywhere among the other arguments, and libpq's ``sslpassword``, the key file's). The
-user part is read as SQLAlchemy reads it (what a connection would send); an unescaped
-``@`` in a password (``user:p@ss@host``) is hidden up to the last ``@`` before the
-host, as a URL parser reading it the other way would take it. Every URL the package
-prints or logs passes :func:`redacted`; the CLI refuses a ``--db`` for which
+user part is read as SQLAlchemy reads it (what a connection would send), by the pattern
+that reads every URL's parts (:data:`delegation.dburl.URL`), before several hosts too;
+an unescaped ``@`` in a password (``user:p@ss@host``) is hidden up to the last ``@``
+before the host, as a URL parser reading it the other way would take it. Every URL the
+package prints or logs passes :func:`redacted`; the CLI refuses a ``--db`` for which
 :func:`in_url` holds.
 """
 
@@ -15,26 +16,16 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote_plus
 
+from delegation import dburl
+
 MASK = "***"
 # The query keys whose value is a secret, compared in lower case.
 SECRET_KEYS = frozenset({"password", "sslpassword"})
-# SQLAlchemy's own URL pattern (sqlalchemy.engine.url._parse_url), with any scheme: the
-# password is what it takes for one. The password may hold ":" or "/" unescaped.
-_URL = re.compile(
-    r"""
-    (?P<scheme>[^:/?#]+)://
-    (?:(?P<username>[^:/]*)(?::(?P<password>[^@]*))?@)?
-    (?:(?:\[(?P<ipv6host>[^/?]+)\]|(?P<ipv4host>[^/:?]+))?(?::(?P<port>[^/?]*))?)?
-    (?:/(?P<database>[^?]*))?
-    (?:\?(?P<query>.*))?
-    """,
-    re.X | re.S,
-)
 
 
 def _spans(url: str) -> list[tuple[int, int]]:
     """Where each non-empty password in ``url`` is: (start, end), in order."""
-    match = _URL.match(url)
+    match = dburl.URL.match(url)
     if match is None:
         return []
     spans = [_user_password(url, match)] if match["password"] else []

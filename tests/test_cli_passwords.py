@@ -110,6 +110,9 @@ def environment(home: Path, **extra: str) -> dict[str, str]:
     return {**kept, "HOME": str(home), "PGPASSFILE": str(home / "none"), **extra}
 
 
+FORMS = ["user", "query", "hosts", "libpq URI", "SQLAlchemy"]
+
+
 def with_password(url: str, form: str, password: str = PW) -> str:
     """``url`` (``postgresql+psycopg://postgres@127.0.0.1:PORT/DB``) with ``password``
     in one of the forms a URL gives one."""
@@ -121,6 +124,16 @@ def with_password(url: str, form: str, password: str = PW) -> str:
         "hosts": (
             f"postgresql+psycopg://postgres@/{database}?host={address.split(':')[0]},127.0.0.1"
             f"&port={address.split(':')[1]},{address.split(':')[1]}&password={password}"
+        ),
+        # Several hosts as pg_autoctl and SQLAlchemy write them, one where nothing listens
+        # first (SPEC §19).
+        "libpq URI": (
+            f"postgresql://postgres:{password}@127.0.0.1:1,{address}/{database}"
+            "?target_session_attrs=read-write"
+        ),
+        "SQLAlchemy": (
+            f"postgresql+psycopg://postgres@/{database}?host=127.0.0.1:1&host={address}"
+            f"&password={password}&target_session_attrs=read-write"
         ),
     }[form]
 
@@ -177,7 +190,7 @@ async def test_a_host_without_a_password_in_its_url_gets_it_from_libpq(
 
 
 @needs_postgres
-@pytest.mark.parametrize("form", ["user", "query", "hosts"])
+@pytest.mark.parametrize("form", FORMS)
 async def test_a_password_from_DELEGATION_DB_works_and_is_never_printed(
     form: str, database: str, tmp_path: Path, workspace: Path
 ) -> None:
@@ -200,7 +213,7 @@ async def test_a_password_from_DELEGATION_DB_works_and_is_never_printed(
 
 
 @needs_postgres
-@pytest.mark.parametrize("form", ["user", "query", "hosts"])
+@pytest.mark.parametrize("form", FORMS)
 def test_a_wrong_password_from_DELEGATION_DB_is_one_line_without_it(
     form: str, database: str, tmp_path: Path
 ) -> None:
@@ -220,12 +233,13 @@ def test_a_wrong_password_from_DELEGATION_DB_is_one_line_without_it(
 
 
 def test_a_url_refused_from_DELEGATION_DB_is_shown_without_its_password(tmp_path: Path) -> None:
-    # SQLAlchemy cannot read several hosts in the user part: a usage error names the URL.
-    url = f"postgresql+psycopg://postgres:{PW}@127.0.0.1:5432,127.0.0.1:5433/app"
+    # A port that is no number among several hosts: a usage error names the URL.
+    url = f"postgresql+psycopg://postgres:{PW}@127.0.0.1:5432,127.0.0.1:x/app"
     for command in (("serve", "--stdio"), ("children",), ("web",)):
         done = cli(*command, env={**os.environ, "DELEGATION_DB": url}, cwd=tmp_path)
         assert (done.returncode, done.stdout) == (2, ""), done.stderr
         line = one_line(done.stderr)
         assert line.startswith("delegation: --db postgresql+psycopg://postgres:***@127.0.0.1:5432,")
+        assert line.endswith(": 'x' is not a port number")
         assert PW not in line
     assert not list(tmp_path.iterdir()), "nothing was created"

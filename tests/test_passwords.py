@@ -9,9 +9,11 @@ from urllib.parse import quote, quote_plus
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import make_url
 
 from delegation.passwords import in_url, redacted
+from delegation.store import stores
 
 PW = "Pw-s3cret-42"
 WITH_PASSWORD = [
@@ -24,6 +26,11 @@ WITH_PASSWORD = [
     (f"postgresql://u@h/app?pass%77ord={PW}", "?pass%77ord=***"),  # an encoded key
     (f"postgresql://u:{PW}@h1:5432,h2:5433/app", "postgresql://u:***@h1:5432,h2:5433/app"),
     (f"postgresql://u@/app?host=h1,h2&port=5432,5433&password={PW}", "5433&password=***"),
+    # Several hosts in each spelling a store reads (SPEC §19), IPv6 ones too.
+    (f"postgresql://u:{PW}@h1,h2/app?target_session_attrs=read-write", "u:***@h1,h2/app?"),
+    (f"postgresql://u:{PW}@[::1]:5432,[fe80::2]:5433/app", "u:***@[::1]:5432,[fe80::2]:5433/"),
+    (f"postgresql+psycopg://u@/app?host=h1:5432&host=h2:5433&password={PW}", "5433&password=***"),
+    (f"postgresql+psycopg://u:{PW}@/app?host=h1:5432&host=h2:5433", "u:***@/app?host=h1:5432"),
     (f"postgresql://u@h/app?password={PW}&password={PW}x", "?password=***&password=***"),
     (f"sqlite:////var/db/x.db?password={PW}", "sqlite:////var/db/x.db?password=***"),
     # Unescaped characters that end a host elsewhere, as SQLAlchemy reads them.
@@ -81,3 +88,32 @@ def test_an_unescaped_password_sqlalchemy_reads_is_never_shown(password: str) ->
     assert make_url(url).password == password
     assert in_url(url)
     assert password not in redacted(url)
+
+
+# Any character libpq can send (not NUL, which ends its strings).
+sendable = st.text(alphabet=st.characters(exclude_characters="\x00"), min_size=1).map("Zq".__add__)
+
+
+@given(sendable)
+def test_a_password_before_several_hosts_is_sent_as_written_and_never_shown(
+    password: str,
+) -> None:
+    # In each spelling the store reads, before and after it is made one (normalize),
+    # and in the connection string its own psycopg connections get (libpq).
+    for url in (
+        f"postgresql://user:{quote(password, safe='')}@h1:5432,[::1]:5433/app"
+        "?target_session_attrs=read-write",
+        f"postgresql+psycopg://user@/app?host=h1:5432&host=h2:5433&password={quote_plus(password)}",
+        f"postgresql+psycopg://user:{quote(password, safe='')}@/app?host=h1,h2&port=5432,5433",
+    ):
+        normal = stores.normalize(url)
+        parsed = make_url(normal)
+        assert (parsed.password or parsed.query["password"]) == password
+        assert parsed.query["host"] in ("h1,::1", "h1,h2")
+        assert conninfo_to_dict(stores.libpq(normal))["password"] == password
+        for shown in (url, normal):
+            assert in_url(shown)
+            assert quote(password, safe="") not in redacted(shown)
+            assert quote_plus(password) not in redacted(shown)
+        hidden = make_url(redacted(normal))
+        assert (hidden.password or hidden.query["password"]) == "***"

@@ -431,6 +431,29 @@ async def test_read_is_one_snapshot_and_read_now_sees_the_newest_commit(
     assert await store.read(count) == 3
 
 
+WRITES = [
+    "INSERT INTO host_instances (id, started_at) VALUES ('from-a-read', 1)",
+    "UPDATE host_instances SET started_at = 2",
+]
+
+
+@pytest.mark.parametrize("sql", WRITES)
+async def test_a_read_cannot_write(store: Store, db_url: str, sql: str) -> None:
+    # On PostgreSQL each read is a read-only transaction (SPEC §19), not a session
+    # started read-only, which target_session_attrs=read-write would refuse.
+    await store.write(insert("first"))
+    with pytest.raises(errors.StoreError) as in_read:
+        await store.read(lambda conn: run(conn, sql))
+    assert domain(in_read.value), repr(in_read.value)
+    with pytest.raises(errors.StoreError) as in_read_now:
+        await store.read_now(lambda conn: run(conn, sql))
+    assert domain(in_read_now.value), repr(in_read_now.value)
+    written = rows.rows(db_url, "SELECT id, started_at FROM host_instances")
+    assert [tuple(row) for row in written] == [("first", 1)]
+    assert await store.read(count) == 1, "the reader goes on"
+    assert await store.read_now(count) == 1
+
+
 async def test_reads_see_only_commits_and_never_wait_for_the_writer(
     store: Store, db_url: str
 ) -> None:

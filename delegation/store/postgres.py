@@ -127,6 +127,24 @@ def _engine(
     return engine
 
 
+def _reader(url: str) -> Engine:
+    """The engine of the loop's reads: each ``read`` one ``REPEATABLE READ, READ ONLY``
+    snapshot, each ``read_now`` statement its own read-only transaction.
+
+    Read-only per transaction, not per session: a session that starts read-only (a
+    startup option) is one ``target_session_attrs=read-write`` refuses on every host.
+    The session's default is set once it is open instead, so that ``read_now``'s
+    statements, in autocommit, cost no round trip more."""
+    begin = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+    engine = _engine(url, "delegation-reader", begin=begin, options={})
+    event.listen(engine, "connect", _read_only_transactions)
+    return engine
+
+
+def _read_only_transactions(dbapi_connection: Any, _record: Any = None) -> None:
+    dbapi_connection.execute("SET default_transaction_read_only = on")
+
+
 def _connect_error(url: str, exc: BaseException) -> errors.DelegationError:
     shown = passwords.redacted(url)
     return errors.StoreError(f"cannot reach the PostgreSQL database {shown}: {exc}")
@@ -171,12 +189,7 @@ class PostgresDatabase(Database):
             self._unflushed_engine = self._writer(
                 "delegation-writer-unflushed", synchronous_commit="off"
             )
-            self._read_engine = _engine(
-                self.url,
-                "delegation-reader",
-                begin="BEGIN ISOLATION LEVEL REPEATABLE READ",
-                options={"default_transaction_read_only": "on"},
-            )
+            self._read_engine = _reader(self.url)
             with self._write_engine.connect():
                 pass  # reach the server now, not in the first batch
         except BaseException as exc:

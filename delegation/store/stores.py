@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import Connection, make_url
 from sqlalchemy.exc import ArgumentError
 
+from delegation import dburl
 from delegation.store import database, migrate
 from delegation.store.interface import Store
 from delegation.watch import FileWatch, Watch
@@ -28,13 +29,16 @@ class Reader(Protocol):
 
 
 def normalize(url: str) -> str:
-    """``url`` with its driver made explicit; a URL of neither store is refused.
+    """``url`` with its driver made explicit, and several PostgreSQL hosts named in one
+    spelling, ``?host=h1,h2&port=p1,p2`` (see :mod:`delegation.dburl`): what SQLAlchemy's
+    engines and :func:`libpq` read alike. A URL of neither store is refused.
 
     Raises:
-        ValueError: not a SQLite file URL nor a PostgreSQL one.
+        ValueError: not a SQLite file URL nor a PostgreSQL one, or a PostgreSQL URL that
+            cannot be read (one line saying why).
     """
     try:
-        parsed = make_url(url)
+        parsed = make_url(dburl.one_spelling(url))
     except ArgumentError:
         parsed = None
     if parsed is not None and parsed.get_backend_name() == "postgresql":
@@ -131,8 +135,18 @@ def upgrade(
 
 
 def libpq(url: str) -> str:
-    """A PostgreSQL URL as psycopg's own connection string."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    """A PostgreSQL URL (as :func:`normalize` gives it) as psycopg's connection string:
+    libpq's keywords, the ones SQLAlchemy's psycopg dialect passes for the same URL (its
+    arguments as given, several hosts as ``host=h1,h2 port=p1,p2``)."""
+    from psycopg.conninfo import make_conninfo
+
+    parsed = make_url(url)
+    keywords: dict[str, Any] = parsed.translate_connect_args(username="user", database="dbname")
+    for key, value in parsed.query.items():
+        if not isinstance(value, str):  # normalize refuses an argument given twice
+            raise ValueError(f"{key}= given more than once")
+        keywords[key] = value
+    return make_conninfo("", **keywords)
 
 
 def with_database(url: str, name: str) -> str:
