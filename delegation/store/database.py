@@ -61,9 +61,11 @@ _AWAY_PAUSE_MAX_S = 0.4  # the longest pause between tries while the server is a
 _SQLITE_MIN = (3, 35, 5)  # UPDATE ... RETURNING, with the fixes of 3.35.5
 _BUSY_PAUSE_MAX_S = 0.05  # the longest pause between two tries of a busy BEGIN
 _POSTGRES_BUSY = frozenset({"40001", "40P01", "55P03", "57014"})
-# The server went away or cannot take writes now: shut down (57P01-3), out of
-# connections (53300), a read-only server after a failover (25006); class 08 below.
-_POSTGRES_GONE = frozenset({"57P01", "57P02", "57P03", "53300", "25006"})
+# The server went away or cannot take us now: shut down (57P01-3), out of connections
+# (53300); class 08 below. (A read-only server refuses writes with 25006, which the
+# readers' own read-only transactions raise too: a failover ends the old primary's
+# sessions, and target_session_attrs=read-write keeps reconnects off a standby.)
+_POSTGRES_GONE = frozenset({"57P01", "57P02", "57P03", "53300"})
 _PSYCOPG_CONNECTION_ERRORS = frozenset({"OperationalError", "InterfaceError"})
 _POSTGRES_REFUSALS = frozenset(
     {
