@@ -402,7 +402,12 @@ class Engine:
                 return total
 
     async def _sweep(self) -> None:
-        purged = await self.purge()
+        try:
+            purged = await self.purge()
+        except (errors.DatabaseBusy, errors.StoreUnavailable, errors.HostFenced) as exc:
+            # The next sweep purges it: retention is late, never lost.
+            log.warning("retention sweep put off: %s", exc, extra={"action": "sweep_delayed"})
+            return
         if purged:
             log.info("children purged", extra={"action": "retention_purged", "children": purged})
 
@@ -1016,8 +1021,7 @@ class Engine:
         async def watch() -> None:
             deadline = asyncio.get_running_loop().time() + self.config.release_drain_s + 1
             while asyncio.get_running_loop().time() < deadline:
-                child = await self._db.read_now(lambda c: queries.child_by_id(c, child_id))
-                if child is None or child.terminal:
+                if await self._terminal_or_gone(child_id):  # busy or away: looked at again
                     ended.set()
                     return
                 await asyncio.sleep(0.05)

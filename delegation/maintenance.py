@@ -158,7 +158,14 @@ def take_over(
     """
     if not everyone and not lifecycle.first_to(conn, lifecycle.TAKEOVER_LOCK):
         return NOTHING  # another host is taking over right now; the next beat looks again
-    taken = lifecycle.take_instances(conn, instance_id, now, cfg.host_timeout_s, everyone=everyone)
+    taken = lifecycle.take_instances(
+        conn,
+        instance_id,
+        now,
+        cfg.host_timeout_s,
+        everyone=everyone,
+        stale_s=2 * cfg.host_heartbeat_s,  # two beats missed: its lock was not taken again
+    )
     # SQLite (everyone): the boot's write transaction already excludes every writer.
     lost_any = not everyone and lifecycle.lock_lost(conn, instance_id)
     previous = runners.open_connections_of_taken(conn)

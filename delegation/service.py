@@ -401,13 +401,18 @@ def try_admit(conn: Connection, child_id: int, instance_id: str, now: float) -> 
 
 def finish(conn: Connection, child_id: int, error: str, tracked: bool, now: float) -> ChildRecord:
     """End a run: ``cancelled`` if cancellation was requested, else ``done``; a process
-    it recorded (``tracked``) is forgotten, since the run reaped it."""
+    it recorded (``tracked``) is forgotten, since the run reaped it. A child ended
+    already is left as it is (the finish is retried until it commits)."""
     if tracked:
         processes.forget(conn, child_id)
     children.lock(conn, child_id)  # a cancel from another host waits, or is seen here
     child = children.get(conn, child_id)
     if child is None:
         raise errors.ChildPurged()
+    if child.state in (State.DONE.value, State.CANCELLED.value):
+        # Ended already: this finish committed once and its answer was lost with the
+        # connection, and it is tried again (SPEC §19); nothing more to record.
+        return child
     if child.cancel_requested_at is not None:
         children.transition(conn, child_id, Trigger.STOP, now, error=child.cancel_reason or "")
     else:

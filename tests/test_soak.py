@@ -109,9 +109,35 @@ def test_soak_of_three_hosts_on_postgres_kills_pauses_and_takes_over(
     assert found == [], "the soak's own database is dropped at the end"
 
 
+@pytest.mark.timeout(180)
+def test_soak_through_database_restarts_on_postgres(postgres_db: str, tmp_path: Path) -> None:
+    """`--db-restarts`: every session of the soak's database is ended again and again
+    under two working hosts; they go on, and every invariant holds."""
+    soak = ["--url", postgres_db, "--hosts", "2", "--db-restarts", "--seconds", "12", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "delegation.soak", *soak],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout + proc.stderr
+    report = json.loads(lines[0])
+    assert report["violations"] == 0, report["violation_samples"]
+    assert proc.returncode == 0, proc.stderr
+    assert report["db_restarts"] >= 2 and report["db_sessions_ended"] > report["db_restarts"]
+    assert report["ops"] > 200 and report["acked"]["events"] > 0
+    assert "internal_error" not in report["errors_by_reason"], report["errors_by_reason"]
+    assert hosts_left(tmp_path) == []
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (["--db-restarts"], "--db-restarts needs --url"),
         (["--hosts", "2"], "--hosts 2 needs --url"),
         (["--hosts", "0"], "--hosts must be at least 1"),
         (["--url", "sqlite:///x.db"], "--url takes a PostgreSQL URL"),

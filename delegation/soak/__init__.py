@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         " one needs --url)",
     )
     parser.add_argument(
+        "--db-restarts",
+        action="store_true",
+        help="end every session of the database now and then, as a server restart does"
+        " (needs --url, and a role that may: superuser or pg_signal_backend)",
+    )
+    parser.add_argument(
         "--heartbeat",
         type=float,
         default=HEARTBEAT_S,
@@ -110,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--hosts {args.hosts} needs --url: several hosts share one PostgreSQL database"
             " (a SQLite file has one host at a time)"
         )
+    if args.db_restarts and args.url is None:
+        parser.error("--db-restarts needs --url: only a server's sessions can be ended")
     signal.signal(signal.SIGTERM, _terminate)
     report = _soak(args, seed)
     print(json.dumps(report, separators=(",", ":")) if args.json else summary(report))
@@ -117,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    from delegation.soak.faults import DatabaseFaults
     from delegation.soak.fleet import FleetDriver
     from delegation.soak.server import SoakDatabase
 
@@ -131,7 +140,7 @@ def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             url = stack.enter_context(SoakDatabase(args.url, keep=args.keep is not None))
         driver = FleetDriver if args.hosts > 1 else Driver
         progress = stack.enter_context(Progress("soak", args.seconds, unit=" s", quiet=args.json))
-        return driver(
+        soak = driver(
             folder,
             args.seconds,
             seed,
@@ -140,7 +149,12 @@ def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             heartbeat_s=args.heartbeat,
             timeout_s=args.host_timeout,
             progress=progress,
-        ).run()
+        )
+        if not args.db_restarts or url is None:
+            return soak.run()
+        with DatabaseFaults(url, seed) as faults:
+            report = soak.run()
+        return {**report, "db_restarts": faults.count, "db_sessions_ended": faults.ended}
     raise AssertionError("unreachable")
 
 

@@ -11,12 +11,14 @@ for reading an event body's JSON fields, which each store spells its own way.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from delegation import errors
 from delegation.store import Connection, stores
 
 T = TypeVar("T")
@@ -57,6 +59,16 @@ class Reading:
     def is_file(self) -> bool:
         return self.path is not None
 
+    def _read_server(self, fn: Callable[[Query], T]) -> T:
+        """One snapshot of the server's database; its session ended under it (a soak's
+        ``--db-restarts``) is tried again, for up to ten seconds."""
+        for _ in range(100):
+            try:
+                return stores.read_once(self.url, lambda conn: fn(_store_query(conn)))
+            except errors.StoreUnavailable:
+                time.sleep(0.1)
+        return stores.read_once(self.url, lambda conn: fn(_store_query(conn)))
+
     def exists(self) -> bool:
         return self.path is None or self.path.exists()
 
@@ -68,7 +80,7 @@ class Reading:
 
     def read(self, fn: Callable[[Query], T]) -> T:
         if self.path is None:
-            return stores.read_once(self.url, lambda conn: fn(_store_query(conn)))
+            return self._read_server(fn)
         conn = sqlite3.connect(
             f"file:{self.path}?mode=ro", uri=True, timeout=30, isolation_level=None
         )

@@ -680,7 +680,7 @@ class Database:
         """``pending``'s job raised ``exc``: its caller gets the domain error; a fault
         of ours (not a refusal) is logged with its traceback."""
         pending.ok, pending.value = False, translate(exc)
-        if not isinstance(exc, errors.DelegationError):
+        if not isinstance(exc, errors.DelegationError) and not unavailable(exc):
             log.error("write job failed", extra={"action": "write_job_failed"}, exc_info=exc)
 
     # --- what differs between stores (PostgresDatabase overrides these) -----------

@@ -73,7 +73,13 @@ _SESSION_BEGAN = (
 
 
 def take_instances(
-    conn: Connection, me: str, now: float, timeout_s: float, *, everyone: bool
+    conn: Connection,
+    me: str,
+    now: float,
+    timeout_s: float,
+    *,
+    everyone: bool,
+    stale_s: float = 0.0,
 ) -> list[str]:
     """Mark the instances this host takes over: closed ones not taken yet, and those
     without a heartbeat for ``timeout_s`` (``everyone``: every other one, as at the boot
@@ -86,12 +92,14 @@ def take_instances(
     # which the server frees as soon as the host's process is gone (kill -9 included).
     # A restart or a failover frees every lock too, and a live host takes its own again
     # only before its next heartbeat (Store.keep_lock): a free lock proves death only
-    # for a host that beat on this server since this host's connection to it began.
+    # for a host that beat on this server since this host's connection to it began, and
+    # has not beat for ``stale_s`` since (its lock's session may have been ended just
+    # after it was checked, before that heartbeat: the next beat takes it again).
     dead = (
         "TRUE"
         if everyone
         else f"(COALESCE(heartbeat_at, 0) < {db_clock(conn)} - :timeout"
-        f" OR (heartbeat_at > {_SESSION_BEGAN}"
+        f" OR (heartbeat_at > {_SESSION_BEGAN} AND heartbeat_at < {db_clock(conn)} - :stale"
         " AND pg_try_advisory_xact_lock(:locks, hashtext(id))))"
     )
     rows = conn.execute(
@@ -100,7 +108,7 @@ def take_instances(
             f" WHERE id != :me AND taken_by IS NULL AND (closed_at IS NOT NULL OR {dead})"
             " RETURNING id"
         ),
-        {"me": me, "now": now, "timeout": timeout_s, "locks": INSTANCE_LOCKS},
+        {"me": me, "now": now, "timeout": timeout_s, "stale": stale_s, "locks": INSTANCE_LOCKS},
     ).all()
     return [row[0] for row in rows]
 
