@@ -29,6 +29,8 @@ UNPRIVILEGED = "nobody"
 class Server:
     url: str  # postgresql+psycopg://…/postgres
     stop: Callable[[], None]
+    # pg_ctl restart -m fast, waited for; None for a server named by the environment
+    restart: Callable[[], None] | None = None
 
 
 def binaries() -> Path | None:
@@ -130,4 +132,11 @@ def start(*, durable: bool = True, password: str | None = None) -> Server:
         )  # fmt: skip
         shutil.rmtree(root, ignore_errors=True)
 
-    return Server(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", stop)
+    def restart() -> None:
+        subprocess.run(
+            [str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-m", "fast",
+             "-w", "-t", "60", "restart"],
+            env=env, **run,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    return Server(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", stop, restart)
