@@ -13,6 +13,9 @@ demote itself before promoting its standby).
 
 The tests skip without ``pg_autoctl``, unless ``DELEGATION_REQUIRE_FAILOVER=1`` (CI's
 ``.ci/run`` sets it after installing the package): then its absence is a failure.
+``DELEGATION_FAILOVER_TARGET`` changes the ``target_session_attrs`` of ``url`` (SPEC
+§19's ``read-write`` unless set; ``primary`` reaches the same node by another test,
+for an engine whose sessions are still read-only ones).
 
     formation = start()
     formation.url("db")      # postgresql+psycopg://postgres@/db?host=…,…&port=…,…&target_session_attrs=read-write
@@ -45,6 +48,7 @@ import pytest
 from tests import postgres
 
 REQUIRE = "DELEGATION_REQUIRE_FAILOVER"
+TARGET = os.environ.get("DELEGATION_FAILOVER_TARGET", "read-write")
 ROOT = Path(__file__).resolve().parent.parent
 MONITOR_DB = "pg_auto_failover"
 # The monitor's health checks, fast (the defaults take about 30 s to fail a dead primary
@@ -115,7 +119,7 @@ class Formation:
 
     # --- addresses ------------------------------------------------------------------
 
-    def url(self, database: str = "postgres", attrs: str = "read-write") -> str:
+    def url(self, database: str = "postgres", attrs: str = TARGET) -> str:
         """The engine's URL for ``database``: both nodes, the writable one chosen
         (``attrs``: libpq's ``target_session_attrs``)."""
         ports = ",".join(str(node.port) for node in self.nodes)
