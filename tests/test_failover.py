@@ -101,9 +101,9 @@ def settle(url: str, host: Host) -> None:
     host.wait(lambda: not finite_running(host), 30, "every short child ended")
     ended = [*host.conversations("ENDED"), *host.conversations("STOPPED")]
     deadline = time.monotonic() + 30
-    while (left := [c for c in ended if state(url, c) in ACTIVE]) and time.monotonic() < deadline:
+    while (left := in_flight(url, ended)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not left, f"children whose run ended are still {[state(url, c) for c in left]}"
+    assert not left, f"children whose run ended are still in flight: {left}"
 
 
 def finite_running(host: Host) -> set[str]:
@@ -112,11 +112,11 @@ def finite_running(host: Host) -> set[str]:
     return set(host.conversations("RAN")) - over - streamers
 
 
-def state(url: str, conversation: str) -> str:
-    found = rows.rows(
-        url, "SELECT state FROM children WHERE conversation_id = :c", {"c": conversation}
-    )
-    return str(found[0][0]) if found else "missing"
+def in_flight(url: str, conversations: list[str]) -> dict[str, str]:
+    """Those of ``conversations`` the database has admitted or running: their states."""
+    found = rows.rows(url, "SELECT conversation_id, state FROM children")
+    states = {str(conversation): str(state) for conversation, state in found}
+    return {c: states[c] for c in conversations if states.get(c) in ACTIVE}
 
 
 def check_after(url: str, *hosts: Host) -> None:
