@@ -31,6 +31,8 @@ class Server:
     stop: Callable[[], None]
     # pg_ctl on this cluster ("stop", "-m", "fast"; "start"), None for a given server.
     ctl: Callable[..., None] | None = None
+    # pg_ctl restart -m fast, waited for; None for a server named by the environment
+    restart: Callable[[], None] | None = None
 
 
 def binaries() -> Path | None:
@@ -141,4 +143,12 @@ def start(*, durable: bool = True, password: str | None = None) -> Server:
             env=env, **run,  # type: ignore[arg-type]
         )  # fmt: skip
 
-    return Server(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", stop, ctl)
+    def restart() -> None:
+        subprocess.run(
+            [str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-m", "fast",
+             "-w", "-t", "60", "restart"],
+            env=env, **run,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    return Server(url, stop, ctl, restart)
