@@ -706,7 +706,14 @@ class Engine:
             committed=self._reserved,
             one_write=not params.lease_id,
         )
-        return await self._outcome(plan.child.id, params.after, first=not plan.replay)
+        try:
+            return await self._outcome(plan.child.id, params.after, first=not plan.replay)
+        except errors.ChildPurged:
+            if plan.replay:
+                raise
+            # Its reservation was lost with the server (an unflushed commit a failover
+            # did not carry over): nothing was started, and a replay starts it anew.
+            raise errors.StoreUnavailable() from None
 
     def _reserved(self, plan: service.StartPlan) -> None:
         if plan.new_lease_deadline is not None:

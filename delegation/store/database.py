@@ -62,10 +62,11 @@ _SQLITE_MIN = (3, 35, 5)  # UPDATE ... RETURNING, with the fixes of 3.35.5
 _BUSY_PAUSE_MAX_S = 0.05  # the longest pause between two tries of a busy BEGIN
 _POSTGRES_BUSY = frozenset({"40001", "40P01", "55P03", "57014"})
 # The server went away or cannot take us now: shut down (57P01-3), out of connections
-# (53300); class 08 below. (A read-only server refuses writes with 25006, which the
-# readers' own read-only transactions raise too: a failover ends the old primary's
-# sessions, and target_session_attrs=read-write keeps reconnects off a standby.)
-_POSTGRES_GONE = frozenset({"57P01", "57P02", "57P03", "53300"})
+# (53300), a primary that turned read-only while it hands over to another (25006: but
+# on a reader, whose transactions are read-only, that is the read's own fault); class
+# 08 below.
+_READ_ONLY_SERVER = "25006"
+_POSTGRES_GONE = frozenset({"57P01", "57P02", "57P03", "53300", _READ_ONLY_SERVER})
 _PSYCOPG_CONNECTION_ERRORS = frozenset({"OperationalError", "InterfaceError"})
 _POSTGRES_REFUSALS = frozenset(
     {
@@ -157,14 +158,16 @@ def _make_engine(
     return engine
 
 
-def translate(exc: BaseException) -> errors.DelegationError:
-    """SQLAlchemy and sqlite3 failures as domain errors (the store's one boundary)."""
+def translate(exc: BaseException, *, reading: bool = False) -> errors.DelegationError:
+    """SQLAlchemy and sqlite3 failures as domain errors (the store's one boundary);
+    ``reading``: in a read-only transaction of ours."""
     if isinstance(exc, errors.DelegationError):
         return exc
     # SQLAlchemy wraps the driver's errors, but not those raised in its event hooks:
     # a busy BEGIN IMMEDIATE (see ``_on_begin``) arrives as sqlite3's own error.
     cause = exc.orig if isinstance(exc, DBAPIError) else exc
-    if unavailable(exc):
+    own = reading and getattr(cause, "sqlstate", None) == _READ_ONLY_SERVER
+    if unavailable(exc) and not own:
         return errors.StoreUnavailable()
     if isinstance(cause, sqlite3.Error):
         busy = _is_busy(cause)
@@ -859,7 +862,7 @@ class Database:
         that reads a child's row before its events still gets a consistent page: every
         event is committed before the state that follows it."""
         conn = await self._turn()
-        with translated():
+        with translated(reading=True):
             try:
                 return fn(conn)
             finally:
@@ -874,7 +877,7 @@ class Database:
         another thread would.
         """
         conn = await self._turn()
-        with translated(), conn.begin():  # BEGIN itself can fail (a dropped connection)
+        with translated(reading=True), conn.begin():  # BEGIN itself can fail (a dropped connection)
             return fn(conn)
 
     async def _turn(self) -> Connection:
@@ -1025,11 +1028,11 @@ def at_head(conn: Connection, name: str) -> None:
 
 
 @contextlib.contextmanager
-def translated() -> Iterator[None]:
+def translated(*, reading: bool = False) -> Iterator[None]:
     """Driver and SQLAlchemy failures inside the block as domain errors (``translate``)."""
     try:
         yield
     except errors.DelegationError:
         raise
     except Exception as exc:
-        raise translate(exc) from exc
+        raise translate(exc, reading=reading) from exc

@@ -546,7 +546,7 @@ class PostgresReadOnly:
         )
 
     def read(self, fn: Callable[[Connection], T]) -> T:
-        with translated(), self._engine.connect() as conn:  # reaching the server too
+        with translated(reading=True), self._engine.connect() as conn:  # reaching the server too
             return fn(conn)
 
     def close(self) -> None:
