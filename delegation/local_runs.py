@@ -151,9 +151,12 @@ class LocalRun:
         self.engine._db.append_event(EventRow(self.child_id, sequence, body, output))
 
     async def flush(self) -> None:
-        # The events are kept and written once the database is back (SPEC §19): a run
-        # waits for that, as for a slow disk, rather than fail for it.
-        await self.engine._owed(self._stopped, _barrier)
+        try:
+            await self.engine._db.barrier()
+        except errors.StoreUnavailable:
+            # The events are kept and written once the database is back (SPEC §19): a
+            # run waits for that, as for a slow disk, rather than fail for it.
+            await self.engine._owed(self._stopped, _barrier)
         if self.suspended:  # what it emitted since is not written (see the module)
             raise errors.HostClosing(
                 "this run was stopped with its host: what it emitted since is not written"
