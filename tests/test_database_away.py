@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -301,3 +302,40 @@ async def test_serve_stays_up_and_refuses_with_store_unavailable(
             except errors.StoreUnavailable:
                 assert loop.time() < deadline, "serve never wrote again"
                 await asyncio.sleep(0.1)
+
+
+def test_a_watch_listens_again_after_its_session_is_ended(away_url: str) -> None:
+    """LISTEN is re-established: a watch whose session was ended connects again, says
+    everything may have moved (notices were lost meanwhile), then hears new ones."""
+    from delegation.store.postgres import CHANNEL, PostgresWatch
+
+    watch = PostgresWatch(away_url, fallback=3600)
+    try:
+        assert not watch.changed()
+        assert kill_sessions_named(away_url, "delegation-watch") == 1
+        loop_until(watch.changed)  # connected again
+        assert watch.moved() is None, "notices sent while away are lost: all may have moved"
+        assert not watch.changed()
+        with psycopg.connect(libpq(away_url), autocommit=True) as other:
+            other.execute("SELECT pg_notify(%s, '42')", (CHANNEL,))
+        loop_until(watch.changed)
+        assert watch.moved() == {42}
+    finally:
+        watch.close()
+
+
+def kill_sessions_named(url: str, application: str) -> int:
+    with psycopg.connect(libpq(url), autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (application,),
+        ).fetchall()
+    return len(rows)
+
+
+def loop_until(check: object, tries: int = 400) -> None:
+    for _ in range(tries):
+        if check():  # type: ignore[operator]
+            return
+        threading.Event().wait(0.025)
+    raise AssertionError("timed out")

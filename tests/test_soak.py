@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,14 +76,9 @@ def test_soak_for_twenty_seconds_reports_no_violation(tmp_path: Path) -> None:
     assert hosts_left(tmp_path) == []
 
 
-@pytest.mark.timeout(180)
-def test_soak_of_three_hosts_on_postgres_kills_pauses_and_takes_over(
-    postgres_db: str, tmp_path: Path
-) -> None:
-    """Three hosts at once on a new database of the server (dropped at the end): at
-    least one is killed, one paused past the host timeout (then fenced), one taken
-    over, and every invariant holds."""
-    soak = ["--url", postgres_db, "--hosts", "3", "--seconds", "15", "--json"]
+def soak_on_postgres(soak: list[str], tmp_path: Path) -> dict[str, Any]:
+    """Run ``python -m delegation.soak *soak`` (its folder in ``tmp_path``, for
+    hosts_left); its one-line report, once it found no violation."""
     proc = subprocess.run(
         [sys.executable, "-m", "delegation.soak", *soak],
         cwd=ROOT,
@@ -90,13 +86,26 @@ def test_soak_of_three_hosts_on_postgres_kills_pauses_and_takes_over(
         text=True,
         timeout=170,
         check=False,
-        env={**os.environ, "TMPDIR": str(tmp_path)},  # its folder, for hosts_left
+        env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, proc.stdout + proc.stderr
-    report = json.loads(lines[0])
+    report: dict[str, Any] = json.loads(lines[0])
     assert report["violations"] == 0, report["violation_samples"]
     assert proc.returncode == 0, proc.stderr
+    return report
+
+
+@pytest.mark.timeout(180)
+def test_soak_of_three_hosts_on_postgres_kills_pauses_and_takes_over(
+    postgres_db: str, tmp_path: Path
+) -> None:
+    """Three hosts at once on a new database of the server (dropped at the end): at
+    least one is killed, one paused past the host timeout (then fenced), one taken
+    over, and every invariant holds."""
+    report = soak_on_postgres(
+        ["--url", postgres_db, "--hosts", "3", "--seconds", "15", "--json"], tmp_path
+    )
     assert (report["store"], report["hosts"]) == ("postgresql", 3)
     assert report["kills"] >= 1 and report["pauses"] >= 1 and report["graceful"] >= 1
     assert report["takeovers"] >= 1 and report["fenced"] >= 1
@@ -114,20 +123,7 @@ def test_soak_through_database_restarts_on_postgres(postgres_db: str, tmp_path: 
     """`--db-restarts`: every session of the soak's database is ended again and again
     under two working hosts; they go on, and every invariant holds."""
     soak = ["--url", postgres_db, "--hosts", "2", "--db-restarts", "--seconds", "12", "--json"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "delegation.soak", *soak],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=170,
-        check=False,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-    )
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1, proc.stdout + proc.stderr
-    report = json.loads(lines[0])
-    assert report["violations"] == 0, report["violation_samples"]
-    assert proc.returncode == 0, proc.stderr
+    report = soak_on_postgres(soak, tmp_path)
     assert report["db_restarts"] >= 2 and report["db_sessions_ended"] > report["db_restarts"]
     assert report["ops"] > 200 and report["acked"]["events"] > 0
     assert "internal_error" not in report["errors_by_reason"], report["errors_by_reason"]
