@@ -259,6 +259,7 @@ class Engine:
                 self.config,
                 self.instance_id,
                 self._open,
+                self._db.reconnected_at,  # read as the beat runs: after any reconnect
                 committed=self._will_resume,
             )
         except errors.HostFenced:
@@ -332,16 +333,20 @@ class Engine:
     async def _back_from_cut(self) -> None:
         """A heartbeat committed after :meth:`_cut_off`, and nobody took this instance
         over: its stopped runs' children are still its own, yet nothing runs them. The
-        host goes on as a new instance, as a fenced one does, and closes the old one,
-        which its next heartbeat takes over: that resumes those children here."""
-        self._cut = False
+        host goes on as a new instance, as a fenced one does, and takes the old one over
+        itself (:func:`maintenance.hand_over`): that resumes those children here."""
         old = self.instance_id
         await self._rejoin()
-        await self._write(service.close_instance, old)
+        takeover = await self._write(
+            maintenance.hand_over, self.config, old, self.instance_id, committed=self._will_resume
+        )
+        self._cut = False  # only now: a failure on the way is tried again at the next beat
         log.warning(
             "the database is back: this host goes on as a new instance",
             extra={"action": "host_rejoined", "old_instance": old, "instance": self.instance_id},
         )
+        if takeover.taken:
+            await self._take_over(takeover)
 
     async def _fenced(self) -> None:
         """Another host declared this one dead (it was paused, or cut off, past

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from delegation import errors, service
@@ -124,7 +124,12 @@ def rejoin(conn: Connection, instance_id: str, now: float) -> None:
 
 
 def heartbeat(
-    conn: Connection, cfg: EngineConfig, instance_id: str, take: bool, now: float
+    conn: Connection,
+    cfg: EngineConfig,
+    instance_id: str,
+    take: bool,
+    since: Callable[[], float],
+    now: float,
 ) -> Takeover:
     """A live host's heartbeat on a shared database, and the takeover of whatever host
     instance has died meanwhile (none, most of the time).
@@ -137,8 +142,18 @@ def heartbeat(
         raise errors.HostFenced(f"host instance {instance_id} was taken over by another host")
     if not take:  # a closing host only beats
         return dataclasses.replace(NOTHING, server_now=server_now)
-    takeover = take_over(conn, cfg, instance_id, now, everyone=False)
+    takeover = take_over(conn, cfg, instance_id, now, everyone=False, since=since())
     return dataclasses.replace(takeover, server_now=server_now)
+
+
+def hand_over(
+    conn: Connection, cfg: EngineConfig, old: str, instance_id: str, now: float
+) -> Takeover:
+    """A host back from a cut (``Engine._back_from_cut``) closes the instance it was and,
+    in the same transaction, takes it over as the one it is now: its connections and
+    tool calls end, and its leased children are resumed here."""
+    service.close_instance(conn, old, now)
+    return take_over(conn, cfg, instance_id, now, everyone=False)
 
 
 def server_time(conn: Connection) -> float:
@@ -146,7 +161,13 @@ def server_time(conn: Connection) -> float:
 
 
 def take_over(
-    conn: Connection, cfg: EngineConfig, instance_id: str, now: float, *, everyone: bool
+    conn: Connection,
+    cfg: EngineConfig,
+    instance_id: str,
+    now: float,
+    *,
+    everyone: bool,
+    since: float = 0.0,
 ) -> Takeover:
     """Take over the work of dead host instances, as a boot does for one host.
 
@@ -159,12 +180,7 @@ def take_over(
     if not everyone and not lifecycle.first_to(conn, lifecycle.TAKEOVER_LOCK):
         return NOTHING  # another host is taking over right now; the next beat looks again
     taken = lifecycle.take_instances(
-        conn,
-        instance_id,
-        now,
-        cfg.host_timeout_s,
-        everyone=everyone,
-        stale_s=2 * cfg.host_heartbeat_s,  # two beats missed: its lock was not taken again
+        conn, instance_id, now, cfg.host_timeout_s, everyone=everyone, since=since
     )
     # SQLite (everyone): the boot's write transaction already excludes every writer.
     lost_any = not everyone and lifecycle.lock_lost(conn, instance_id)

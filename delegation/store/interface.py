@@ -82,6 +82,12 @@ class Store(Protocol):
         it has a cheaper path (``one_write``)."""
         ...
 
+    def reconnected_at(self) -> float:
+        """When the writer last connected again after losing its connection (the
+        database's clock; 0.0 never): a takeover after it trusts a free lock only for a
+        host that beat since (a restart frees every lock)."""
+        ...
+
     def keep_lock(self) -> None:
         """Before each heartbeat (blocking; off the loop): hold this host's lock again
         if the connection that held it was lost. Raises ``StoreUnavailable`` while the

@@ -8,6 +8,7 @@ from __future__ import annotations
 import msgspec
 from sqlalchemy import Connection, TextClause, text
 
+from delegation import errors
 from delegation.machine import Outcome, State, Trigger, sources, target
 from delegation.options import ExecutionOptions
 from delegation.records import Resumable
@@ -64,14 +65,6 @@ def db_clock(conn: Connection) -> str:
     return "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
 
 
-# When this connection's session began (the database's clock): after a restart or a
-# failover, when this host reached the server it writes to now.
-_SESSION_BEGAN = (
-    "EXTRACT(EPOCH FROM (SELECT backend_start FROM pg_stat_activity"
-    " WHERE pid = pg_backend_pid()))::double precision"
-)
-
-
 def take_instances(
     conn: Connection,
     me: str,
@@ -79,7 +72,7 @@ def take_instances(
     timeout_s: float,
     *,
     everyone: bool,
-    stale_s: float = 0.0,
+    since: float = 0.0,
 ) -> list[str]:
     """Mark the instances this host takes over: closed ones not taken yet, and those
     without a heartbeat for ``timeout_s`` (``everyone``: every other one, as at the boot
@@ -90,17 +83,15 @@ def take_instances(
     """
     # Dead: no heartbeat for timeout_s, or (PostgreSQL) nobody holds its lock any more,
     # which the server frees as soon as the host's process is gone (kill -9 included).
-    # A restart or a failover frees every lock too, and a live host takes its own again
-    # only before its next heartbeat (Store.keep_lock): a free lock proves death only
-    # for a host that beat on this server since this host's connection to it began, and
-    # has not beat for ``stale_s`` since (its lock's session may have been ended just
-    # after it was checked, before that heartbeat: the next beat takes it again).
+    # A restart or a failover frees every lock too: after this host's own connection
+    # was lost and made again at ``since`` (the database's clock; 0: never), a free lock
+    # proves death only for a host that beat since, which it does only while it holds
+    # its lock again (:func:`heartbeat`).
     dead = (
         "TRUE"
         if everyone
         else f"(COALESCE(heartbeat_at, 0) < {db_clock(conn)} - :timeout"
-        f" OR (heartbeat_at > {_SESSION_BEGAN} AND heartbeat_at < {db_clock(conn)} - :stale"
-        " AND pg_try_advisory_xact_lock(:locks, hashtext(id))))"
+        " OR (heartbeat_at > :since AND pg_try_advisory_xact_lock(:locks, hashtext(id))))"
     )
     rows = conn.execute(
         text(
@@ -108,22 +99,50 @@ def take_instances(
             f" WHERE id != :me AND taken_by IS NULL AND (closed_at IS NOT NULL OR {dead})"
             " RETURNING id"
         ),
-        {"me": me, "now": now, "timeout": timeout_s, "stale": stale_s, "locks": INSTANCE_LOCKS},
+        {"me": me, "now": now, "timeout": timeout_s, "since": since, "locks": INSTANCE_LOCKS},
     ).all()
     return [row[0] for row in rows]
 
 
 def heartbeat(conn: Connection, me: str) -> float | None:
     """Record this instance's heartbeat: the database's time of it, or None once
-    another host has taken this instance over."""
+    another host has taken this instance over.
+
+    On PostgreSQL only while its lock is held (by its host's lock connection): a beat
+    then proves the lock was held on this server after it, so a free lock later proves
+    the host's session ended (see :func:`take_instances`).
+
+    Raises:
+        errors.StoreUnavailable: the lock is not held (its session ended: the next beat
+            takes it again first).
+    """
+    held = "" if is_sqlite(conn) else f" AND {_LOCK_HELD}"
     value = conn.execute(
         text(
             f"UPDATE host_instances SET heartbeat_at = {db_clock(conn)}"
-            " WHERE id = :me AND taken_by IS NULL RETURNING heartbeat_at"
+            f" WHERE id = :me AND taken_by IS NULL{held} RETURNING heartbeat_at"
         ),
-        {"me": me},
+        {"me": me, "locks": INSTANCE_LOCKS},
     ).scalar()
-    return None if value is None else float(value)
+    if value is not None:
+        return float(value)
+    if held and _not_taken(conn, me):
+        raise errors.StoreUnavailable()
+    return None
+
+
+# Its two-key advisory lock is held by a session (pg_locks shows the keys as oids).
+_LOCK_HELD = (
+    "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    " AND classid = CAST(:locks AS oid) AND objid = CAST(hashtext(:me) AS oid)"
+    " AND objsubid = 2)"
+)
+
+
+def _not_taken(conn: Connection, me: str) -> bool:
+    row = conn.execute(text("SELECT taken_by FROM host_instances WHERE id = :me"), {"me": me})
+    found = row.first()
+    return found is not None and found[0] is None
 
 
 def server_time(conn: Connection) -> float:
