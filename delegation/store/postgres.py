@@ -162,6 +162,7 @@ class PostgresDatabase(Database):
         self._busy_timeout_ms = busy_timeout_ms
         self._init_state()
         self._lock_conn: Any = None  # holds this host instance's session lock
+        self._lock_held = True  # the lock connection holds the lock (see keep_lock)
         self._claimed: str | None = None  # the instance whose lock is held; its fence
         self._taken_by: str | None = None  # the fence, as the current transaction read it
         self._alive_until = 0.0  # boot_clock(): until then no host can have taken us over
@@ -228,7 +229,11 @@ class PostgresDatabase(Database):
         if not _INSTANCE_ID.fullmatch(instance_id):
             raise ValueError(f"not a host instance id: {instance_id!r}")
         lock = self._lock_conn
-        assert lock is not None
+        if lock is None or lock.closed:  # lost with the server: a new session holds it
+            try:
+                lock = self._lock_conn = _connect(self.url, "delegation-host")
+            except errors.StoreError as exc:
+                raise errors.StoreUnavailable() from exc
         with self._cond:
             previous, left = self._claimed, _Queue()
             if previous is not None:
@@ -249,6 +254,7 @@ class PostgresDatabase(Database):
         if previous is not None:
             lock.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (INSTANCE_LOCKS, previous))
         lock.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance_id))
+        self._lock_held = True
 
     def _now_on(self, conn: Connection) -> float:
         now = dbapi(conn).execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())").fetchone()
@@ -256,8 +262,8 @@ class PostgresDatabase(Database):
 
     def keep_lock(self) -> None:
         """Hold this instance's lock again if its connection was lost (a server restart
-        or failover frees every lock): called before each heartbeat, so a heartbeat
-        that commits was preceded by a lock held on the same server.
+        or failover frees every lock): called before each heartbeat, which commits only
+        while the lock is held (``lifecycle.heartbeat``).
 
         Raises:
             errors.StoreUnavailable: the server cannot be reached (the next beat tries).
@@ -267,7 +273,10 @@ class PostgresDatabase(Database):
             return
         try:
             if lock is not None and not lock.closed:
-                lock.execute("SELECT 1")  # a dead session is found only by using it
+                if self._lock_held:
+                    lock.execute("SELECT 1")  # a dead session is found only by using it
+                else:  # its old session, ended, may have held it a moment longer
+                    self._lock_held = self._try_lock(lock, instance)
                 return
         except Exception as exc:
             if not unavailable(exc):
@@ -275,20 +284,25 @@ class PostgresDatabase(Database):
         if lock is not None:
             with contextlib.suppress(Exception):
                 lock.close()
-        self._lock_conn = None
+        self._lock_conn, self._lock_held = None, False
         try:
             lock = _connect(self.url, "delegation-host")
         except errors.StoreError as exc:
             raise errors.StoreUnavailable() from exc
-        held = lock.execute(
-            "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance)
-        ).fetchone()
         self._lock_conn = lock
+        self._lock_held = self._try_lock(lock, instance)
         log.warning(
             "the host lock was lost with its connection; held again: %s",
-            bool(held and held[0]),
+            self._lock_held,
             extra={"action": "host_lock_renewed"},
         )
+
+    @staticmethod
+    def _try_lock(lock: Any, instance: str) -> bool:
+        row = lock.execute(
+            "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance)
+        ).fetchone()
+        return bool(row and row[0])
 
     def _refuse(self, left: _Queue, fenced: errors.HostFenced) -> None:
         for pending in left.jobs:
