@@ -68,6 +68,16 @@ _POSTGRES_BUSY = frozenset({"40001", "40P01", "55P03", "57014"})
 _READ_ONLY_SERVER = "25006"
 _POSTGRES_GONE = frozenset({"57P01", "57P02", "57P03", "53300", _READ_ONLY_SERVER})
 _PSYCOPG_CONNECTION_ERRORS = frozenset({"OperationalError", "InterfaceError"})
+# What a server says when it refuses who connects, not that it is away (libpq's words).
+_CONNECT_REFUSALS = (
+    "authentication failed",
+    "no password supplied",
+    "does not exist",
+    "permission denied",
+    "pg_hba.conf",
+    "invalid",
+    "not supported",
+)
 _POSTGRES_REFUSALS = frozenset(
     {
         "IntegrityError",
@@ -193,8 +203,10 @@ def unavailable(exc: BaseException) -> bool:
     if not type(cause).__module__.startswith("psycopg"):
         return False
     state = getattr(cause, "sqlstate", None)
-    if state is None:  # libpq's own: no connection, lost, closed, timed out
-        return type(cause).__name__ in _PSYCOPG_CONNECTION_ERRORS or any(
+    if state is None:  # libpq's own: no connection, lost, closed, timed out; but a
+        # refusal at connect (a wrong password, no such database) is no outage
+        said = str(cause).lower()
+        return not any(word in said for word in _CONNECT_REFUSALS) and any(
             kind.__name__ in _PSYCOPG_CONNECTION_ERRORS for kind in type(cause).__mro__
         )
     return state.startswith("08") or state in _POSTGRES_GONE
