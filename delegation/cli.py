@@ -241,10 +241,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.DelegationError as exc:
         from delegation.terminal import printable  # a message may quote what a peer sent
 
-        print(f"delegation: {printable(str(exc))} ({exc.reason})", file=sys.stderr)
+        print(f"delegation: {printable(str(exc))} ({exc.reason}){_why(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _why(exc: errors.DelegationError) -> str:
+    """For an unreachable database, what the driver said first (one line, no password:
+    libpq names the host and port, never the URL)."""
+    cause = exc.__cause__
+    if not isinstance(exc, errors.StoreUnavailable) or cause is None:
+        return ""
+    from delegation.terminal import printable
+
+    said = str(getattr(cause, "orig", None) or cause).strip().splitlines()
+    return f": {printable(said[0])}" if said else ""
 
 
 class _ActionFormatter(logging.Formatter):

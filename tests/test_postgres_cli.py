@@ -209,11 +209,12 @@ def test_an_unreachable_server_is_one_clear_line_and_exit_1(tmp_path: Path) -> N
         done = cli(*command, cwd=tmp_path, env=env)
         assert (done.returncode, done.stdout) == (1, ""), (command, done.stderr)
         line = one_line(done.stderr)
-        assert f'"127.0.0.1", port {port} failed' in line and "(store_error)" in line, line
+        # Unreachable is the retryable refusal (SPEC §19), with libpq's own first line.
+        assert "(store_unavailable)" in line and f'"127.0.0.1", port {port} failed' in line, line
         assert "s3cret" not in line, "a password is never printed"
     demo = cli("demo", "--fast", cwd=tmp_path, env=env)
     assert demo.returncode == 1
     said = demo.stdout + demo.stderr
-    assert "cannot reach the PostgreSQL database" in said and "Traceback" not in said, said
+    assert "database is unavailable" in said and "Traceback" not in said, said
     assert "s3cret" not in said
     assert not list(tmp_path.iterdir()), "nothing was created"

@@ -146,6 +146,10 @@ def _read_only_transactions(dbapi_connection: Any, _record: Any = None) -> None:
 
 
 def _connect_error(url: str, exc: BaseException) -> errors.DelegationError:
+    """An outage is the retryable refusal (SPEC §19; its cause says what libpq said);
+    a server that refuses who connects is a StoreError naming the database."""
+    if unavailable(exc):
+        return errors.StoreUnavailable()
     shown = passwords.redacted(url)
     return errors.StoreError(f"cannot reach the PostgreSQL database {shown}: {exc}")
 
