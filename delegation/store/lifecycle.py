@@ -83,15 +83,15 @@ def take_instances(
     """
     # Dead: no heartbeat for timeout_s, or (PostgreSQL) nobody holds its lock any more,
     # which the server frees as soon as the host's process is gone (kill -9 included).
-    # A restart or a failover frees every lock too: after this host's own connection
-    # was lost and made again at ``since`` (the database's clock; 0: never), a free lock
-    # proves death only for a host that beat since, which it does only while it holds
-    # its lock again (:func:`heartbeat`).
+    # A restart or a failover frees every lock too, and so does any session the server
+    # ends: once this host's own connection was lost and made again (``since``, the
+    # database's clock; 0: never), a free lock may be a live host's that it has not
+    # taken again yet (it does before its next heartbeat), so only the timeout counts.
     dead = (
         "TRUE"
         if everyone
         else f"(COALESCE(heartbeat_at, 0) < {db_clock(conn)} - :timeout"
-        " OR (heartbeat_at > :since AND pg_try_advisory_xact_lock(:locks, hashtext(id))))"
+        " OR (:since = 0 AND pg_try_advisory_xact_lock(:locks, hashtext(id))))"
     )
     rows = conn.execute(
         text(
