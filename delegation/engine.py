@@ -259,7 +259,7 @@ class Engine:
                 self.config,
                 self.instance_id,
                 self._open,
-                self._db.reconnected_at,  # read as the beat runs: after any reconnect
+                self._db.reconnected,  # read as the beat runs: after any reconnect
                 committed=self._will_resume,
             )
         except errors.HostFenced:

@@ -128,7 +128,7 @@ def heartbeat(
     cfg: EngineConfig,
     instance_id: str,
     take: bool,
-    since: Callable[[], float],
+    reconnected: Callable[[], bool],
     now: float,
 ) -> Takeover:
     """A live host's heartbeat on a shared database, and the takeover of whatever host
@@ -142,7 +142,7 @@ def heartbeat(
         raise errors.HostFenced(f"host instance {instance_id} was taken over by another host")
     if not take:  # a closing host only beats
         return dataclasses.replace(NOTHING, server_now=server_now)
-    takeover = take_over(conn, cfg, instance_id, now, everyone=False, since=since())
+    takeover = take_over(conn, cfg, instance_id, now, everyone=False, locks=not reconnected())
     return dataclasses.replace(takeover, server_now=server_now)
 
 
@@ -167,7 +167,7 @@ def take_over(
     now: float,
     *,
     everyone: bool,
-    since: float = 0.0,
+    locks: bool = True,
 ) -> Takeover:
     """Take over the work of dead host instances, as a boot does for one host.
 
@@ -180,7 +180,7 @@ def take_over(
     if not everyone and not lifecycle.first_to(conn, lifecycle.TAKEOVER_LOCK):
         return NOTHING  # another host is taking over right now; the next beat looks again
     taken = lifecycle.take_instances(
-        conn, instance_id, now, cfg.host_timeout_s, everyone=everyone, since=since
+        conn, instance_id, now, cfg.host_timeout_s, everyone=everyone, locks=locks
     )
     # SQLite (everyone): the boot's write transaction already excludes every writer.
     lost_any = not everyone and lifecycle.lock_lost(conn, instance_id)

@@ -257,7 +257,7 @@ class Database:
         self._read_engine: Engine | None = None
         self._away_pause = _RETRY_PAUSE_S
         self._away = False  # the server was found away, and no batch committed since
-        self._reconnected = 0.0  # see reconnected_at
+        self._reconnected = False  # see reconnected
         self._reader: Connection | None = None
         self._lock: HostLock | None = None
         # Called on the loop's thread with the ids of children whose events a batch
@@ -763,22 +763,13 @@ class Database:
         # A failed connect leaves ``conn`` closed: the next call tries again.
         connected = engine.connect()
         if engine is self._write_engine:
-            try:
-                self._reconnected = self._now_on(connected)
-            except BaseException:
-                connected.close()
-                raise
+            self._reconnected = True
         return connected
 
-    def reconnected_at(self) -> float:
-        """When the writer last connected again after losing its connection (the
-        database's clock; 0.0: never, nor on SQLite). Read on the writer's thread, in
-        the batch that uses it."""
+    def reconnected(self) -> bool:
+        """Whether the writer ever connected again after losing its connection (never
+        on SQLite). Read on the writer's thread, in the batch that uses it."""
         return self._reconnected
-
-    def _now_on(self, conn: Connection) -> float:
-        """The database's clock, on ``conn`` (SQLite: the file cannot be lost)."""
-        return 0.0
 
     @staticmethod
     def _changes(raw: Any) -> int | None:

@@ -82,10 +82,10 @@ class Store(Protocol):
         it has a cheaper path (``one_write``)."""
         ...
 
-    def reconnected_at(self) -> float:
-        """When the writer last connected again after losing its connection (the
-        database's clock; 0.0 never): a takeover after it trusts a free lock only for a
-        host that beat since (a restart frees every lock)."""
+    def reconnected(self) -> bool:
+        """Whether the writer ever connected again after losing its connection: from
+        then on a free lock proves no host's death (a restart frees every lock), only
+        the heartbeat timeout does."""
         ...
 
     def keep_lock(self) -> None:

@@ -72,7 +72,7 @@ def take_instances(
     timeout_s: float,
     *,
     everyone: bool,
-    since: float = 0.0,
+    locks: bool = True,
 ) -> list[str]:
     """Mark the instances this host takes over: closed ones not taken yet, and those
     without a heartbeat for ``timeout_s`` (``everyone``: every other one, as at the boot
@@ -84,14 +84,12 @@ def take_instances(
     # Dead: no heartbeat for timeout_s, or (PostgreSQL) nobody holds its lock any more,
     # which the server frees as soon as the host's process is gone (kill -9 included).
     # A restart or a failover frees every lock too, and so does any session the server
-    # ends: once this host's own connection was lost and made again (``since``, the
-    # database's clock; 0: never), a free lock may be a live host's that it has not
-    # taken again yet (it does before its next heartbeat), so only the timeout counts.
+    # ends: once this host's own connection was lost and made again (not ``locks``), a
+    # free lock may be a live host's that it has not taken again yet (it does before its
+    # next heartbeat), so only the timeout counts.
+    freed = " OR pg_try_advisory_xact_lock(:locks, hashtext(id))" if locks else ""
     dead = (
-        "TRUE"
-        if everyone
-        else f"(COALESCE(heartbeat_at, 0) < {db_clock(conn)} - :timeout"
-        " OR (:since = 0 AND pg_try_advisory_xact_lock(:locks, hashtext(id))))"
+        "TRUE" if everyone else f"(COALESCE(heartbeat_at, 0) < {db_clock(conn)} - :timeout{freed})"
     )
     rows = conn.execute(
         text(
@@ -99,7 +97,7 @@ def take_instances(
             f" WHERE id != :me AND taken_by IS NULL AND (closed_at IS NOT NULL OR {dead})"
             " RETURNING id"
         ),
-        {"me": me, "now": now, "timeout": timeout_s, "since": since, "locks": INSTANCE_LOCKS},
+        {"me": me, "now": now, "timeout": timeout_s, "locks": INSTANCE_LOCKS},
     ).all()
     return [row[0] for row in rows]
 

@@ -260,10 +260,6 @@ class PostgresDatabase(Database):
         lock.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance_id))
         self._lock_held = True
 
-    def _now_on(self, conn: Connection) -> float:
-        now = dbapi(conn).execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())").fetchone()
-        return float(now[0])
-
     def keep_lock(self) -> None:
         """Hold this instance's lock again if its connection was lost (a server restart
         or failover frees every lock): called before each heartbeat, which commits only
