@@ -26,6 +26,7 @@ from delegation.client import Client
 from delegation.store.stores import libpq, with_database
 from tests import postgres
 from tests.support import PRESET, Harness, ScriptRunner, open_harness
+from tests.test_postgres_store import _terminate
 
 pytestmark = pytest.mark.skipif(postgres.binaries() is None, reason="no PostgreSQL server")
 
@@ -312,7 +313,7 @@ def test_a_watch_listens_again_after_its_session_is_ended(away_url: str) -> None
     watch = PostgresWatch(away_url, fallback=3600)
     try:
         assert not watch.changed()
-        assert kill_sessions_named(away_url, "delegation-watch") == 1
+        assert _terminate(away_url, "delegation-watch") == 1
         loop_until(watch.changed)  # connected again
         assert watch.moved() is None, "notices sent while away are lost: all may have moved"
         assert not watch.changed()
@@ -322,15 +323,6 @@ def test_a_watch_listens_again_after_its_session_is_ended(away_url: str) -> None
         assert watch.moved() == {42}
     finally:
         watch.close()
-
-
-def kill_sessions_named(url: str, application: str) -> int:
-    with psycopg.connect(libpq(url), autocommit=True) as admin:
-        rows = admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-            (application,),
-        ).fetchall()
-    return len(rows)
 
 
 def loop_until(check: object, tries: int = 400) -> None:

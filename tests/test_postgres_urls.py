@@ -27,6 +27,7 @@ from delegation.store import migrate, run, stores
 from tests.support import ScriptRunner, open_harness
 from tests.test_cli_passwords import a_child_on_a_host
 from tests.test_postgres_cli import COMMANDS, cli, needs_postgres, one_line
+from tests.test_postgres_store import _terminate
 
 READ_WRITE = "target_session_attrs=read-write"
 DEAD = ("127.0.0.1", 1)  # nothing listens there: a connection is refused at once
@@ -134,19 +135,6 @@ async def test_a_reader_connected_again_is_read_only_too(postgres_db: str) -> No
 
 def count(conn: Connection) -> int:
     return int(run(conn, "SELECT COUNT(*) FROM host_instances").fetchone()[0])
-
-
-def _terminate(url: str, application: str) -> int:
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            sql = (
-                "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND application_name = :name"
-            )
-            return int(conn.execute(text(sql), {"name": application}).scalar_one())
-    finally:
-        admin.dispose()
 
 
 # --- the command line --------------------------------------------------------------------
