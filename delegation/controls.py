@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from delegation import errors, maintenance
 from delegation.store.controls import ControlRecord
-from delegation.watch import Watch
+from delegation.store.watch import Watch
 
 if TYPE_CHECKING:
     from delegation.engine import Engine

@@ -4,22 +4,14 @@
   a batch committed, and the engine the children that ended; a follower waits for its
   child's version to move. Nothing polls: a follower sleeps until the commit itself
   wakes it.
-* :class:`Watch`: across processes, for any store (PostgreSQL's is
-  :class:`delegation.store.postgres.PostgresWatch`, ``LISTEN``/``NOTIFY``).
-  :class:`FileWatch` is SQLite's. ``PRAGMA data_version`` on one open
-  read-only connection changes whenever another connection commits to the file; asking
-  it is a few microseconds and reads no table, so a watcher asks it every
-  ``interval`` seconds and reads tables only when it moved.
+* Across processes, each store has its watch (:class:`delegation.store.watch.Watch`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
-import time
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 
 from delegation import errors
 
@@ -95,74 +87,3 @@ class Notices:
             await watch.changed.wait()
         if self._closed:
             raise errors.HostClosing("the host closed while following the child")
-
-
-class Watch:
-    """Notices of commits by other connections (other processes too): a store's own
-    kind answers :meth:`changed`, and the waiting is the same for every store."""
-
-    interval: float = 0.05  # seconds between two questions to :meth:`changed`
-
-    def changed(self) -> bool:
-        """Whether another connection committed since the last call (or since open)."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def moved(self) -> set[int] | None:
-        """The children whose events other processes committed since the last call,
-        when the store tells (PostgreSQL); None: not known, any may have moved."""
-        return None
-
-    def wait_sync(self, timeout: float | None = None) -> bool:
-        """Like :meth:`wait`, blocking (for the synchronous inspection tools)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.changed():
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(self.interval)
-        return True
-
-    def until(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
-        """Ask ``done`` now and after each commit until it says so (True), or until
-        ``timeout`` passes (False): tables are read only when something committed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not done():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            self.wait_sync(left)
-        return True
-
-    async def wait(self, timeout: float | None = None) -> bool:
-        """Sleep until a commit happened (True) or ``timeout`` passed (False)."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while not self.changed():
-            if deadline is not None and loop.time() >= deadline:
-                return False
-            await asyncio.sleep(self.interval)
-        return True
-
-
-class FileWatch(Watch):
-    """Commits to a SQLite file, seen through ``PRAGMA data_version``."""
-
-    def __init__(self, path: Path | str, interval: float = 0.05) -> None:
-        self.interval = interval
-        uri = Path(path).resolve().as_uri() + "?mode=ro"
-        self._conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-        self._version = self._read()
-
-    def _read(self) -> int:
-        (version,) = self._conn.execute("PRAGMA data_version").fetchone()
-        return int(version)
-
-    def changed(self) -> bool:
-        version = self._read()
-        moved, self._version = version != self._version, version
-        return moved
-
-    def close(self) -> None:
-        self._conn.close()

@@ -45,7 +45,6 @@ from delegation import (
 )
 from delegation.cli import main
 from delegation.clock import ManualClock
-from delegation.store.database import Database
 from tests import rows as read
 from tests.support import Harness, Prepared, Script, ScriptRunner, hold
 
@@ -606,23 +605,6 @@ async def test_an_sqlite_older_than_3_35_5_is_refused_at_open_untouched(
     assert str(info.value) == "delegation needs SQLite 3.35.5 or newer; this Python has 3.35.4"
     assert not engine.is_open
     assert fingerprint(path) == before
-
-
-@pytest.mark.sqlite_only  # SQLite's journal mode
-async def test_a_file_sqlite_will_not_keep_in_wal_mode_is_refused_at_open(
-    db_path: Path,
-) -> None:
-    """Without WAL a COMMIT waits for readers, and the write connection has no busy
-    handler (the writer waits only for BEGIN): such a file is refused, not half-served.
-    SQLite answers a mode other than WAL on a file system without shared memory; here
-    the engine's own pragma asks for another mode to make SQLite answer it."""
-    db = Database(f"sqlite:///{db_path}")
-    db._pragmas["journal_mode"] = "DELETE"
-    with pytest.raises(errors.StoreError) as info:
-        db.open(asyncio.get_running_loop())
-    assert "needs SQLite's WAL journal mode" in str(info.value)
-    assert "in delete mode" in str(info.value)
-    assert not any(t.name == "delegation-writer" for t in threading.enumerate())
 
 
 @pytest.mark.sqlite_only  # the file is changed through sqlite3

@@ -19,7 +19,7 @@ from delegation import Engine, errors
 from delegation.cli import main
 from delegation.serve_flood import memory_mb
 from delegation.store import database
-from delegation.store.database import upgrade_file
+from delegation.store.sqlite.files import upgrade_file
 from tests.support import ScriptRunner
 
 ROOT = Path(__file__).resolve().parent.parent

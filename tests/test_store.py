@@ -19,7 +19,14 @@ from sqlalchemy import Connection
 from delegation import errors
 from delegation.store import dbapi
 from delegation.store.database import Database
+from delegation.store.sqlite.dialect import SqliteDialect
 from tests.rows import rows, url_of
+
+
+def _sqlite(path: Path, *, busy_timeout_ms: int = 5000) -> Database:
+    """The writer composed with SQLite's dialect, as ``stores.open_store`` makes it."""
+    url = f"sqlite:///{path}"
+    return Database(url, SqliteDialect(url, busy_timeout_ms=busy_timeout_ms))
 
 
 def instances(path: Path) -> set[str]:
@@ -38,7 +45,7 @@ def insert(name: str, *, then: BaseException | None = None):  # type: ignore[no-
 
 @pytest.fixture
 async def database(db_path: Path) -> Database:
-    db = Database(f"sqlite:///{db_path}")
+    db = _sqlite(db_path)
     db.open(asyncio.get_running_loop())
     yield db  # type: ignore[misc]
     db.close()
@@ -82,7 +89,7 @@ async def test_only_a_batch_nobody_was_answered_for_skips_the_disk_sync(
 async def test_the_loop_never_waits_for_another_process_holding_the_write_lock(
     db_path: Path,
 ) -> None:
-    db = Database(f"sqlite:///{db_path}", busy_timeout_ms=20_000)
+    db = _sqlite(db_path, busy_timeout_ms=20_000)
     db.open(asyncio.get_running_loop())
     holder = sqlite3.connect(db_path, isolation_level=None)
     try:
@@ -128,7 +135,7 @@ async def test_an_inline_job_that_fails_after_writing_is_redone_off_the_loop(
     db_path: Path,
 ) -> None:
     """The redo takes the write lock again: on the writer thread, never on the loop's."""
-    db = Database(f"sqlite:///{db_path}", busy_timeout_ms=20_000)
+    db = _sqlite(db_path, busy_timeout_ms=20_000)
     db.open(asyncio.get_running_loop())
     holder = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
     assert db._conn is not None
@@ -155,3 +162,21 @@ async def test_an_inline_job_that_fails_after_writing_is_redone_off_the_loop(
         holder.close()
         db.close()
     assert instances(db_path) == set()
+
+
+@pytest.mark.sqlite_only  # SQLite's journal mode
+async def test_a_file_sqlite_will_not_keep_in_wal_mode_is_refused_at_open(
+    db_path: Path,
+) -> None:
+    """Without WAL a COMMIT waits for readers, and the write connection has no busy
+    handler (the writer waits only for BEGIN): such a file is refused, not half-served.
+    SQLite answers a mode other than WAL on a file system without shared memory; here
+    the engine's own pragma asks for another mode to make SQLite answer it."""
+    dialect = SqliteDialect(f"sqlite:///{db_path}")
+    dialect._pragmas["journal_mode"] = "DELETE"
+    db = Database(dialect.url, dialect)
+    with pytest.raises(errors.StoreError) as info:
+        db.open(asyncio.get_running_loop())
+    assert "needs SQLite's WAL journal mode" in str(info.value)
+    assert "in delete mode" in str(info.value)
+    assert not any(t.name == "delegation-writer" for t in threading.enumerate())

@@ -56,7 +56,7 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import Connection
 
 from delegation.store.events import EventRow
-from delegation.watch import Watch
+from delegation.store.watch import Watch
 
 T = TypeVar("T")
 

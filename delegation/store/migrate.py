@@ -96,3 +96,22 @@ def upgrade(connection: Connection, revision: str = "head", on_step: OnStep | No
 def downgrade(connection: Connection, revision: str) -> None:
     command.downgrade(config(connection), revision)
     connection.commit()
+
+
+def checked_revision(conn: Connection) -> str | None:
+    """The database's revision, once :func:`check` found it ours."""
+    check(conn)
+    return current(conn)
+
+
+def at_head(conn: Connection, name: str) -> None:
+    """Refuse a database that is not delegation's at this code's head revision.
+
+    Raises:
+        errors.SchemaMismatch: another application's, a newer one, or an older one.
+    """
+    check(conn)
+    if current(conn) != head():
+        raise errors.SchemaMismatch(
+            f"{name} is at an older schema; run `delegation db upgrade` first"
+        )

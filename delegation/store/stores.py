@@ -1,8 +1,10 @@
 """Which store a URL names, and what the rest of the package asks of it by URL.
 
-``sqlite:///PATH`` is the SQLite store (:mod:`delegation.store.database`);
+``sqlite:///PATH`` is the SQLite store (:mod:`delegation.store.sqlite`);
 ``postgresql+psycopg://…`` (or plain ``postgresql://…``, which means psycopg 3 here)
 is the PostgreSQL one (:mod:`delegation.store.postgres`, extra ``delegation[postgres]``).
+Either is the one writer (:class:`delegation.store.database.Database`) composed with
+that store's dialect.
 Nothing outside ``store/`` looks at a URL's scheme.
 """
 
@@ -15,9 +17,14 @@ from sqlalchemy import Connection, make_url
 from sqlalchemy.exc import ArgumentError
 
 from delegation import dburl
-from delegation.store import database, migrate
+from delegation.store import migrate
+from delegation.store.database import Database
 from delegation.store.interface import Store
-from delegation.watch import FileWatch, Watch
+from delegation.store.postgres.connect import libpq
+from delegation.store.sqlite import files
+from delegation.store.sqlite.dialect import SqliteDialect
+from delegation.store.sqlite.watch import FileWatch
+from delegation.store.watch import Watch
 
 T = TypeVar("T")
 
@@ -50,7 +57,7 @@ def normalize(url: str) -> str:
             )
         _need_psycopg()
         return parsed.render_as_string(hide_password=False)
-    database.sqlite_path(url)  # raises ValueError for anything else
+    files.sqlite_path(url)  # raises ValueError for anything else
     return url
 
 
@@ -69,20 +76,23 @@ def open_store(url: str, *, synchronous: str, busy_timeout_ms: int) -> Store:
     """The store for ``url``, not opened yet (see :class:`Store`)."""
     url = normalize(url)
     if is_postgres(url):
-        from delegation.store.postgres import PostgresDatabase
+        from delegation.store.postgres.dialect import PostgresDialect
 
-        return PostgresDatabase(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
-    return database.Database(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+        return Database(
+            url, PostgresDialect(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+        )
+    dialect = SqliteDialect(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
+    return Database(url, dialect)
 
 
 def open_watch(url: str, interval: float) -> Watch:
     """Notices of commits other processes make to the database at ``url``."""
     url = normalize(url)
     if is_postgres(url):
-        from delegation.store.postgres import PostgresWatch
+        from delegation.store.postgres.watch import PostgresWatch
 
         return PostgresWatch(url, interval)
-    return FileWatch(database.sqlite_path(url), interval)
+    return FileWatch(files.sqlite_path(url), interval)
 
 
 def reader(url: str) -> Reader:
@@ -93,10 +103,10 @@ def reader(url: str) -> Reader:
     """
     url = normalize(url)
     if is_postgres(url):
-        from delegation.store.postgres import PostgresReadOnly
+        from delegation.store.postgres.admin import PostgresReadOnly
 
         return PostgresReadOnly(url)
-    return database.ReadOnly(url)
+    return files.ReadOnly(url)
 
 
 def read_once(url: str, fn: Callable[[Connection], T]) -> T:
@@ -108,14 +118,14 @@ def read_once(url: str, fn: Callable[[Connection], T]) -> T:
 
 
 def write_once(url: str, fn: Callable[[Connection], T], *, busy_timeout_ms: int = 5000) -> T:
-    """One short write transaction beside a live host (``database.write_once``); on
+    """One short write transaction beside a live host (``sqlite.files.write_once``); on
     PostgreSQL the host is told at once (``NOTIFY``)."""
     url = normalize(url)
     if is_postgres(url):
-        from delegation.store import postgres
+        from delegation.store.postgres import admin
 
-        return postgres.write_once(url, fn, busy_timeout_ms=busy_timeout_ms)
-    return database.write_once(url, fn, busy_timeout_ms=busy_timeout_ms)
+        return admin.write_once(url, fn, busy_timeout_ms=busy_timeout_ms)
+    return files.write_once(url, fn, busy_timeout_ms=busy_timeout_ms)
 
 
 def upgrade(
@@ -125,28 +135,13 @@ def upgrade(
     told of each revision applied)."""
     url = normalize(url)
     if is_postgres(url):
-        from delegation.store import postgres
+        from delegation.store.postgres import admin
 
         if not apply:
-            current = postgres.revision(url)
+            current = admin.revision(url)
             return current, current
-        return postgres.upgrade(url, on_step=on_step)
-    return database.upgrade_file(url, apply=apply, on_step=on_step)
-
-
-def libpq(url: str) -> str:
-    """A PostgreSQL URL (as :func:`normalize` gives it) as psycopg's connection string:
-    libpq's keywords, the ones SQLAlchemy's psycopg dialect passes for the same URL (its
-    arguments as given, several hosts as ``host=h1,h2 port=p1,p2``)."""
-    from psycopg.conninfo import make_conninfo
-
-    parsed = make_url(url)
-    keywords: dict[str, Any] = parsed.translate_connect_args(username="user", database="dbname")
-    for key, value in parsed.query.items():
-        if not isinstance(value, str):  # normalize refuses an argument given twice
-            raise ValueError(f"{key}= given more than once")
-        keywords[key] = value
-    return make_conninfo("", **keywords)
+        return admin.upgrade(url, on_step=on_step)
+    return files.upgrade_file(url, apply=apply, on_step=on_step)
 
 
 def with_database(url: str, name: str) -> str:
@@ -157,13 +152,14 @@ def with_database(url: str, name: str) -> str:
 def file_of(url: str) -> Any:
     """The SQLite file behind ``url``; None for a store without one."""
     url = normalize(url)
-    return None if is_postgres(url) else database.sqlite_path(url)
+    return None if is_postgres(url) else files.sqlite_path(url)
 
 
 __all__ = [
     "Reader",
     "file_of",
     "is_postgres",
+    "libpq",
     "normalize",
     "open_store",
     "open_watch",

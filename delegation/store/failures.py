@@ -1,0 +1,67 @@
+"""The store's one boundary for failures: SQLAlchemy's and the drivers' exceptions as
+domain errors. What each driver's codes mean is its dialect's (``sqlite.errors``,
+``postgres.errors``); this module only asks them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from sqlalchemy.exc import DBAPIError
+
+from delegation import errors
+from delegation.store.postgres import errors as postgres
+from delegation.store.sqlite import errors as sqlite
+
+_DRIVERS = (sqlite, postgres)
+
+
+def _cause(exc: BaseException) -> BaseException:
+    # SQLAlchemy wraps the driver's errors, but not those raised in its event hooks:
+    # a busy BEGIN IMMEDIATE arrives as sqlite3's own error.
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    return cause if cause is not None else exc
+
+
+def translate(exc: BaseException, *, reading: bool = False) -> errors.DelegationError:
+    """SQLAlchemy and driver failures as domain errors; ``reading``: in a read-only
+    transaction of ours (a read-only server is then the read's own fault)."""
+    if isinstance(exc, errors.DelegationError):
+        return exc
+    cause = _cause(exc)
+    own = reading and postgres.read_only_server(cause)
+    if unavailable(exc) and not own:
+        return errors.StoreUnavailable()
+    driver = next((d for d in _DRIVERS if d.owns(cause)), None)
+    if driver is None:
+        return errors.InternalError()
+    if driver.is_busy(cause):
+        return errors.DatabaseBusy(f"child store is busy; retry ({cause})")
+    return errors.StoreError(f"child store failed: {cause}")
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server cannot be reached or cannot take writes now: the
+    same work may succeed once it is back. A store already closed is not that."""
+    if isinstance(exc, errors.StoreUnavailable):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return postgres.away(_cause(exc))
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is a constraint's refusal (the same statement would fail again)."""
+    cause = getattr(exc, "orig", exc)
+    return any(driver.refused(cause) for driver in _DRIVERS)
+
+
+@contextlib.contextmanager
+def translated(*, reading: bool = False) -> Iterator[None]:
+    """Driver and SQLAlchemy failures inside the block as domain errors (``translate``)."""
+    try:
+        yield
+    except errors.DelegationError:
+        raise
+    except Exception as exc:
+        raise translate(exc, reading=reading) from exc

@@ -1,0 +1,134 @@
+"""PostgreSQL's connections through psycopg 3: settings, our own ``BEGIN``, the NUL-safe
+text dumper, and the host's lock sessions."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
+
+from delegation import errors, passwords
+from delegation.store import dbapi
+from delegation.store.failures import unavailable
+from delegation.store.lifecycle import INSTANCE_LOCKS
+
+log = logging.getLogger("delegation.store")
+
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
+
+
+def libpq(url: str) -> str:
+    """A PostgreSQL URL (as :func:`normalize` gives it) as psycopg's connection string:
+    libpq's keywords, the ones SQLAlchemy's psycopg dialect passes for the same URL (its
+    arguments as given, several hosts as ``host=h1,h2 port=p1,p2``)."""
+    from psycopg.conninfo import make_conninfo
+
+    parsed = make_url(url)
+    keywords: dict[str, Any] = parsed.translate_connect_args(username="user", database="dbname")
+    for key, value in parsed.query.items():
+        if not isinstance(value, str):  # normalize refuses an argument given twice
+            raise ValueError(f"{key}= given more than once")
+        keywords[key] = value
+    return make_conninfo("", **keywords)
+
+
+def _nul_safe(dbapi_connection: Any, _record: Any = None) -> None:
+    """PostgreSQL's text cannot hold NUL, which SQLite's can: on this connection a NUL
+    in a string parameter is sent as U+FFFD, so that a peer's text never fails a write
+    (and with it a batch of events) that SQLite would have taken. An id with a NUL is
+    refused before it is stored (``valid_id``), so it only ever misses in a lookup."""
+    from psycopg.adapt import Dumper
+    from psycopg.pq import Format
+
+    class NulSafe(Dumper):
+        format = Format.TEXT
+
+        def dump(self, obj: str) -> bytes:
+            return obj.replace("\x00", "\ufffd").encode()
+
+    dbapi_connection.adapters.register_dumper(str, NulSafe)
+
+
+def nul_safe_engine(engine: Engine) -> Engine:
+    event.listen(engine, "connect", _nul_safe)
+    return engine
+
+
+def make_engine(
+    url: str, application: str, *, begin: str, options: dict[str, str], pool_size: int = 1
+) -> Engine:
+    """Connections in autocommit mode; a transaction SQLAlchemy starts is ``begin``."""
+    settings = " ".join(f"-c {name}={value}" for name, value in options.items())
+    engine = nul_safe_engine(
+        create_engine(
+            url,
+            isolation_level="AUTOCOMMIT",
+            pool_size=pool_size,
+            max_overflow=0,
+            pool_pre_ping=False,
+            connect_args={"options": settings, "application_name": application},
+        )
+    )
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        raw = dbapi(conn)
+        if raw.info.transaction_status == _IDLE:  # the writer may have begun it already
+            raw.execute(begin)
+
+    return engine
+
+
+def reader_engine(url: str) -> Engine:
+    """The engine of the loop's reads: each ``read`` one ``REPEATABLE READ, READ ONLY``
+    snapshot, each ``read_now`` statement its own read-only transaction.
+
+    Read-only per transaction, not per session: a session that starts read-only (a
+    startup option) is one ``target_session_attrs=read-write`` refuses on every host.
+    The session's default is set once it is open instead, so that ``read_now``'s
+    statements, in autocommit, cost no round trip more."""
+    begin = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+    engine = make_engine(url, "delegation-reader", begin=begin, options={})
+    event.listen(engine, "connect", _read_only_transactions)
+    return engine
+
+
+def in_transaction(raw: Any) -> bool:
+    return bool(raw.info.transaction_status != _IDLE)
+
+
+def _read_only_transactions(dbapi_connection: Any, _record: Any = None) -> None:
+    dbapi_connection.execute("SET default_transaction_read_only = on")
+
+
+def connect_error(url: str, exc: BaseException) -> errors.DelegationError:
+    """An outage is the retryable refusal (SPEC §19; its cause says what libpq said);
+    a server that refuses who connects is a StoreError naming the database."""
+    if unavailable(exc):
+        return errors.StoreUnavailable()
+    shown = passwords.redacted(url)
+    return errors.StoreError(f"cannot reach the PostgreSQL database {shown}: {exc}")
+
+
+def connect(url: str, application: str) -> Any:
+    import psycopg
+
+    try:
+        return psycopg.connect(libpq(url), autocommit=True, application_name=application)
+    except psycopg.Error as exc:
+        raise connect_error(url, exc) from exc
+
+
+def release_instance_lock(conn: Any, instance_id: str | None) -> None:
+    """Unlock, then close: the server drops a closed session's locks only once its
+    backend has noticed, and a host looking right after must find the lock free."""
+    try:
+        if instance_id is not None:
+            conn.execute(
+                "SELECT pg_advisory_unlock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance_id)
+            )
+    except Exception:  # the server is gone: so is the lock
+        log.debug("instance lock not released explicitly", exc_info=True)
+    finally:
+        conn.close()
