@@ -34,6 +34,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 from delegation import Engine, EngineConfig, maintenance, queries
 from delegation.clock import ManualClock
 from delegation.store import children, migrate
+from delegation.store.sqlite.spelling import SQLITE
 from delegation.store.tables import NAMING_CONVENTION, metadata
 from tests.support import ScriptRunner, hold, open_harness
 
@@ -835,4 +836,4 @@ def test_the_active_term_is_the_one_active_index_own(raw: sqlite3.Connection) ->
         "SELECT sql FROM sqlite_master WHERE name = 'ix_children_one_active'"
     ).fetchone()
     assert ddl.endswith(f"WHERE {children.ACTIVE_TERM}")
-    assert children.ACTIVE == "children INDEXED BY ix_children_one_active"
+    assert SQLITE.active == "children INDEXED BY ix_children_one_active"

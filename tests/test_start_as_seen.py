@@ -26,7 +26,8 @@ from sqlalchemy import create_engine, text
 from delegation import Engine, EngineConfig, errors
 from delegation.records import GrantRecord, RunnerRecord
 from delegation.service import SeenTools
-from delegation.store import _SPELLINGS, grants, run, stores
+from delegation.store import grants, run, stores
+from delegation.store.postgres.spelling import _SPELLINGS
 from tests import rows
 from tests.support import PRESET, Harness, ScriptRunner, hold, open_harness
 

@@ -12,17 +12,14 @@ from sqlalchemy import Connection, select, update
 from delegation import errors, machine
 from delegation.machine import State, Trigger
 from delegation.records import ChildRecord
-from delegation.store import chunks, is_sqlite, run
+from delegation.store import Spelling, chunks, run, spelling_of
 from delegation.store.tables import children, purged
 
 ACTIVE_STATES = [s.value for s in machine.ACTIVE]
 
-# Unfinished children by state alone: ix_children_one_active holds exactly these rows,
-# but SQLite uses a partial index only for a WHERE that repeats the index's own term.
-# Such a query names the index and repeats the term: an INDEXED BY that cannot be used
-# is an error, never a silent scan of every child ever kept.
-ACTIVE_INDEX = "INDEXED BY ix_children_one_active"
-ACTIVE = f"children {ACTIVE_INDEX}"
+# Unfinished children by state alone: ix_children_one_active holds exactly these rows.
+# A query through it repeats the index's own term and reads ``Spelling.active`` (SQLite
+# uses a partial index only when told).
 ACTIVE_TERM = "state IN ('prepared', 'admitted', 'running')"
 
 
@@ -31,7 +28,6 @@ ACTIVE_TERM = "state IN ('prepared', 'admitted', 'running')"
 # record's fields in its own order, so a row becomes a record without a dict.
 FIELDS = tuple(f.name for f in dataclasses.fields(ChildRecord))
 _SELECT = f"SELECT {', '.join(FIELDS)} FROM children"
-_SELECT_ACTIVE = f"SELECT {', '.join(FIELDS)} FROM {ACTIVE}"
 _FOLLOWUP = FIELDS.index("followup")
 _COLUMNS = [children.c[name] for name in FIELDS]  # the same order, for Core queries
 
@@ -51,9 +47,14 @@ def _many(
 ) -> list[ChildRecord]:
     """``active``: read through the one-active index (``where`` repeats ``ACTIVE_TERM``);
     ``planned_each_time``: see :func:`delegation.store.run`."""
-    sql = f"{_SELECT_ACTIVE if active else _SELECT} WHERE {where}"
+    sql = f"{_select_active(spelling_of(conn)) if active else _SELECT} WHERE {where}"
     rows = run(conn, sql, params, planned_each_time=planned_each_time)
     return [from_row(row) for row in rows.fetchall()]
+
+
+@cache
+def _select_active(spelling: Spelling) -> str:
+    return f"SELECT {', '.join(FIELDS)} FROM {spelling.active}"
 
 
 def from_row(row: tuple[Any, ...]) -> ChildRecord:
@@ -66,8 +67,9 @@ def lock(conn: Connection, child_id: int) -> None:
     """Hold the child's row until the transaction ends, so what is read next is not
     changed by another host before this transaction writes it (PostgreSQL; a SQLite
     write transaction already excludes every other writer)."""
-    if not is_sqlite(conn):
-        run(conn, "SELECT id FROM children WHERE id = ? FOR UPDATE", (child_id,))
+    sql = spelling_of(conn).lock_child
+    if sql is not None:
+        run(conn, sql, (child_id,))
 
 
 def get(conn: Connection, child_id: int) -> ChildRecord | None:
@@ -84,10 +86,6 @@ def find(conn: Connection, conversation_id: str, run_id: str | None = None) -> C
 def by_run(conn: Connection, run_id: str) -> ChildRecord | None:
     """The execution whose own run id is ``run_id`` (run ids are unique)."""
     return _one(conn, "run_id = ?", (run_id,))
-
-
-def of_grant(conn: Connection, grant_id: str, conversation_id: str) -> list[ChildRecord]:
-    return _many(conn, "grant_id = ? AND conversation_id = ?", (grant_id, conversation_id))
 
 
 def by_state(conn: Connection, state: str) -> list[ChildRecord]:
@@ -304,10 +302,11 @@ def pending_first_admissions(conn: Connection, tool_ids: Iterable[str]) -> list[
     """Unadmitted children that these tools authorized under a not-yet-activated lease
     (asked at every tool's end: through the unfinished children only)."""
     found: list[int] = []
+    hint = spelling_of(conn).active_index
     for ids in chunks(tool_ids):
         marks = ", ".join("?" for _ in ids)
         sql = (
-            f"SELECT c.id FROM children AS c {ACTIVE_INDEX}"
+            f"SELECT c.id FROM children AS c {hint}"
             f" JOIN grants g ON g.id = c.grant_id WHERE c.{ACTIVE_TERM} AND c.state = ?"
             f" AND c.origin_grant_id IN ({marks}) AND g.kind = 'lease' AND g.activated_at IS NULL"
         )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
-from delegation.store import is_sqlite, run
+from delegation.store import run, spelling_of
 
 ACTIONS = ("cancel", "steer")
 _FIELDS = (
@@ -57,8 +57,9 @@ CHANNEL = "delegation"  # what hosts LISTEN to on PostgreSQL
 
 def wake(conn: Connection) -> None:
     """Wake every host at commit ("c": a control request, or a steer, to look at)."""
-    if not is_sqlite(conn):
-        run(conn, "SELECT pg_notify(?, 'c')", (CHANNEL,))
+    sql = spelling_of(conn).wake
+    if sql is not None:
+        run(conn, sql, (CHANNEL,))
 
 
 def pending(conn: Connection) -> list[ControlRecord]:

@@ -7,7 +7,7 @@ import itertools
 import secrets
 import time
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import msgspec
@@ -16,8 +16,8 @@ from sqlalchemy import Connection, func, insert, select, update
 from delegation._struct import I64_MAX
 from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, GrantRecord, LeaseRecord, RunnerRecord
+from delegation.store import Spelling, chunks, run, runners, spelling_of
 from delegation.store import children as child_rows
-from delegation.store import chunks, is_sqlite, run, runners
 from delegation.store.tables import children as children_table
 from delegation.store.tables import grants
 from delegation.wire import Preset
@@ -217,7 +217,7 @@ def runner_tool_and_executions(
 @dataclasses.dataclass(frozen=True, slots=True)
 class SeenTool:
     """A runner's row and its open tool grant as a read found them: the records, and
-    each row's version (see :data:`_VERSION`)."""
+    each row's version (``Spelling.row_version``)."""
 
     runner: RunnerRecord
     tool: GrantRecord
@@ -235,15 +235,16 @@ class StartReads:
     seen: SeenTool | None  # PostgreSQL: the runner and the tool grant, if both were found
 
 
-# A row version on PostgreSQL: every change of a row writes a new tuple, stamped with
-# the writing transaction's id (xmin) and at a new place (ctid). The id alone would not
-# tell two versions one transaction wrote apart (a batch of jobs is one transaction).
-_VERSION = "{t}.xmin::text || '/' || {t}.ctid::text"
-_RUNNER_TOOL_AND_REQUEST_VERSIONED = _RUNNER_TOOL_AND_REQUEST.replace(
-    " FROM runners r",
-    f", {_VERSION.format(t='r')}, {_VERSION.format(t='g')} FROM runners r",
-    1,
-)
+@cache
+def _start_reads(spelling: Spelling) -> str:
+    """:data:`_RUNNER_TOOL_AND_REQUEST`, with the two rows' versions where the store has
+    them (``Spelling.row_version``: PostgreSQL's; a start then checks them as it inserts)."""
+    version = spelling.row_version
+    if version is None:
+        return _RUNNER_TOOL_AND_REQUEST
+    return _RUNNER_TOOL_AND_REQUEST.replace(
+        " FROM runners r", f", {version.format(t='r')}, {version.format(t='g')} FROM runners r", 1
+    )
 
 
 def runner_tool_and_request(
@@ -251,8 +252,8 @@ def runner_tool_and_request(
 ) -> StartReads:
     """:func:`runner_and_tool`, then, under that tool grant, what
     ``children.by_request_and_count`` reads: one statement for a start's reads."""
-    sqlite = is_sqlite(conn)
-    sql = _RUNNER_TOOL_AND_REQUEST if sqlite else _RUNNER_TOOL_AND_REQUEST_VERSIONED
+    spelling = spelling_of(conn)
+    sql = _start_reads(spelling)
     row = run(conn, sql, (request_id, run_id, tool_call_id, runner_id)).fetchone()
     if row is None:
         return StartReads(None, None, None, 0, None)
@@ -260,19 +261,22 @@ def runner_tool_and_request(
     count, existing = int(row[_TOOL_END] or 0), row[_TOOL_END + 1]
     child = child_rows.get(conn, existing) if existing is not None else None  # a retry
     seen = None
-    if tool is not None and not sqlite:
+    if tool is not None and spelling.row_version is not None:
         seen = SeenTool(runner, tool, (row[_TOOL_END + 2], row[_TOOL_END + 3]))
     return StartReads(runner, tool, child, count, seen)
 
 
-# The runner's row and the tool grant's as a start last saw them (no change since),
-# the grant's children under the cap, and the start's requestId new under it.
-_AS_SEEN = (
-    "EXISTS (SELECT 1 FROM runners r JOIN grants g ON g.id = ?"
-    f" WHERE r.runner_id = ? AND {_VERSION.format(t='r')} = ? AND {_VERSION.format(t='g')} = ?)"
-    " AND (SELECT COUNT(*) FROM children n WHERE n.grant_id = ?) < ?"
-    " AND NOT EXISTS (SELECT 1 FROM children e WHERE e.grant_id = ? AND e.request_id = ?)"
-)
+@cache
+def _as_seen(version: str) -> str:
+    """The runner's row and the tool grant's as a start last saw them (no change since),
+    the grant's children under the cap, and the start's requestId new under it."""
+    return (
+        "EXISTS (SELECT 1 FROM runners r JOIN grants g ON g.id = ?"
+        f" WHERE r.runner_id = ? AND {version.format(t='r')} = ?"
+        f" AND {version.format(t='g')} = ?)"
+        " AND (SELECT COUNT(*) FROM children n WHERE n.grant_id = ?) < ?"
+        " AND NOT EXISTS (SELECT 1 FROM children e WHERE e.grant_id = ? AND e.request_id = ?)"
+    )
 
 
 def insert_child_as_seen(
@@ -297,7 +301,10 @@ def insert_child_as_seen(
         grant_id,
         values["request_id"],
     )
-    return child_rows.insert_child_if(conn, _AS_SEEN, guard, **values)
+    version = spelling_of(conn).row_version
+    if version is None:
+        raise ValueError("this store has no row versions: a start reads its rows first")
+    return child_rows.insert_child_if(conn, _as_seen(version), guard, **values)
 
 
 def get_lease(conn: Connection, runner_id: str, lease_id: str) -> GrantRecord | None:

@@ -5,6 +5,8 @@ acts on every row it concerns at once, so a boot stays fast with thousands of ch
 
 from __future__ import annotations
 
+from functools import cache
+
 import msgspec
 from sqlalchemy import Connection, TextClause, text
 
@@ -12,16 +14,26 @@ from delegation import errors
 from delegation.machine import Outcome, State, Trigger, sources, target
 from delegation.options import ExecutionOptions
 from delegation.records import Resumable
-from delegation.store import children, is_sqlite, run_many, spell
-from delegation.store.children import ACTIVE, ACTIVE_TERM
+from delegation.store import Spelling, children, run_many, spelling_of
+from delegation.store.children import ACTIVE_TERM
 
 _policy = msgspec.json.Decoder(ExecutionOptions)
 _encoder = msgspec.json.Encoder()
 
 
+# Where a statement reads the unfinished children through ix_children_one_active: each
+# store's ``Spelling.active`` in its place (see ``_q``).
+ACTIVE = "{active}"
+
+
 def _q(conn: Connection, sql: str) -> TextClause:
-    """A statement in ``conn``'s spelling (see :func:`delegation.store.spell`)."""
-    return text(spell(conn, sql))
+    """``sql``, reading the unfinished children as ``conn``'s store spells it."""
+    return _statement(spelling_of(conn), sql)
+
+
+@cache
+def _statement(spelling: Spelling, sql: str) -> TextClause:
+    return text(sql.replace(ACTIVE, spelling.active))
 
 
 def _recovery_event(sequence: int, message: str) -> bytes:
@@ -60,9 +72,7 @@ LOST = (
 def db_clock(conn: Connection) -> str:
     """SQL for the database's clock in epoch seconds: heartbeats and their deadlines
     are the database's, never a host's (hosts' clocks differ)."""
-    if is_sqlite(conn):
-        return "((julianday('now') - 2440587.5) * 86400.0)"
-    return "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
+    return spelling_of(conn).clock
 
 
 def take_instances(
@@ -87,7 +97,7 @@ def take_instances(
     # ends: once this host's own connection was lost and made again (not ``locks``), a
     # free lock may be a live host's that it has not taken again yet (it does before its
     # next heartbeat), so only the timeout counts.
-    freed = " OR pg_try_advisory_xact_lock(:locks, hashtext(id))" if locks else ""
+    freed = spelling_of(conn).instance_lock_freed if locks else ""
     dead = (
         "TRUE" if everyone else f"(COALESCE(heartbeat_at, 0) < {db_clock(conn)} - :timeout{freed})"
     )
@@ -114,7 +124,7 @@ def heartbeat(conn: Connection, me: str) -> float | None:
         errors.StoreUnavailable: the lock is not held (its session ended: the next beat
             takes it again first).
     """
-    held = "" if is_sqlite(conn) else f" AND {_LOCK_HELD}"
+    held = spelling_of(conn).instance_lock_held
     value = conn.execute(
         text(
             f"UPDATE host_instances SET heartbeat_at = {db_clock(conn)}"
@@ -127,14 +137,6 @@ def heartbeat(conn: Connection, me: str) -> float | None:
     if held and _not_taken(conn, me):
         raise errors.StoreUnavailable()
     return None
-
-
-# Its two-key advisory lock is held by a session (pg_locks shows the keys as oids).
-_LOCK_HELD = (
-    "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
-    " AND classid = CAST(:locks AS oid) AND objid = CAST(hashtext(:me) AS oid)"
-    " AND objsubid = 2)"
-)
 
 
 def _not_taken(conn: Connection, me: str) -> bool:
@@ -156,9 +158,8 @@ def first_to(conn: Connection, key: int) -> bool:
     """Whether this transaction may do the work ``key`` names now: on PostgreSQL, no
     other host is doing it (a transaction advisory lock, not waited for); SQLite has
     one host per file."""
-    if is_sqlite(conn):
-        return True
-    return bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}).scalar())
+    sql = spelling_of(conn).first_to
+    return sql is None or bool(conn.execute(text(sql), {"k": key}).scalar())
 
 
 def lost_processes(conn: Connection, me: str) -> list[tuple[int, int, str]]:
@@ -181,7 +182,7 @@ def lock_lost(conn: Connection, me: str) -> bool:
     a cancel or finish another host commits meanwhile waits, then sees the takeover's
     result, instead of being overwritten between its statements. Whether there is any
     (SQLite: only looked for, its write transaction already excludes other writers)."""
-    lock = "" if is_sqlite(conn) else " FOR UPDATE"
+    lock = spelling_of(conn).for_update
     sql = f"SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST}{lock}"
     return bool(conn.execute(_q(conn, sql), {"me": me}).all())
 

@@ -10,12 +10,11 @@ exact but reads the table instead of the index.
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from sqlalchemy import Connection
 
-from delegation.store import is_sqlite, run
+from delegation.store import run, spelling_of
 
 Kind = Literal["conversation", "run", "parent_run", "lease", "runner"]
 
@@ -27,7 +26,6 @@ COLUMNS: dict[str, tuple[str, str, str]] = {
     "lease": ("children", "lease_id", "lease_id IS NOT NULL AND "),
     "runner": ("runners", "runner_id", ""),
 }
-_C_COLLATIONS = {"c", "posix", "c.utf8", "c.utf-8"}
 
 
 def exists(conn: Connection, kind: Kind, value: str) -> bool:
@@ -42,7 +40,7 @@ def exists(conn: Connection, kind: Kind, value: str) -> bool:
 def starting_with(conn: Connection, kind: Kind, prefix: str, limit: int) -> list[str]:
     """The distinct ids of this kind that begin with ``prefix`` (the prefix itself
     included), in order, at most ``limit`` of them."""
-    by_range = is_sqlite(conn) or _code_point_order(conn)
+    by_range = _code_point_order(conn)
     sql, params = query(kind, prefix, by_range=by_range)
     return [row[0] for row in run(conn, sql, (*params, limit), planned_each_time=True).fetchall()]
 
@@ -81,20 +79,5 @@ def _like(prefix: str) -> str:
 
 
 def _code_point_order(conn: Connection) -> bool:
-    """Whether the PostgreSQL database compares text by code point (its collation);
-    asked once a connection."""
-    known = conn.info.get("code_point_order")
-    if known is None:
-        known = conn.info["code_point_order"] = _ask_code_point_order(conn)
-    return bool(known)
-
-
-def _ask_code_point_order(conn: Connection) -> bool:
-    row = run(
-        conn, "SELECT row_to_json(d)::text FROM pg_database d WHERE datname = current_database()"
-    ).fetchone()
-    settings = json.loads(row[0]) if row else {}
-    provider = str(settings.get("datlocprovider", "c"))  # PostgreSQL 15 and later say which
-    if provider == "c":
-        return str(settings.get("datcollate", "")).lower() in _C_COLLATIONS
-    return provider == "b"  # PostgreSQL 17's builtin provider: C and C.UTF-8, code points
+    """Whether ``conn``'s database compares text by code point (its dialect says)."""
+    return spelling_of(conn).code_point_order(conn)

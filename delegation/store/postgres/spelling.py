@@ -1,0 +1,80 @@
+"""PostgreSQL's spelling of what the aggregates ask (see
+:mod:`delegation.store.spelling`), and how its driver runs the store's plain SQL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+# The texts psycopg was given, by the store's text (``?`` markers): one per statement.
+_SPELLINGS: dict[str, str] = {}
+_C_COLLATIONS = {"c", "posix", "c.utf8", "c.utf-8"}
+
+
+def _text(sql: str) -> str:
+    spelled = _SPELLINGS.get(sql)
+    if spelled is None:
+        if "%" in sql:
+            raise ValueError("plain SQL must not contain '%' (psycopg's parameter marker)")
+        spelled = _SPELLINGS[sql] = sql.replace("?", "%s")
+    return spelled
+
+
+# Its two-key advisory lock is held by a session (pg_locks shows the keys as oids).
+_LOCK_HELD = (
+    "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+    " AND classid = CAST(:locks AS oid) AND objid = CAST(hashtext(:me) AS oid)"
+    " AND objsubid = 2)"
+)
+
+
+class PostgresSpelling:
+    active_index: str = ""  # PostgreSQL plans partial indexes by itself
+    active: str = "children"
+    clock: str = "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
+    for_update: str = " FOR UPDATE"
+    instance_lock_held: str = f" AND {_LOCK_HELD}"
+    instance_lock_freed: str = " OR pg_try_advisory_xact_lock(:locks, hashtext(id))"
+    # xmin tells two versions apart across transactions, ctid within one (a batch of
+    # jobs is one transaction).
+    row_version: str | None = "{t}.xmin::text || '/' || {t}.ctid::text"
+    lock_child: str | None = "SELECT id FROM children WHERE id = ? FOR UPDATE"
+    first_to: str | None = "SELECT pg_try_advisory_xact_lock(:k)"
+    wake: str | None = "SELECT pg_notify(?, 'c')"
+
+    @staticmethod
+    def run(raw: Any, sql: str, params: Sequence[Any], planned_each_time: bool) -> Any:
+        # ``planned_each_time``: planned anew on every run, never from a plan kept since
+        # the connection prepared it (see ``delegation.store.run``).
+        if planned_each_time:
+            return raw.execute(_text(sql), params, prepare=False)
+        return raw.execute(_text(sql), params)
+
+    @staticmethod
+    def run_many(raw: Any, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        with raw.cursor() as cursor:  # psycopg pipelines executemany: one round trip
+            cursor.executemany(_text(sql), list(rows))
+
+    @staticmethod
+    def code_point_order(conn: Any) -> bool:
+        """Whether the database compares text by code point (its collation); asked
+        once a connection."""
+        known = conn.info.get("code_point_order")
+        if known is None:
+            known = conn.info["code_point_order"] = _ask_code_point_order(conn)
+        return bool(known)
+
+
+def _ask_code_point_order(conn: Any) -> bool:
+    row = conn.connection.dbapi_connection.execute(
+        "SELECT row_to_json(d)::text FROM pg_database d WHERE datname = current_database()"
+    ).fetchone()
+    settings = json.loads(row[0]) if row else {}
+    provider = str(settings.get("datlocprovider", "c"))  # PostgreSQL 15 and later say which
+    if provider == "c":
+        return str(settings.get("datcollate", "")).lower() in _C_COLLATIONS
+    return provider == "b"  # PostgreSQL 17's builtin provider: C and C.UTF-8, code points
+
+
+POSTGRES = PostgresSpelling()
