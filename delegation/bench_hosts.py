@@ -279,7 +279,7 @@ async def takeover(bench: PostgresBench, sizes: HostSizes) -> tuple[float, float
             killed = time.time()
             await victim.stop(signal.SIGKILL)
             taken_s, streaming_s = await _until_resumed(conn, victim.instance, ids, killed)
-            closed = "SELECT closed_at FROM host_instances WHERE id = %s"
+            closed = "SELECT closed_at FROM engine_instances WHERE id = %s"
             row = conn.execute(closed, (victim.instance,)).fetchone()
             noticed_s = max(0.0, float(row[0]) - killed) if row and row[0] is not None else 0.0
     finally:

@@ -19,7 +19,8 @@ from delegation.config import EngineConfig
 from delegation.machine import Outcome
 from delegation.processes import ProcessId
 from delegation.records import ChildRecord, Resumable
-from delegation.store import Connection, children, controls, grants, lifecycle, runners, steers
+from delegation.store import Connection, children, controls, grants, lifecycle, steers
+from delegation.store import registrations as runners
 from delegation.store.controls import ControlRecord
 
 HOST_RESTARTED = "cancelled: host restarted"

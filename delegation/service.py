@@ -26,7 +26,8 @@ from delegation.config import EngineConfig
 from delegation.machine import State, Trigger
 from delegation.options import ExecutionOptions, effective_options
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection, RunnerRecord
-from delegation.store import Connection, children, controls, grants, processes, runners, steers
+from delegation.store import Connection, children, controls, grants, processes, steers
+from delegation.store import registrations as runners
 from delegation.wire import (
     STEER_INJECTED,
     STEER_NO_RUNNING_TURN,

@@ -69,7 +69,7 @@ def scalar(url: str, sql: str, params: Mapping[str, Any] | None = None) -> Any:
 
 
 # What a live host rewrites by itself, every few seconds: its heartbeat, not a change.
-_LIVENESS = {"host_instances": {"heartbeat_at"}}
+_LIVENESS = {"engine_instances": {"heartbeat_at"}}
 
 
 def snapshot(url: str) -> dict[str, list[Row]]:

@@ -83,7 +83,7 @@ def check_invariants(db_url: str) -> None:
         assert count == top, f"events of child {child_id} have a gap"
     dead_running = rows(
         db_url,
-        "SELECT c.id FROM children c JOIN host_instances h ON h.id = c.engine_instance_id"
+        "SELECT c.id FROM children c JOIN engine_instances h ON h.id = c.engine_instance_id"
         " WHERE c.state = 'running' AND h.closed_at IS NOT NULL",
     )
     assert dead_running == []

@@ -217,7 +217,7 @@ async def test_no_live_host_is_taken_over_for_a_restart_of_the_server(
         await asyncio.sleep(2.0)  # the first host's ten heartbeats, the second's none
         with psycopg.connect(libpq(away_url), autocommit=True) as admin:
             taken = admin.execute(
-                "SELECT count(*) FROM host_instances WHERE taken_by IS NOT NULL"
+                "SELECT count(*) FROM engine_instances WHERE taken_by IS NOT NULL"
             ).fetchone()
         assert taken == (0,), "a live host was taken over"
         for script in scripts:

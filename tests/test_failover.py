@@ -207,7 +207,7 @@ def test_two_hosts_through_a_failover_are_neither_taken_over(
     time.sleep(3 * 2.0)  # three heartbeats of each host, each a chance to take over
     for host in (a, b):
         settle(url, host)
-    taken = rows.rows(url, "SELECT id, taken_by FROM host_instances WHERE taken_by IS NOT NULL")
+    taken = rows.rows(url, "SELECT id, taken_by FROM engine_instances WHERE taken_by IS NOT NULL")
     assert not taken, f"a live host was taken over: {taken}"
     for host in (a, b):
         for conversation in list(host.started())[:STREAMERS]:

@@ -30,7 +30,7 @@ from delegation import errors, machine
 from delegation.machine import State, Trigger
 from delegation.store import children
 from delegation.store.tables import children as children_table
-from delegation.store.tables import host_instances
+from delegation.store.tables import engine_instances
 
 P, A, R, D, C = State.PREPARED, State.ADMITTED, State.RUNNING, State.DONE, State.CANCELLED
 
@@ -161,7 +161,7 @@ def conn(db_path: Path) -> Iterator[Connection]:
 
     try:
         with engine.connect() as connection:
-            connection.execute(host_instances.insert().values(id=OWNER, started_at=T0))
+            connection.execute(engine_instances.insert().values(id=OWNER, started_at=T0))
             connection.commit()
             yield connection
     finally:

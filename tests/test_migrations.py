@@ -58,7 +58,13 @@ def fresh(tmp_path: Path) -> Iterator[Connection]:
 
 
 def _squash(sql: str) -> str:
-    return " ".join(sql.split())
+    """``sql`` in one spelling: whitespace runs as one space, identifiers unquoted
+    (SQLite's RENAME TABLE writes the new name quoted where other tables refer to it,
+    revision 0010; the quotes mean nothing there)."""
+    return " ".join(_QUOTED.sub(r"\1", sql).split())
+
+
+_QUOTED = re.compile(r'"(\w+)"')
 
 
 # Alembic's autogenerate wrote the server defaults of the migration from SQLite's
@@ -272,6 +278,52 @@ def test_upgrade_at_head_is_a_no_op(fresh: Connection) -> None:
     assert migrate.current(fresh) == migrate.head()
 
 
+def test_engine_instances_keep_their_rows_through_the_rename(tmp_path: Path) -> None:
+    """Revision 0010 renames host_instances on a file with rows: every row stays, the
+    tables that refer to an instance still do, and the reference is still enforced."""
+    path = tmp_path / "at_0009.db"
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        with engine.connect() as conn:
+            migrate.upgrade(conn, "0009")
+    finally:
+        engine.dispose()
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("PRAGMA foreign_keys=ON")
+    instance = {"id": "h-1", "started_at": T0, "closed_at": T0 + 5, "taken_by": "h-2"}
+    _insert(raw, "host_instances", instance)
+    _insert(raw, "runners", _row("runners", 0, runner_id="r-1"))
+    _insert(raw, "connections", _row("connections", 0))
+    _insert(raw, "grants", _row("grants", 0))
+    _insert(raw, "children", _row("children", 0, state="running", **STATE_FIELDS["running"]))
+    raw.close()
+
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        with engine.connect() as conn:
+            migrate.upgrade(conn)
+            assert migrate.current(conn) == migrate.head()
+            assert _schema_drift(conn, metadata) == []
+    finally:
+        engine.dispose()
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("PRAGMA foreign_keys=ON")
+    try:
+        names = ", ".join(instance)
+        assert raw.execute(f"SELECT {names} FROM engine_instances").fetchall() == [
+            tuple(instance.values())
+        ]
+        assert not raw.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'host_instances'"
+        ).fetchall()
+        assert raw.execute("SELECT engine_instance_id FROM children").fetchall() == [("h-1",)]
+        assert raw.execute("SELECT engine_instance_id FROM connections").fetchall() == [("h-1",)]
+        with pytest.raises(sqlite3.IntegrityError, match=FOREIGN_KEY):
+            _insert(raw, "connections", _row("connections", 1, engine_instance_id="h-9"))
+    finally:
+        raw.close()
+
+
 # --- 3. constraints, through raw SQL -----------------------------------------------------
 
 T0 = 1_800_000_000.0
@@ -283,7 +335,7 @@ def raw(db_path: Path) -> Iterator[sqlite3.Connection]:
     engine has them), seeded with one host instance, runner, connection and tool grant."""
     conn = sqlite3.connect(db_path, isolation_level=None)
     conn.execute("PRAGMA foreign_keys=ON")
-    _insert(conn, "host_instances", {"id": "h-1", "started_at": T0})
+    _insert(conn, "engine_instances", {"id": "h-1", "started_at": T0})
     _insert(
         conn,
         "runners",
@@ -821,7 +873,7 @@ async def test_no_statement_of_a_host_lifetime_scans_every_child(
                 r"\s*(SELECT|UPDATE|INSERT|DELETE|WITH)\b", sql, re.IGNORECASE
             ):
                 continue
-            if sql.startswith("DELETE FROM host_instances"):
+            if sql.startswith("DELETE FROM engine_instances"):
                 continue  # retention's housekeeping: per expired host instance, not per child
             for *_, detail in conn.execute(f"EXPLAIN QUERY PLAN {sql}"):
                 if re.fullmatch(r"SCAN (children|c)", detail):

@@ -3,9 +3,11 @@ server, the migrated schema is the models' schema, and every revision walks down
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
+from sqlalchemy.exc import IntegrityError
 
 from delegation.store import migrate
 from delegation.store.tables import metadata
@@ -41,5 +43,46 @@ def test_every_revision_walks_down_and_up_on_postgresql(postgres_url: str) -> No
             assert set(inspect(conn).get_table_names()) <= {"alembic_version"}
             migrate.upgrade(conn)
             assert migrate.current(conn) == migrate.head()
+    finally:
+        engine.dispose()
+
+
+def test_engine_instances_keep_their_rows_through_the_rename_on_postgresql(
+    postgres_url: str,
+) -> None:
+    """Revision 0010 on a database with rows: they stay, and are still referred to."""
+    engine = create_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            migrate.downgrade(conn, "base")
+            migrate.upgrade(conn, "0009")
+            conn.exec_driver_sql(
+                "INSERT INTO host_instances (id, started_at, taken_by) VALUES ('h-1', 1, 'h-2')"
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO runners (runner_id, host_instance_id, generation, updated_at)"
+                " VALUES ('r-1', 'host-a', 1, 1)"
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO connections (id, runner_id, generation, host_instance_id,"
+                " engine_instance_id, opened_at) VALUES ('k-1', 'r-1', 1, 'host-a', 'h-1', 1)"
+            )
+            conn.commit()
+            migrate.upgrade(conn)
+            assert migrate.current(conn) == migrate.head()
+            assert conn.exec_driver_sql(
+                "SELECT id, started_at, taken_by FROM engine_instances"
+            ).all() == [("h-1", 1.0, "h-2")]
+            assert "host_instances" not in inspect(conn).get_table_names()
+            keys = inspect(conn).get_foreign_keys("connections")
+            assert "engine_instances" in {fk["referred_table"] for fk in keys}
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert compare_metadata(context, metadata) == []
+            with pytest.raises(IntegrityError):
+                conn.exec_driver_sql(
+                    "INSERT INTO connections (id, runner_id, generation, host_instance_id,"
+                    " engine_instance_id, opened_at) VALUES ('k-2', 'r-1', 1, 'host-a', 'h-9', 1)"
+                )
+            conn.rollback()
     finally:
         engine.dispose()

@@ -126,7 +126,7 @@ async def test_a_reader_connected_again_is_read_only_too(postgres_db: str) -> No
             except errors.StoreError:
                 failed += 1
         with pytest.raises(errors.StoreError) as refused:
-            await store.read_now(lambda conn: run(conn, "DELETE FROM host_instances"))
+            await store.read_now(lambda conn: run(conn, "DELETE FROM engine_instances"))
         assert "read-only transaction" in str(refused.value)
         assert await store.read(count) == 0
     finally:
@@ -134,7 +134,7 @@ async def test_a_reader_connected_again_is_read_only_too(postgres_db: str) -> No
 
 
 def count(conn: Connection) -> int:
-    return int(run(conn, "SELECT COUNT(*) FROM host_instances").fetchone()[0])
+    return int(run(conn, "SELECT COUNT(*) FROM engine_instances").fetchone()[0])
 
 
 # --- the command line --------------------------------------------------------------------

@@ -22,18 +22,18 @@ def _write(url: str, sql: str) -> None:
 def _reads_and_never_writes(url: str) -> None:
     before = rows.snapshot(url)
     assert before["alembic_version"] == [(migrate.head(),)]
-    assert set(before) >= {"children", "events", "grants", "host_instances"}
-    _write(url, "INSERT INTO host_instances (id, started_at) VALUES ('h-1', 1)")
+    assert set(before) >= {"children", "events", "grants", "engine_instances"}
+    _write(url, "INSERT INTO engine_instances (id, started_at) VALUES ('h-1', 1)")
     after = rows.snapshot(url)
     assert after != before, "the snapshot sees a committed write"
-    assert after["host_instances"] == rows.rows(
+    assert after["engine_instances"] == rows.rows(
         url,
-        "SELECT id, started_at, closed_at, taken_by FROM host_instances WHERE id = :id",
+        "SELECT id, started_at, closed_at, taken_by FROM engine_instances WHERE id = :id",
         {"id": "h-1"},
     )
-    assert rows.scalar(url, "SELECT COUNT(*) FROM host_instances WHERE id LIKE 'h-%'") == 1
+    assert rows.scalar(url, "SELECT COUNT(*) FROM engine_instances WHERE id LIKE 'h-%'") == 1
     with pytest.raises(DBAPIError, match=r"(?i)read-?only"):
-        rows.rows(url, "DELETE FROM host_instances")
+        rows.rows(url, "DELETE FROM engine_instances")
     assert rows.snapshot(url) == after
 
 

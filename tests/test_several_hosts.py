@@ -251,7 +251,7 @@ def test_a_paused_host_is_fenced_and_stops_the_runs_it_lost(
         check_stream(postgres_db, conversation, a.acked() | b.acked())
     stored = {(conv, seq, text) for conv in lost for seq, _, text in events(postgres_db, conv)}
     assert {(w[1], int(w[2]), w[3]) for w in a_acks_after} <= stored, "no ack of A was lost"
-    instances = rows.rows(postgres_db, "SELECT id, taken_by FROM host_instances")
+    instances = rows.rows(postgres_db, "SELECT id, taken_by FROM engine_instances")
     taken = {str(i): t for i, t in instances}
     assert taken[a.instance] == b.instance
 
@@ -343,7 +343,7 @@ async def test_hosts_on_one_database_stamp_with_its_servers_clock(postgres_db: s
         assert isinstance(engine.clock, ServerClock)
         server = float(rows.scalar(postgres_db, "SELECT EXTRACT(EPOCH FROM clock_timestamp())"))
         assert abs(engine.clock.now() - server) < 0.5
-        started = rows.scalar(postgres_db, "SELECT started_at FROM host_instances")
+        started = rows.scalar(postgres_db, "SELECT started_at FROM engine_instances")
         assert abs(float(started) - server) < 5
     finally:
         await engine.close()
@@ -411,7 +411,7 @@ async def test_a_connection_written_late_under_a_taken_instance_is_ended_at_the_
     try:
         writer = sqlalchemy.create_engine(postgres_db, poolclass=NullPool)
         late = (
-            "INSERT INTO host_instances (id, started_at, closed_at, taken_by)"
+            "INSERT INTO engine_instances (id, started_at, closed_at, taken_by)"
             " VALUES ('h-gone', 1, 2, :me)",
             "INSERT INTO runners (runner_id, host_instance_id, generation, connection_id,"
             " updated_at) VALUES ('late', 'hi-late', 1, 'c-late', 3)",

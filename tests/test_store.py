@@ -30,12 +30,12 @@ def _sqlite(path: Path, *, busy_timeout_ms: int = 5000) -> Database:
 
 
 def instances(path: Path) -> set[str]:
-    return {row[0] for row in rows(url_of(path), "SELECT id FROM host_instances")}
+    return {row[0] for row in rows(url_of(path), "SELECT id FROM engine_instances")}
 
 
 def insert(name: str, *, then: BaseException | None = None):  # type: ignore[no-untyped-def]
     def job(conn: Connection) -> str:
-        conn.exec_driver_sql("INSERT INTO host_instances (id, started_at) VALUES (?, 1)", (name,))
+        conn.exec_driver_sql("INSERT INTO engine_instances (id, started_at) VALUES (?, 1)", (name,))
         if then is not None:
             raise then
         return name
@@ -123,7 +123,7 @@ async def test_a_commit_that_fails_gives_the_write_lock_back(
     assert await database.write(insert("after")) == "after"
     other = sqlite3.connect(db_path, timeout=0.5)
     try:
-        other.execute("INSERT INTO host_instances (id, started_at) VALUES ('other', 1)")
+        other.execute("INSERT INTO engine_instances (id, started_at) VALUES ('other', 1)")
         other.commit()
     finally:
         other.close()

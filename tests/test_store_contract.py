@@ -49,10 +49,10 @@ async def store(db_url: str) -> AsyncIterator[Store]:
 
 
 def insert(name: str, *, then: BaseException | None = None) -> Callable[[Connection], str]:
-    """A job inserting one host_instances row, then raising ``then`` (after writing)."""
+    """A job inserting one engine_instances row, then raising ``then`` (after writing)."""
 
     def job(conn: Connection) -> str:
-        run(conn, "INSERT INTO host_instances (id, started_at) VALUES (?, 1)", (name,))
+        run(conn, "INSERT INTO engine_instances (id, started_at) VALUES (?, 1)", (name,))
         if then is not None:
             raise then
         return name
@@ -66,7 +66,8 @@ def ordered(name: str) -> Callable[[Connection], str]:
     def job(conn: Connection) -> str:
         run(
             conn,
-            "INSERT INTO host_instances (id, started_at) SELECT ?, COUNT(*) FROM host_instances",
+            "INSERT INTO engine_instances (id, started_at)"
+            " SELECT ?, COUNT(*) FROM engine_instances",
             (name,),
         )
         return name
@@ -79,7 +80,7 @@ def refuse(conn: Connection) -> None:
 
 
 def count(conn: Connection) -> int:
-    return int(run(conn, "SELECT COUNT(*) FROM host_instances").fetchone()[0])
+    return int(run(conn, "SELECT COUNT(*) FROM engine_instances").fetchone()[0])
 
 
 def count_events(conn: Connection) -> int:
@@ -105,8 +106,8 @@ def event(child_id: int, sequence: int) -> EventRow:
 
 
 def instances(url: str) -> set[str]:
-    """The host_instances ids, read from outside the store (another connection)."""
-    return {row[0] for row in rows.rows(url, "SELECT id FROM host_instances")}
+    """The engine_instances ids, read from outside the store (another connection)."""
+    return {row[0] for row in rows.rows(url, "SELECT id FROM engine_instances")}
 
 
 def events_of(url: str) -> list[int]:
@@ -130,7 +131,7 @@ def holding(url: str, *, row: str | None = None, table: str | None = None) -> It
     """Another connection holds what the store's next write needs, until the block ends.
 
     SQLite: the database's write lock (``BEGIN IMMEDIATE``): every write waits. PostgreSQL
-    has no such lock: the ``host_instances`` row ``row`` is locked by an uncommitted
+    has no such lock: the ``engine_instances`` row ``row`` is locked by an uncommitted
     update, or ``table`` by an ``EXCLUSIVE`` table lock (reads go on, writes wait).
     """
     if rows.is_sqlite(url):
@@ -146,7 +147,7 @@ def holding(url: str, *, row: str | None = None, table: str | None = None) -> It
 
     with psycopg.connect(_libpq(url)) as conn:  # a transaction until the block ends
         if row is not None:
-            conn.execute("UPDATE host_instances SET closed_at = 1 WHERE id = %s", (row,))
+            conn.execute("UPDATE engine_instances SET closed_at = 1 WHERE id = %s", (row,))
         if table is not None:
             conn.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
         yield
@@ -221,7 +222,7 @@ async def test_jobs_run_in_the_order_they_were_queued(store: Store, db_url: str)
             await asyncio.sleep(0)  # some turns hand over one job, some many
     await asyncio.gather(*futures, return_exceptions=True)
     await store.barrier()
-    committed = rows.rows(db_url, "SELECT id, started_at FROM host_instances ORDER BY started_at")
+    committed = rows.rows(db_url, "SELECT id, started_at FROM engine_instances ORDER BY started_at")
     assert [name for name, _ in committed] == names
     assert [int(before) for _, before in committed] == list(range(len(names)))
 
@@ -235,7 +236,7 @@ async def test_a_constraint_violation_is_a_store_error_never_a_drivers(
     assert domain(duplicate.value), repr(duplicate.value)
 
     def null(conn: Connection) -> None:
-        run(conn, "INSERT INTO host_instances (id, started_at) VALUES ('n', NULL)")
+        run(conn, "INSERT INTO engine_instances (id, started_at) VALUES ('n', NULL)")
 
     def broken_sql(conn: Connection) -> None:
         run(conn, "INSERT INTO no_such_table VALUES (1)")
@@ -432,8 +433,8 @@ async def test_read_is_one_snapshot_and_read_now_sees_the_newest_commit(
 
 
 WRITES = [
-    "INSERT INTO host_instances (id, started_at) VALUES ('from-a-read', 1)",
-    "UPDATE host_instances SET started_at = 2",
+    "INSERT INTO engine_instances (id, started_at) VALUES ('from-a-read', 1)",
+    "UPDATE engine_instances SET started_at = 2",
 ]
 
 
@@ -448,7 +449,7 @@ async def test_a_read_cannot_write(store: Store, db_url: str, sql: str) -> None:
     with pytest.raises(errors.StoreError) as in_read_now:
         await store.read_now(lambda conn: run(conn, sql))
     assert domain(in_read_now.value), repr(in_read_now.value)
-    written = rows.rows(db_url, "SELECT id, started_at FROM host_instances")
+    written = rows.rows(db_url, "SELECT id, started_at FROM engine_instances")
     assert [tuple(row) for row in written] == [("first", 1)]
     assert await store.read(count) == 1, "the reader goes on"
     assert await store.read_now(count) == 1
@@ -490,7 +491,7 @@ async def test_a_write_that_waits_past_the_busy_timeout_is_database_busy(db_url:
 
         def touch(conn: Connection) -> int:
             return int(
-                run(conn, "UPDATE host_instances SET closed_at = 2 WHERE id = 'held'").rowcount
+                run(conn, "UPDATE engine_instances SET closed_at = 2 WHERE id = 'held'").rowcount
             )
 
         with holding(db_url, row="held"):
@@ -523,7 +524,7 @@ async def test_the_loop_keeps_turning_while_a_write_waits_for_a_lock(db_url: str
         try:
             with holding(db_url, row="held"):
                 pending = asyncio.ensure_future(
-                    store.write(lambda c: run(c, "DELETE FROM host_instances WHERE id = 'held'"))
+                    store.write(lambda c: run(c, "DELETE FROM engine_instances WHERE id = 'held'"))
                 )
                 begun = time.monotonic()
                 while time.monotonic() - begun < 0.5:
@@ -546,7 +547,7 @@ async def test_a_one_write_job_is_committed_when_its_answer_comes(
     writing leaves nothing."""
 
     def core_then_write(conn: Connection) -> str:
-        conn.execute(select(func.count()).select_from(tables.host_instances)).scalar()
+        conn.execute(select(func.count()).select_from(tables.engine_instances)).scalar()
         return insert("core")(conn)
 
     def refuse(conn: Connection) -> str:
@@ -763,10 +764,10 @@ async def test_a_session_the_server_ends_inside_a_batch_fails_that_batch_only(
     try:
 
         def dies(conn: Connection) -> None:
-            conn.execute(select(func.count()).select_from(tables.host_instances))
+            conn.execute(select(func.count()).select_from(tables.engine_instances))
             terminate(db_url, backend_pid(conn))
             if at == "statement":
-                conn.execute(select(func.count()).select_from(tables.host_instances))
+                conn.execute(select(func.count()).select_from(tables.engine_instances))
 
         with pytest.raises(errors.StoreError):
             await store.submit(dies, one_write=one_write)
@@ -794,7 +795,7 @@ async def test_a_rejoin_refuses_what_the_earlier_instance_left_queued(db_url: st
         child = await store.write(add_child)
         with psycopg.connect(_libpq(db_url), autocommit=True) as blocker:
             blocker.execute("BEGIN")  # holds the writer at its fence, on the instance row
-            blocker.execute("SELECT 1 FROM host_instances WHERE id = 'first' FOR UPDATE")
+            blocker.execute("SELECT 1 FROM engine_instances WHERE id = 'first' FOR UPDATE")
             held = asyncio.ensure_future(store.write(insert("held")))
             waiting = "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
             for _ in range(500):  # the writer took that batch alone and waits at its fence

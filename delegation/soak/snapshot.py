@@ -146,7 +146,7 @@ def _collect(reading: Reading, q: Query, wanted: set[str], integrity: bool) -> S
         (r["child_id"], r["request_id"])
         for r in q("SELECT child_id, request_id FROM steers WHERE outcome = 'injected'")
     }
-    instances = q("SELECT * FROM host_instances ORDER BY started_at")
+    instances = q("SELECT * FROM engine_instances ORDER BY started_at")
     open_connections = q("SELECT * FROM connections WHERE closed_at IS NULL")
     purged = _pairs(q("SELECT run_id, purged_at FROM purged"))
     checks: list[str] = []

@@ -16,7 +16,7 @@ from sqlalchemy import Connection, func, insert, select, update
 from delegation._struct import I64_MAX
 from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, GrantRecord, LeaseRecord, RunnerRecord
-from delegation.store import Spelling, chunks, run, runners, spelling_of
+from delegation.store import Spelling, chunks, registrations, run, spelling_of
 from delegation.store import children as child_rows
 from delegation.store.tables import children as children_table
 from delegation.store.tables import grants
@@ -131,7 +131,9 @@ def _insert_returning(names: tuple[str, ...]) -> str:
 # method asks for both, first thing).
 _RUNNER_AND_TOOL = (
     "SELECT "
-    + ", ".join([*(f"r.{name}" for name in runners.FIELDS), *(f"g.{name}" for name in FIELDS)])
+    + ", ".join(
+        [*(f"r.{name}" for name in registrations.FIELDS), *(f"g.{name}" for name in FIELDS)]
+    )
     + " FROM runners r LEFT JOIN grants g ON g.run_id = ? AND g.tool_call_id = ?"
     " AND g.kind = 'tool' AND g.runner_id = r.runner_id AND g.closed_at IS NULL"
     " WHERE r.runner_id = ?"
@@ -188,12 +190,12 @@ _RUNNER_TOOL_AND_REQUEST = _runner_and_tool_with(
 
 
 def _runner_and_tool_of(row: Any, tool_call_id: str) -> tuple[RunnerRecord, GrantRecord | None]:
-    width = len(runners.FIELDS)
+    width = len(registrations.FIELDS)
     tool = _record(row[width:_TOOL_END]) if tool_call_id and row[width] is not None else None
     return RunnerRecord(*row[:width]), tool
 
 
-_TOOL_END = len(runners.FIELDS) + len(FIELDS)  # where the joined columns begin
+_TOOL_END = len(registrations.FIELDS) + len(FIELDS)  # where the joined columns begin
 
 
 def runner_tool_and_executions(

@@ -65,7 +65,7 @@ INSTANCE_LOCKS = 0x6465  # a host instance's own lock: (INSTANCE_LOCKS, hashtext
 _BUSY_RETRY_S = 1.0  # another host holds the expiry: look again this much later
 LOST = (
     "(engine_instance_id IS NULL OR engine_instance_id IN"
-    " (SELECT id FROM host_instances WHERE taken_by IS NOT NULL AND id != :me))"
+    " (SELECT id FROM engine_instances WHERE taken_by IS NOT NULL AND id != :me))"
 )
 
 
@@ -103,7 +103,7 @@ def take_instances(
     )
     rows = conn.execute(
         text(
-            "UPDATE host_instances SET taken_by = :me, closed_at = COALESCE(closed_at, :now)"
+            "UPDATE engine_instances SET taken_by = :me, closed_at = COALESCE(closed_at, :now)"
             f" WHERE id != :me AND taken_by IS NULL AND (closed_at IS NOT NULL OR {dead})"
             " RETURNING id"
         ),
@@ -127,7 +127,7 @@ def heartbeat(conn: Connection, me: str) -> float | None:
     held = spelling_of(conn).instance_lock_held
     value = conn.execute(
         text(
-            f"UPDATE host_instances SET heartbeat_at = {db_clock(conn)}"
+            f"UPDATE engine_instances SET heartbeat_at = {db_clock(conn)}"
             f" WHERE id = :me AND taken_by IS NULL{held} RETURNING heartbeat_at"
         ),
         {"me": me, "locks": INSTANCE_LOCKS},
@@ -140,7 +140,7 @@ def heartbeat(conn: Connection, me: str) -> float | None:
 
 
 def _not_taken(conn: Connection, me: str) -> bool:
-    row = conn.execute(text("SELECT taken_by FROM host_instances WHERE id = :me"), {"me": me})
+    row = conn.execute(text("SELECT taken_by FROM engine_instances WHERE id = :me"), {"me": me})
     found = row.first()
     return found is not None and found[0] is None
 
@@ -418,7 +418,7 @@ def purge(conn: Connection, retention_s: float, now: float, batch: int = 1000) -
         " AND NOT EXISTS (SELECT 1 FROM children c WHERE c.grant_id = grants.id)",
         "DELETE FROM connections WHERE closed_at < :cutoff"
         " AND NOT EXISTS (SELECT 1 FROM grants g WHERE g.connection_id = connections.id)",
-        "DELETE FROM host_instances AS h WHERE closed_at < :cutoff"
+        "DELETE FROM engine_instances AS h WHERE closed_at < :cutoff"
         " AND NOT EXISTS (SELECT 1 FROM connections c WHERE c.engine_instance_id = h.id)"
         " AND NOT EXISTS (SELECT 1 FROM grants g WHERE g.engine_instance_id = h.id)"
         " AND NOT EXISTS (SELECT 1 FROM children c WHERE c.engine_instance_id = h.id)",

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    PrimaryKeyConstraint,
     Table,
     Text,
     text,
@@ -42,17 +43,27 @@ BIG: TypeEngine[int] = Integer().with_variant(BigInteger(), "postgresql")
 
 STATES = "('prepared', 'admitted', 'running', 'done', 'cancelled')"
 
-host_instances = Table(
-    "host_instances",
+# The engine instances (one per host's life, SPEC §12); a runner's own host is
+# ``host_instance_id`` elsewhere. Its constraints keep the names they were given while
+# the table was ``engine_instances`` (revision 0010): renaming them on SQLite means
+# rebuilding children, grants and connections, whose rows cascade.
+engine_instances = Table(
+    "engine_instances",
     metadata,
-    Column("id", Text, primary_key=True),
+    Column("id", Text),
     Column("started_at", TIME, nullable=False),
     Column("closed_at", TIME),
     # The database's clock at the instance's last heartbeat (several hosts, SPEC §12).
     Column("heartbeat_at", TIME),
     # The live instance that took this one's work over once it was dead or closed.
     Column("taken_by", Text),
+    PrimaryKeyConstraint("id", name="pk_host_instances"),
 )
+
+
+def _engine_instance(table: str) -> ForeignKey:
+    return ForeignKey("engine_instances.id", name=f"fk_{table}_engine_instance_id_host_instances")
+
 
 # One row per runner: which connection is current, and with which generation.
 runners = Table(
@@ -73,7 +84,7 @@ connections = Table(
     Column("runner_id", Text, ForeignKey("runners.runner_id"), nullable=False),
     Column("generation", BIG, nullable=False),
     Column("host_instance_id", Text, nullable=False),  # the runner's
-    Column("engine_instance_id", Text, ForeignKey("host_instances.id"), nullable=False),
+    Column("engine_instance_id", Text, _engine_instance("connections"), nullable=False),
     Column("opened_at", TIME, nullable=False),
     Column("closed_at", TIME),
     CheckConstraint("generation >= 1", name="generation_positive"),
@@ -88,7 +99,7 @@ grants = Table(
     Column("kind", Text, nullable=False),
     Column("runner_id", Text, nullable=False),
     Column("connection_id", Text, ForeignKey("connections.id")),
-    Column("engine_instance_id", Text, ForeignKey("host_instances.id")),
+    Column("engine_instance_id", Text, _engine_instance("grants")),
     Column("run_id", Text),
     Column("conversation_id", Text),
     Column("tool_call_id", Text),
@@ -155,7 +166,7 @@ children = Table(
     Column("depth", Integer, nullable=False),
     Column("followup", Integer, nullable=False, server_default=text("0")),
     Column("state", Text, nullable=False),
-    Column("engine_instance_id", Text, ForeignKey("host_instances.id")),
+    Column("engine_instance_id", Text, _engine_instance("children")),
     Column("cancel_requested_at", TIME),
     Column("cancel_reason", Text),
     Column("error", Text, nullable=False, server_default=text("''")),

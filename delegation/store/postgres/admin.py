@@ -51,7 +51,7 @@ def live_instances(conn: Connection) -> list[str]:
     return list(
         conn.execute(
             text(
-                "SELECT id FROM host_instances WHERE closed_at IS NULL AND taken_by IS NULL"
+                "SELECT id FROM engine_instances WHERE closed_at IS NULL AND taken_by IS NULL"
                 " AND NOT pg_try_advisory_xact_lock(:locks, hashtext(id))"
             ),
             {"locks": INSTANCE_LOCKS},

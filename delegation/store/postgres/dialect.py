@@ -235,7 +235,7 @@ class PostgresDialect:
         # it) waits for the batch, and a batch after the takeover sees it. The id is
         # this host's own (checked in ready_to_claim), safe as a literal.
         cursor = raw.execute(
-            f"{sql}; SELECT taken_by FROM host_instances WHERE id = '{instance}' FOR SHARE"
+            f"{sql}; SELECT taken_by FROM engine_instances WHERE id = '{instance}' FOR SHARE"
         )
         while cursor.nextset():
             pass

@@ -1,4 +1,5 @@
-"""Host instances, runners and their connections."""
+"""Registrations: the engine's instances, the runners registered with it and their
+connections."""
 
 from __future__ import annotations
 
@@ -9,16 +10,16 @@ from sqlalchemy import Connection, insert, select, update
 
 from delegation.records import RunnerConnection, RunnerRecord
 from delegation.store import run
-from delegation.store.tables import connections, host_instances, runners
+from delegation.store.tables import connections, engine_instances, runners
 
 
 def insert_instance(conn: Connection, instance_id: str, now: float) -> None:
-    conn.execute(insert(host_instances).values(id=instance_id, started_at=now))
+    conn.execute(insert(engine_instances).values(id=instance_id, started_at=now))
 
 
 def close_instance(conn: Connection, instance_id: str, now: float) -> None:
     conn.execute(
-        update(host_instances).where(host_instances.c.id == instance_id).values(closed_at=now)
+        update(engine_instances).where(engine_instances.c.id == instance_id).values(closed_at=now)
     )
 
 
@@ -26,7 +27,7 @@ def instance_is_live(conn: Connection, instance_id: str) -> bool:
     """Whether a host instance is still live: neither closed nor taken over."""
     row = run(
         conn,
-        "SELECT closed_at IS NULL AND taken_by IS NULL FROM host_instances WHERE id = ?",
+        "SELECT closed_at IS NULL AND taken_by IS NULL FROM engine_instances WHERE id = ?",
         (instance_id,),
     ).fetchone()
     return bool(row and row[0])
@@ -106,7 +107,7 @@ def open_connections_of_taken(conn: Connection) -> list[str]:
     """Open connections of instances another host took over: those taken right now, and
     any a fenced host opened under its old instance while it rejoined (its batches in
     that window are fenced on the instance it rejoins as)."""
-    taken = select(host_instances.c.id).where(host_instances.c.taken_by.is_not(None))
+    taken = select(engine_instances.c.id).where(engine_instances.c.taken_by.is_not(None))
     query = select(connections.c.id).where(
         connections.c.closed_at.is_(None), connections.c.engine_instance_id.in_(taken)
     )
