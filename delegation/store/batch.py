@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,7 @@ from sqlalchemy import Connection
 
 from delegation import errors
 from delegation.store import dbapi
+from delegation.store.dialect import Dialect
 from delegation.store.events import EventRow, insert_events
 from delegation.store.failures import refused, translate, unavailable
 
@@ -45,6 +47,38 @@ class Queue:
         """Whether the batch may commit without waiting for the disk: it holds no event
         and only jobs no one was answered for yet (``durable=False``)."""
         return not (self.events or any(p.durable for p in self.jobs))
+
+
+def report_commit(hook: Callable[[float, int], None] | None, began: float, events: int) -> None:
+    """Tell ``hook`` (the store's ``on_commit``, if set) of a transaction that committed;
+    a fault of the hook is logged, never taken for the commit's own."""
+    if hook is None:
+        return
+    try:
+        hook(time.perf_counter() - began, events)
+    except Exception:
+        log.exception("commit hook failed", extra={"action": "commit_hook_failed"})
+
+
+def commit_open(conn: Connection, raw: Any, dialect: Dialect) -> None:
+    """Commit the transaction open on ``conn``: through SQLAlchemy if a Core statement
+    began it (the dialect's ``begin`` hook), else on ``raw``, the driver's connection
+    taken before the work (SQLAlchemy refuses to hand out an invalidated one)."""
+    if conn.in_transaction():
+        conn.commit()
+    elif dialect.in_transaction(raw):
+        raw.execute("COMMIT")
+
+
+def roll_back(conn: Connection, raw: Any, dialect: Dialect) -> None:
+    """Roll back whatever transaction is open on ``conn`` (SQLAlchemy's) or ``raw``.
+
+    SQLAlchemy's rollback is called even when ``conn`` reports no transaction: a COMMIT
+    that lost the connection leaves one it refuses every later use for until rolled
+    back (``PendingRollbackError``); with none, the call does nothing."""
+    conn.rollback()
+    if not dialect.lost(raw) and dialect.in_transaction(raw):
+        raw.execute("ROLLBACK")
 
 
 def job_failed(pending: Pending, exc: Exception) -> None:
@@ -136,3 +170,47 @@ def resolve(batch: list[Pending]) -> None:
             future.set_result(pending.value)
         else:
             future.set_exception(pending.value)
+
+
+_RETRY_PAUSE_S = 0.05  # before events that failed to commit are tried again
+_AWAY_PAUSE_MAX_S = 0.4  # the longest pause between tries while the server is away
+
+
+class Outage:
+    """Whether the server was found away and no batch committed since: said once per
+    outage, not once per batch, and the pause before failed events are tried again."""
+
+    def __init__(self) -> None:
+        self._away = False
+        self._pause = _RETRY_PAUSE_S
+
+    def failed(self, exc: Exception) -> errors.DelegationError:
+        """A batch failed with ``exc``: the domain error its jobs get (logged)."""
+        failure = translate(exc)
+        if not isinstance(failure, errors.StoreUnavailable):
+            log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
+        elif not self._away:
+            self._away = True
+            log.warning(
+                "the database is unavailable: writes are refused until it is back (%s)",
+                exc,
+                extra={"action": "store_unavailable"},
+            )
+        return failure
+
+    def back(self) -> None:
+        """A batch committed: if the server was away, say it is back."""
+        self._pause = _RETRY_PAUSE_S
+        if self._away:
+            self._away = False
+            log.warning("the database is back: writing again", extra={"action": "store_back"})
+
+    def pause(self, failure: errors.DelegationError) -> float:
+        """Seconds before events that failed are tried again: while the server is away,
+        a pause that doubles up to ``_AWAY_PAUSE_MAX_S`` (so a restart is noticed within
+        about that), else ``_RETRY_PAUSE_S``."""
+        if not isinstance(failure, errors.StoreUnavailable):
+            self._pause = _RETRY_PAUSE_S
+            return _RETRY_PAUSE_S
+        pause, self._pause = self._pause, min(self._pause * 2, _AWAY_PAUSE_MAX_S)
+        return pause

@@ -19,14 +19,8 @@ the **writer thread**, which commits while the loop goes on. The loop never wait
 another process's lock: SQLite's busy handler is off on the write connection, and only
 the writer thread waits for the lock, up to ``busy_timeout``.
 
-Durability: batches commit at the configured ``synchronous`` level (``FULL``), except
-a batch of only ``durable=False`` jobs -- writes nobody has been answered for, which a
-synced commit always follows before anyone is -- which commits at ``NORMAL``: it
-survives a crash of the process, and only a power loss before the next synced commit
-could undo it.
-
-Reads run inline on the loop's thread, on a connection of their own (WAL readers see
-only committed data and never wait for the writer).
+Durability: a batch of only ``durable=False`` jobs commits without waiting for the
+disk (the dialect's way). Reads run on the loop's thread (:mod:`.reading`).
 
 Ordering guarantee: a job queued after ``append_event`` commits in the same batch as
 that event or a later one. So "flush" is simply an empty job (a barrier), and a
@@ -41,23 +35,34 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import Connection, Engine
 
 from delegation import errors
 from delegation.store import dbapi
-from delegation.store.batch import Job, Pending, Queue, Redo, job_failed, resolve, run_batch
+from delegation.store.batch import (
+    Job,
+    Outage,
+    Pending,
+    Queue,
+    Redo,
+    commit_open,
+    job_failed,
+    report_commit,
+    resolve,
+    roll_back,
+    run_batch,
+)
 from delegation.store.dialect import Dialect
 from delegation.store.events import EventRow
-from delegation.store.failures import refused, translate, translated
+from delegation.store.failures import refused, translate
+from delegation.store.reading import Reads, healthy
 from delegation.store.watch import Watch
 
 log = logging.getLogger("delegation.store")
 
 T = TypeVar("T")
-_RETRY_PAUSE_S = 0.05  # before events that failed to commit are tried again
-_AWAY_PAUSE_MAX_S = 0.4  # the longest pause between tries while the server is away
 
 
 def boot_clock() -> float:
@@ -92,13 +97,11 @@ class Database:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._write_engine: Engine | None = None
-        self._read_engine: Engine | None = None
         self._unflushed_engine: Engine | None = None
         self._unflushed: Connection | None = None
-        self._away_pause = _RETRY_PAUSE_S
-        self._away = False  # the server was found away, and no batch committed since
+        self._outage = Outage()
         self._reconnected = False  # see reconnected
-        self._reader: Connection | None = None
+        self._reads = Reads(dialect.lost)
         self._claimed: str | None = None  # this host's instance (shared): its fence
         self._taken_by: str | None = None  # the fence, as the current transaction read it
         self._alive_until = 0.0  # boot_clock(): until then no host can have taken us over
@@ -129,7 +132,7 @@ class Database:
             if not isinstance(exc, Exception) or isinstance(exc, errors.DelegationError):
                 raise
             raise translate(exc) from exc
-        self._write_engine, self._read_engine, self._unflushed_engine = engines
+        self._write_engine, self._reads.engine, self._unflushed_engine = engines
         self._start_writer()
 
     def _start_writer(self) -> None:
@@ -146,13 +149,13 @@ class Database:
         what it wrote); once closed, they are refused with a :class:`errors.StoreError`.
         """
         await asyncio.get_running_loop().run_in_executor(None, self._stop_writer)
-        self._close_readers()
+        self._reads.close()
         self._dialect.close()
 
     def close(self) -> None:
         """Like :meth:`aclose`, blocking; call it on the loop's thread."""
         self._stop_writer()
-        self._close_readers()
+        self._reads.close()
         self._dialect.close()  # last, once no connection of ours is open
 
     def _stop_writer(self) -> None:
@@ -169,16 +172,6 @@ class Database:
             if engine is not None:
                 engine.dispose()
         self._write_engine = self._unflushed_engine = None
-
-    def _close_readers(self) -> None:
-        # The read connection belongs to the loop's thread: closing it from another
-        # thread while the loop reads on it corrupts SQLAlchemy's state or crashes.
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.close()
-        if self._read_engine is not None:
-            self._read_engine.dispose()
-            self._read_engine = None
 
     # --- several hosts (a shared store) -------------------------------------------
 
@@ -401,15 +394,17 @@ class Database:
         began = time.perf_counter() if self.on_commit is not None else 0.0
         try:
             pending.ok, pending.value = True, pending.fn(conn)
-            self._commit_open(conn, raw)  # a Core statement began a transaction: commit it now
+            commit_open(
+                conn, raw, self._dialect
+            )  # a Core statement began a transaction: commit it now
         except Exception as exc:
             with contextlib.suppress(Exception):
-                self._roll_back(conn, raw)
+                roll_back(conn, raw, self._dialect)
             if isinstance(translate(exc), errors.DatabaseBusy) or self._dialect.lost(raw):
                 return False  # nothing was written: the writer runs it, waiting its turn
             job_failed(pending, exc)
         else:
-            self._report_commit(began, 0)
+            report_commit(self.on_commit, began, 0)
         return True
 
     def _unflushed_connection(self) -> Connection:
@@ -489,7 +484,7 @@ class Database:
                 if begun or not batch.events or not refused(exc):
                     raise
                 self._transaction(conn, batch, savepoints=True, begun=False)
-            self._back()
+            self._outage.back()
             return True
         except Redo:
             raise
@@ -499,16 +494,7 @@ class Database:
 
     def _failed(self, batch: Queue, exc: Exception) -> None:
         """``batch`` did not commit: its jobs fail with ``exc``; its events are kept."""
-        failure = translate(exc)
-        if not isinstance(failure, errors.StoreUnavailable):
-            log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
-        elif not self._away:  # once per outage, not once per batch
-            self._away = True
-            log.warning(
-                "the database is unavailable: writes are refused until it is back (%s)",
-                exc,
-                extra={"action": "store_unavailable"},
-            )
+        failure = self._outage.failed(exc)
         for pending in batch.jobs:
             pending.ok, pending.value = False, failure
         if batch.events:
@@ -524,24 +510,7 @@ class Database:
                 if not self._stopping and not refused(exc) and not fenced:
                     self._queue.events[:0] = batch.events
             if not isinstance(failure, errors.DatabaseBusy):  # busy already waited
-                time.sleep(self._pause(failure))
-
-    def _back(self) -> None:
-        """A batch committed: if the server was away, say it is back."""
-        self._away_pause = _RETRY_PAUSE_S
-        if self._away:
-            self._away = False
-            log.warning("the database is back: writing again", extra={"action": "store_back"})
-
-    def _pause(self, failure: errors.DelegationError) -> float:
-        """Seconds before events that failed are tried again: while the server is away,
-        a pause that doubles up to ``_AWAY_PAUSE_MAX_S`` (so a restart is noticed within
-        about that), else ``_RETRY_PAUSE_S``."""
-        if not isinstance(failure, errors.StoreUnavailable):
-            self._away_pause = _RETRY_PAUSE_S
-            return _RETRY_PAUSE_S
-        pause, self._away_pause = self._away_pause, min(self._away_pause * 2, _AWAY_PAUSE_MAX_S)
-        return pause
+                time.sleep(self._outage.pause(failure))
 
     def _transaction(
         self, conn: Connection, batch: Queue, *, savepoints: bool, begun: bool
@@ -560,11 +529,11 @@ class Database:
             run_batch(conn, batch, self._dialect.changes, savepoints=savepoints)
             if batch.events:
                 self._dialect.announce(raw, {row.child_id for row in batch.events})
-            self._commit_open(conn, raw)
+            commit_open(conn, raw, self._dialect)
         except BaseException:  # a failed COMMIT too: never leave the write lock held
-            self._roll_back(conn, raw)
+            roll_back(conn, raw, self._dialect)
             raise
-        self._report_commit(began, len(batch.events))
+        report_commit(self.on_commit, began, len(batch.events))
 
     def _guard(self) -> None:
         """The fence (read as the transaction began): refuse the batch if another host
@@ -574,58 +543,6 @@ class Database:
                 f"host instance {self._claimed} was taken over by {self._taken_by};"
                 " its writes are refused"
             )
-
-    def _report_commit(self, began: float, events: int) -> None:
-        """Tell ``on_commit`` (if set) of a transaction that committed; a fault of the
-        hook is logged, never taken for the commit's own."""
-        hook = self.on_commit
-        if hook is None:
-            return
-        try:
-            hook(time.perf_counter() - began, events)
-        except Exception:
-            log.exception("commit hook failed", extra={"action": "commit_hook_failed"})
-
-    def _commit_open(self, conn: Connection, raw: Any) -> None:
-        """Commit the transaction open on ``conn``: through SQLAlchemy if a Core
-        statement began it (``_on_begin``), else on ``raw``, the driver's connection
-        taken before the work (SQLAlchemy refuses to hand out an invalidated one)."""
-        if conn.in_transaction():
-            conn.commit()
-        elif self._dialect.in_transaction(raw):
-            raw.execute("COMMIT")
-
-    def _roll_back(self, conn: Connection, raw: Any) -> None:
-        """Roll back whatever transaction is open on ``conn`` (SQLAlchemy's) or ``raw``.
-
-        SQLAlchemy's rollback is called even when ``conn`` reports no transaction: a
-        COMMIT that lost the connection leaves one it refuses every later use for until
-        rolled back (``PendingRollbackError``); with none, the call does nothing."""
-        conn.rollback()
-        if not self._dialect.lost(raw) and self._dialect.in_transaction(raw):
-            raw.execute("ROLLBACK")
-
-    def _healthy(self, conn: Connection, engine: Engine | None = None) -> Connection:
-        """``conn``, or a new connection of ``engine`` (the writer's by default) if the
-        server dropped it: a lost connection fails one batch or one read, not all after."""
-        if not conn.closed and not conn.invalidated and not self._dialect.lost(dbapi(conn)):
-            return conn
-        engine = engine or self._write_engine
-        assert engine is not None
-        if not conn.closed:
-            log.warning(
-                "a connection to the store was lost; connecting again",
-                extra={"action": "store_connection_lost"},
-            )
-            with contextlib.suppress(Exception):  # gone: only SQLAlchemy's state is left
-                conn.rollback()
-                conn.invalidate()
-            conn.close()
-        # A failed connect leaves ``conn`` closed: the next call tries again.
-        connected = engine.connect()
-        if engine is self._write_engine:
-            self._reconnected = True
-        return connected
 
     def _deliver(self, jobs: list[Pending], *, inline: bool) -> None:
         waiting = [p for p in jobs if p.future is not None]
@@ -643,38 +560,19 @@ class Database:
     # --- reading ----------------------------------------------------------------
 
     async def read_now(self, fn: Callable[[Connection], T]) -> T:
-        """Like :meth:`read`, for functions that use only the store's plain statements:
-        no transaction is opened, so each statement sees the newest commit. A caller
-        that reads a child's row before its events still gets a consistent page: every
-        event is committed before the state that follows it."""
-        conn = await self._turn()
-        with translated(reading=True):
-            try:
-                return fn(conn)
-            finally:
-                if conn.in_transaction():  # a Core statement autobegan one: left open, it
-                    conn.rollback()  # would pin this snapshot and refuse the next read()
+        """Like :meth:`read`, each statement on the newest commit (see ``Reads``)."""
+        return await self._reads.read_now(fn)
 
     async def read(self, fn: Callable[[Connection], T]) -> T:
-        """Run ``fn`` in one read transaction (a consistent WAL snapshot).
+        """Run ``fn`` in one read transaction, a consistent snapshot (see ``Reads``)."""
+        return await self._reads.read(fn)
 
-        Reads run inline on the event loop's thread, on a connection of its own: a WAL
-        reader never waits for the writer, and a short query costs less than a hop to
-        another thread would.
-        """
-        conn = await self._turn()
-        with translated(reading=True), conn.begin():  # BEGIN itself can fail (a dropped connection)
-            return fn(conn)
-
-    async def _turn(self) -> Connection:
-        """The loop's read connection, after one turn of the loop (so that a caller
-        polling in a tight loop never starves the other tasks)."""
-        await asyncio.sleep(0)
-        if self._read_engine is None:  # closed, perhaps while this read yielded
-            raise errors.StoreError("child store is closed")
-        with translated():  # a server away: StoreUnavailable, and the next read tries again
-            if self._reader is None:
-                self._reader = self._read_engine.connect()
-            else:
-                self._reader = self._healthy(self._reader, self._read_engine)
-        return self._reader
+    def _healthy(self, conn: Connection, engine: Engine | None = None) -> Connection:
+        """``conn``, or a new connection of ``engine`` (the writer's by default) if the
+        server dropped it (see ``reading.healthy``)."""
+        engine = engine or self._write_engine
+        assert engine is not None
+        connected = healthy(conn, engine, self._dialect.lost)
+        if connected is not conn and engine is self._write_engine:
+            self._reconnected = True
+        return connected

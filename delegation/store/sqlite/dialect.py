@@ -4,8 +4,13 @@ One host per file, held by the file's lock (SPEC §9): nothing is shared, fenced
 claimed. SQLite has a single writer, so the engine does not fight for the lock: the
 write connection's busy handler is off (an inline commit on the loop's thread never
 waits), and the writer thread waits for the lock itself, up to ``busy_timeout``, with
-pauses that grow from 1 to 50 ms. Batches commit at the configured ``synchronous``
-level (``FULL``), a batch of only ``durable=False`` jobs at ``NORMAL``.
+pauses that grow from 1 to 50 ms.
+
+Durability: batches commit at the configured ``synchronous`` level (``FULL``), except
+a batch of only ``durable=False`` jobs -- writes nobody has been answered for, which a
+synced commit always follows before anyone is -- which commits at ``NORMAL``: it
+survives a crash of the process, and only a power loss before the next synced commit
+could undo it.
 """
 
 from __future__ import annotations
