@@ -2,10 +2,10 @@
 
 The engine reaches its database only through a :class:`Store`; use cases are plain
 functions ``fn(conn) -> T`` that the store runs inside a transaction of its own, using
-the store's named operations (``delegation.store.children``, ``grants`` …). Today's
-implementations are :class:`delegation.store.database.Database` (SQLite) and
-:class:`delegation.store.postgres.PostgresDatabase` (PostgreSQL); which one a URL names
-is decided in :mod:`delegation.store.stores`, and nowhere else.
+the store's named operations (``delegation.store.children``, ``grants`` …). The one
+implementation is :class:`delegation.store.database.Database`, the writer, composed
+with SQLite's dialect or PostgreSQL's (``store/sqlite/``, ``store/postgres/``); which
+one a URL names is decided in :mod:`delegation.store.stores`, and nowhere else.
 
 The guarantees a store gives, and the engine relies on:
 
@@ -65,7 +65,10 @@ class Store(Protocol):
     """The engine's database: batched writes, committed reads, notices (see above)."""
 
     url: str
+    # Capabilities, set once when the store is made (from its dialect):
     shared: bool  # several hosts may open it (PostgreSQL); SQLite: one host per file
+    writes_alone: bool  # a lone ``one_write`` job may commit without BEGIN/COMMIT
+    starts_as_seen: bool  # a start may check the row versions it read in its insert
     on_events: Callable[[set[int]], None] | None
     on_commit: Callable[[float, int], None] | None
 
