@@ -394,9 +394,8 @@ class Database:
         began = time.perf_counter() if self.on_commit is not None else 0.0
         try:
             pending.ok, pending.value = True, pending.fn(conn)
-            commit_open(
-                conn, raw, self._dialect
-            )  # a Core statement began a transaction: commit it now
+            # A Core statement began a transaction: commit it now.
+            commit_open(conn, raw, self._dialect)
         except Exception as exc:
             with contextlib.suppress(Exception):
                 roll_back(conn, raw, self._dialect)
