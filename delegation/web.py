@@ -49,7 +49,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from delegation import errors, passwords
 from delegation.codec import encode
-from delegation.inspect import Inspector
+from delegation.inspector import Inspector
 from delegation.machine import State
 from delegation.records import ChildRecord, LeaseRecord
 from delegation.show import lease_status
