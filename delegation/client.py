@@ -29,15 +29,34 @@ from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
 import msgspec
 
-from delegation import errors, rpc, wire
-from delegation._struct import Uint64, WireStruct
+from delegation import errors, rpc
+from delegation._struct import WireStruct
 from delegation.codec import decode
 from delegation.options import ExecutionOptions
+from delegation.protocol import (
+    CANCEL,
+    READ,
+    REGISTER,
+    RELEASE,
+    RUN_FINISH,
+    START,
+    STEER,
+    TOOL_BEGIN,
+    TOOL_END,
+    Method,
+    Register,
+    Registration,
+    RunFinish,
+    ToolBegin,
+    ToolEnd,
+)
 from delegation.wire import Params, Preset, Result, SteerResult
 
 __all__ = ["Client", "ParamsLike", "Registration", "SyncClient"]
 
 log = logging.getLogger("delegation.client")
+R = TypeVar("R")
+W = TypeVar("W", bound=WireStruct)
 
 # The host answers with up to ~20 MiB on one line (a page of events); requests are
 # bounded by the host at 4 MiB.
@@ -47,17 +66,6 @@ CLOSE_TIMEOUT_S = 15.0
 
 ParamsLike = Params | bytes | bytearray | memoryview | str | Mapping[str, Any]
 """Child params: a :class:`Params`, its JSON, or a dict of wire (camelCase) names."""
-
-
-class Registration(WireStruct, frozen=True):
-    """The answer to ``runner.register``: this connection's id and generation."""
-
-    connection_id: str
-    generation: Uint64
-
-
-class _Empty(WireStruct, frozen=True):
-    """The ``{}`` answer of the tool and run lifecycle methods."""
 
 
 class _Failure(msgspec.Struct, frozen=True):
@@ -186,8 +194,7 @@ class Client:
     async def register(self, runner_id: str, host_instance_id: str) -> Registration:
         """``runner.register``: must come first on a connection. The same
         ``host_instance_id`` after a restart reclaims the runner's leases."""
-        params = {"runnerId": runner_id, "hostInstanceId": host_instance_id}
-        return decode(await self.call("runner.register", params), Registration)
+        return await self._ask(REGISTER, Register(runner_id, host_instance_id))
 
     async def begin_tool(
         self,
@@ -203,50 +210,50 @@ class Client:
         """``tool.begin``: open a tool call that may start children from ``presets``
         in ``workspace``; ``policy`` is the parent run's own options, the ceiling of
         its children."""
-        params: dict[str, Any] = {
-            "runId": run_id, "conversationId": conversation_id, "toolCallId": tool_call_id,
-            "extensionId": extension_id, "presets": list(presets), "workspace": workspace,
-        }  # fmt: skip
-        if policy is not None:
-            params["policy"] = policy
-        decode(await self.call("tool.begin", params), _Empty)
+        params = ToolBegin(
+            run_id, conversation_id, tool_call_id, extension_id, list(presets), workspace,
+            msgspec.UNSET if policy is None else policy,
+        )  # fmt: skip
+        await self._ask(TOOL_BEGIN, params)
 
     async def end_tool(self, run_id: str, tool_call_id: str) -> None:
         """``tool.end``: close a tool call opened on this connection (its leased
         children carry on under their leases)."""
-        params = {"runId": run_id, "toolCallId": tool_call_id}
-        decode(await self.call("tool.end", params), _Empty)
+        await self._ask(TOOL_END, ToolEnd(run_id, tool_call_id))
 
     async def finish_run(self, run_id: str, succeeded: bool = True) -> None:
         """``run.finish``: end a parent run and this runner's grants, leases and
         children of it."""
-        params = {"runId": run_id, "succeeded": succeeded}
-        decode(await self.call("run.finish", params), _Empty)
+        await self._ask(RUN_FINISH, RunFinish(run_id, succeeded))
 
     # --- the five child methods ---------------------------------------------------------
 
     async def start(self, params: ParamsLike) -> Result:
         """``child.start``: start (or replay, by requestId) a child; answers once it is
         admitted, with its first page of events."""
-        return decode(await self.call(wire.START_METHOD, _wire_params(params)), Result)
+        return await self._ask(START, _wire_params(params))
 
     async def read(self, params: ParamsLike) -> Result:
         """``child.read``: a child's state and its events after ``params.after``."""
-        return decode(await self.call(wire.READ_METHOD, _wire_params(params)), Result)
+        return await self._ask(READ, _wire_params(params))
 
     async def cancel(self, params: ParamsLike) -> Result:
         """``child.cancel``: cancel a child; answers once it has stopped."""
-        return decode(await self.call(wire.CANCEL_METHOD, _wire_params(params)), Result)
+        return await self._ask(CANCEL, _wire_params(params))
 
     async def steer(self, params: ParamsLike) -> SteerResult:
         """``child.steer``: hand a running child a message."""
-        return decode(await self.call(wire.STEER_METHOD, _wire_params(params)), SteerResult)
+        return await self._ask(STEER, _wire_params(params))
 
     async def release(self, params: ParamsLike) -> Result:
         """``child.lease.release``: release a lease and stop its children."""
-        return decode(await self.call(wire.RELEASE_METHOD, _wire_params(params)), Result)
+        return await self._ask(RELEASE, _wire_params(params))
 
     # --- JSON-RPC -----------------------------------------------------------------------
+
+    async def _ask(self, method: Method[Any, W], params: Any) -> W:
+        """Call ``method`` and decode its answer strictly into its result type."""
+        return decode(await self.call(method.name, params), method.result)
 
     async def call(self, method: str, params: Any) -> msgspec.Raw:
         """Send one request (``params``: anything msgspec encodes) and wait for its
@@ -328,7 +335,6 @@ def _unreadable(line: bytes, exc: Exception) -> _Answer:
 
 
 P = ParamSpec("P")
-R = TypeVar("R")
 
 
 def _blocking(

@@ -2,7 +2,7 @@
 
 ``delegation cancel`` and ``delegation steer`` record a control request in the
 database; the host that owns the file watches it (``PRAGMA data_version``, see
-:class:`delegation.watch.FileWatch`), applies each pending request as its own
+:class:`delegation.store.sqlite.watch.FileWatch`), applies each pending request as its own
 ``cancel_child`` / ``steer_child``, and records what happened. A host that was not
 running applies them at its next boot. Applying twice is harmless: a cancel of a
 finished child returns it unchanged, and a steer's request id makes it idempotent, so

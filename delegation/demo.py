@@ -150,7 +150,7 @@ async def tour(db: str, log: Path, fast: bool) -> None:
 
 
 def all_events(db: str, conversation_id: str) -> list[Event]:
-    from delegation.inspect import Inspector
+    from delegation.inspector import Inspector
 
     with Inspector(db) as inspector:
         return list(inspector.all_events(conversation_id))

@@ -19,7 +19,7 @@ from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
-from delegation.inspect import Inspector
+from delegation.inspector import Inspector
 from delegation.store.prefixes import Kind
 from delegation.terminal import printable
 

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from delegation.inspect import Inspector
+from delegation.inspector import Inspector
 from delegation.records import ChildRecord
 from delegation.show import missing_child, resolve_ids
 from delegation.store import controls

@@ -26,10 +26,9 @@ from typing import Any
 
 import msgspec
 
-from delegation import errors, rpc
+from delegation import errors, protocol, rpc
 from delegation.codec import decode
 from delegation.engine import Engine
-from delegation.options import ExecutionOptions
 from delegation.records import RunnerConnection, ToolHandle
 from delegation.serve_io import CHUNK as CHUNK  # the read size, for peers in tests
 from delegation.serve_io import (
@@ -43,7 +42,7 @@ from delegation.serve_io import (
     remove_stale_socket,
     wait_until,
 )
-from delegation.wire import METHODS, Params, Preset
+from delegation.wire import Params
 
 log = logging.getLogger("delegation.serve")
 
@@ -51,41 +50,6 @@ MAX_INFLIGHT = 64
 # At shutdown, calls in flight get this long to end with their own answer.
 SHUTDOWN_GRACE_S = 0.5
 CLOSING = "the host is closing: the call was not answered; retry it"
-
-
-class Register(msgspec.Struct, forbid_unknown_fields=True, frozen=True, rename="camel"):
-    runner_id: str
-    host_instance_id: str
-
-
-class ToolBegin(msgspec.Struct, forbid_unknown_fields=True, frozen=True, rename="camel"):
-    run_id: str
-    conversation_id: str
-    tool_call_id: str
-    extension_id: str
-    presets: list[Preset]
-    workspace: str
-    # The parent run's own effective options: the ceiling of its children (SPEC §9).
-    policy: ExecutionOptions | msgspec.UnsetType = msgspec.UNSET
-
-
-class ToolEnd(msgspec.Struct, forbid_unknown_fields=True, frozen=True, rename="camel"):
-    run_id: str
-    tool_call_id: str
-
-
-class RunFinish(msgspec.Struct, forbid_unknown_fields=True, frozen=True, rename="camel"):
-    run_id: str
-    succeeded: bool
-
-
-class Registered(msgspec.Struct, frozen=True, rename="camel"):
-    connection_id: str
-    generation: int
-
-
-class Empty(msgspec.Struct, frozen=True):
-    pass
 
 
 class Session:
@@ -115,13 +79,13 @@ class Session:
         self._reading: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._methods: dict[str, rpc.Handler] = {
-            "runner.register": self._register,
-            "tool.begin": self._tool_begin,
-            "tool.end": self._tool_end,
-            "run.finish": self._run_finish,
+            protocol.REGISTER.name: self._register,
+            protocol.TOOL_BEGIN.name: self._tool_begin,
+            protocol.TOOL_END.name: self._tool_end,
+            protocol.RUN_FINISH.name: self._run_finish,
         }
-        for method in METHODS:
-            self._methods[method] = self._child(method)
+        for method in protocol.CHILD:
+            self._methods[method.name] = self._child(method.name)
 
     async def run(self, read: Read) -> None:
         """Serve until end of input (or :meth:`stop`), then settle in-flight requests
@@ -229,13 +193,13 @@ class Session:
             raise errors.RunnerNotFound("runner not found: runner.register must come first")
         return self.conn
 
-    async def _register(self, raw: bytes) -> Registered:
-        params = rpc.decode_params(raw, Register)
+    async def _register(self, raw: bytes) -> protocol.Registration:
+        params = rpc.decode_params(raw, protocol.REGISTER.params)
         self.conn = await self.engine.connect(params.runner_id, params.host_instance_id)
-        return Registered(self.conn.id, self.conn.generation)
+        return protocol.Registration(self.conn.id, self.conn.generation)
 
-    async def _tool_begin(self, raw: bytes) -> Empty:
-        params = rpc.decode_params(raw, ToolBegin)
+    async def _tool_begin(self, raw: bytes) -> protocol.Empty:
+        params = rpc.decode_params(raw, protocol.TOOL_BEGIN.params)
         tool = await self.engine.open_tool(
             self._connection(),
             run_id=params.run_id,
@@ -247,24 +211,24 @@ class Session:
             policy=None if params.policy is msgspec.UNSET else params.policy,
         )
         self._tools[(params.run_id, params.tool_call_id)] = tool
-        return Empty()
+        return protocol.Empty()
 
-    async def _tool_end(self, raw: bytes) -> Empty:
-        params = rpc.decode_params(raw, ToolEnd)
+    async def _tool_end(self, raw: bytes) -> protocol.Empty:
+        params = rpc.decode_params(raw, protocol.TOOL_END.params)
         self._connection()
         tool = self._tools.pop((params.run_id, params.tool_call_id), None)
         if tool is None:
             raise errors.NotOwned("tool call is not open on this connection")
         await self.engine.close_tool(tool)
-        return Empty()
+        return protocol.Empty()
 
-    async def _run_finish(self, raw: bytes) -> Empty:
-        params = rpc.decode_params(raw, RunFinish)
+    async def _run_finish(self, raw: bytes) -> protocol.Empty:
+        params = rpc.decode_params(raw, protocol.RUN_FINISH.params)
         # Only this runner's grants, leases and children: never another runner's.
         await self.engine.finish_run(params.run_id, params.succeeded, self._connection())
         for key in [k for k in self._tools if k[0] == params.run_id]:
             del self._tools[key]
-        return Empty()
+        return protocol.Empty()
 
     def _child(self, method: str) -> rpc.Handler:
         async def handle(raw: bytes) -> Any:
@@ -275,7 +239,7 @@ class Session:
         return handle
 
 
-_LIFECYCLE = (b'"runner.register"', b'"tool.begin"', b'"tool.end"', b'"run.finish"')
+_LIFECYCLE = tuple(f'"{method.name}"'.encode() for method in protocol.LIFECYCLE)
 
 
 def _is_lifecycle(line: bytes) -> bool:

@@ -27,7 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from delegation.codec import encode
-from delegation.inspect import MIN_PREFIX, AmbiguousId, Inspector
+from delegation.inspector import MIN_PREFIX, AmbiguousId, Inspector
 from delegation.listing import Column, table
 from delegation.machine import State
 from delegation.records import ChildRecord, LeaseRecord

@@ -9,8 +9,9 @@ is safe beside a live host and never writes.
 
 * **Live, not polled by the page.** One watch on the database for the whole server
   (:func:`stores.open_watch`: SQLite's ``PRAGMA data_version``, PostgreSQL's
-  ``LISTEN``) moves a version; each open stream waits on it and reads tables only after
-  it moved, as ``Inspector.follow`` does.
+  ``LISTEN``) moves a version; each open stream follows its child with
+  :mod:`delegation.follow` woken by it, as ``Inspector.follow`` does, and reads tables
+  only after it moved.
 * **Read-only.** GET (and HEAD) routes only: anything else is 405.
 * **What a child wrote is text.** It reaches the page as JSON and is put in the page
   with ``textContent``, never as HTML; a Content-Security-Policy allows this server's
@@ -49,7 +50,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from delegation import errors, passwords
 from delegation.codec import encode
-from delegation.inspect import Inspector
+from delegation.follow import pages
+from delegation.inspector import PAGE, WATCH_INTERVAL_S, ChildPage, Inspector
 from delegation.machine import State
 from delegation.records import ChildRecord, LeaseRecord
 from delegation.show import lease_status
@@ -59,7 +61,6 @@ from delegation.web_token import Token, TokenGate
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-WATCH_INTERVAL_S = 0.05  # as `events --follow`: a commit is seen within this
 PING_S = 15.0  # an idle stream says something this often (a gone client is noticed)
 CHANGES_EVERY_S = 0.5  # the page refreshes its lists at most twice a second
 MAX_STREAMS = 64  # open event streams at once; more are refused (503)
@@ -87,15 +88,16 @@ _CHILD_FIELDS = (
 
 class Commits:
     """A version that moves whenever another connection committed to the database, and
-    the streams waiting for it to move."""
+    the streams waiting for it to move: the :class:`~delegation.follow.Wake` of every
+    event stream."""
 
     def __init__(self) -> None:
-        self.version = 0
+        self.count = 0
         self.stopped = False
         self._moved = asyncio.Event()
 
     def bump(self) -> None:
-        self.version += 1
+        self.count += 1
         self._moved.set()
         self._moved = asyncio.Event()
 
@@ -108,10 +110,19 @@ class Commits:
     async def wait(self, seen: int, timeout: float) -> bool:
         """Whether the version moved past ``seen`` within ``timeout`` (False at once
         when the server stops)."""
-        if self.version == seen and not self.stopped:
+        if self.count == seen and not self.stopped:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._moved.wait(), timeout)
-        return self.version != seen and not self.stopped
+        return self.count != seen and not self.stopped
+
+    def version(self) -> int:
+        return self.count
+
+    async def moved(self, since: int) -> bool:
+        """Wait for a commit or ``PING_S`` (a stream reads again even when the watch
+        failed); False once the server stops."""
+        await self.wait(since, PING_S)
+        return not self.stopped
 
     async def watch(self, url: str, interval: float) -> None:
         """Move the version at every commit of another connection, until cancelled."""
@@ -276,41 +287,33 @@ class Page:
 
     async def _follow(self, record: ChildRecord, after: int) -> AsyncIterator[str]:
         conversation_id, run_id = record.conversation_id, record.run_id
+
+        async def read(after: int, limit: int) -> ChildPage:
+            return await self.read(self.inspector.page, conversation_id, run_id, after, limit)
+
         shown: ChildRecord | None = None
-        while True:
-            seen = self.commits.version
-            # The state first: a terminal state commits after the run's last event.
-            current = await self.read(self.inspector.get_child, conversation_id, run_id)
-            if current is None:  # purged meanwhile
+        last: ChildPage | None = None
+        async for last in pages(read, self.commits, after, PAGE):
+            if last.child is None:  # purged meanwhile
                 yield frame("null", "end")
                 return
-            if current != shown:
-                yield frame(encode_json(child_json(current)), "child")
-                shown = current
-            while page := await self.read(self.inspector.events, conversation_id, run_id, after):
-                for event in page:
-                    yield frame(encode_json(event), event_id=event.sequence)
-                after = page[-1].sequence
-            if current.terminal:
-                yield frame(encode_json(child_json(current)), "end")
-                return
-            if not await self._waited(seen):
-                return
+            if last.child != shown:
+                yield frame(encode_json(child_json(last.child)), "child")
+                shown = last.child
+            for event in last.events:
+                yield frame(encode_json(event), event_id=event.sequence)
+        if last is not None and last.child is not None and last.done:
+            yield frame(encode_json(child_json(last.child)), "end")
 
     async def _changes(self) -> AsyncIterator[str]:
-        seen = self.commits.version
-        while await self._waited(seen):
-            if self.commits.version != seen:
-                seen = self.commits.version
+        seen = self.commits.count
+        while await self.commits.moved(seen):
+            if self.commits.count != seen:
+                seen = self.commits.count
                 yield frame(str(seen), "changed")
                 await asyncio.sleep(CHANGES_EVERY_S)
             else:
                 yield ": ping\n\n"
-
-    async def _waited(self, seen: int) -> bool:
-        """Wait for a commit or ``PING_S``; False once the server stops."""
-        await self.commits.wait(seen, PING_S)
-        return not self.commits.stopped
 
 
 class SecurityHeaders:

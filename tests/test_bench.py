@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from delegation import bench
+from delegation.tools import bench, bench_base
 
 ROOT = Path(__file__).resolve().parent.parent
 RATIOS = ("start_seq", "start_concurrent", "events_100", "events_1")
@@ -120,9 +120,9 @@ async def test_a_held_child_costs_the_collector_few_objects(tmp_path: Path) -> N
     """Every object a running child keeps alive is walked by each full collection, and
     their growth is what triggers collections at all: a host holding thousands of
     children pays for each one, on every start. Not a timing: a count of objects."""
-    runner = bench.Runner()
+    runner = bench_base.Runner()
     runner.hold = True
-    engine = await bench.Bench(tmp_path).engine(tmp_path / "footprint.db", runner)
+    engine = await bench_base.Bench(tmp_path).engine(tmp_path / "footprint.db", runner)
     try:
         starter = await bench._starter(engine)
         for i in range(100):  # the first tool, caches, statements

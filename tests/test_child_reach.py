@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from delegation import Engine, EngineConfig
-from delegation.runners import contain
+from delegation.runners import child_launcher
 from delegation.runners.command import CommandConfigError, CommandRunner
 from delegation.runners.containment import landlock_abi, namespace_mode
 from tests.support import PRESET, Harness, open_harness
@@ -304,8 +304,8 @@ def test_an_ordinary_users_child_gets_its_own_namespace(tmp_path: Path, escapees
     if python is None:
         pytest.skip("no system python3 for another user")
     place = Path(tempfile_dir(tmp_path))
-    launcher = place / "contain.py"
-    shutil.copy(contain.__file__, launcher)
+    launcher = place / "child_launcher.py"
+    shutil.copy(child_launcher.__file__, launcher)
     probe = subprocess.run([python, "-I", "-S", str(launcher), "--probe"], user=65534,
                            group=65534, extra_groups=[], capture_output=True, text=True,
                            timeout=30, check=False, cwd="/")  # fmt: skip

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from delegation import service
-from delegation.inspect import AmbiguousId, Inspector
+from delegation.inspector import AmbiguousId, Inspector
 from delegation.store import prefixes, stores
 from tests.support import Harness, finish_after_admit
 from tests.terminal import Cli, in_process

@@ -5,6 +5,7 @@ either store (the host's ``--db`` is the test's database URL)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -311,3 +312,39 @@ async def test_pending_calls_fail_when_the_host_dies(
             await asyncio.wait_for(waiting, 10)
         with pytest.raises(errors.HostClosing):
             await client.read({**OWNER, "childId": "c1"})
+
+
+# --- an abandoned call -------------------------------------------------------------------
+
+
+async def test_an_answer_to_an_abandoned_call_is_not_why_the_connection_ended(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "s.sock")
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+    peer: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer.append(writer)
+        while line := await reader.readline():
+            await got.put(line)
+
+    server = await asyncio.start_unix_server(serve, path)
+    client = await Client.connect(path)
+    try:
+        first = asyncio.create_task(client.call("child.read", {}))
+        await got.get()
+        first.cancel()  # the caller gave up (a timeout)
+        failure = {"code": -32602, "message": "child not found",
+                   "data": {"reason": "child_not_found"}}  # fmt: skip
+        peer[0].write(json.dumps({"jsonrpc": "2.0", "id": 1, "error": failure}).encode() + b"\n")
+        await peer[0].drain()
+        second = asyncio.create_task(client.call("child.read", {}))
+        await got.get()
+        peer[0].close()  # the host goes away
+        with pytest.raises(errors.DelegationError) as raised:
+            await asyncio.wait_for(second, 5)
+        assert type(raised.value) is errors.HostClosing, repr(raised.value)
+    finally:
+        await client.close()
+        server.close()

@@ -61,7 +61,8 @@ from delegation import (
 )
 from delegation._struct import I64_MAX, I64_MIN, U64_MAX, WireStruct
 from delegation.clock import ManualClock
-from delegation.serve import Register, RunFinish, Session, ToolBegin, ToolEnd
+from delegation.protocol import Register, RunFinish, ToolBegin, ToolEnd
+from delegation.serve import Session
 from delegation.wire import METHODS
 from tests import rows
 from tests.support import HUGE_NUMBERS, PRESET, Harness, ScriptRunner, hold

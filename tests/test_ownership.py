@@ -31,7 +31,7 @@ from delegation import (
     encode,
     errors,
 )
-from delegation.inspect import Inspector
+from delegation.inspector import Inspector
 from delegation.store.stores import upgrade
 from tests.support import PRESET, Harness, ScriptRunner, hold, open_harness
 from tests.test_fuzz import snapshot

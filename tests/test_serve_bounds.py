@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from delegation.serve_flood import Flood, flood_socket, hang_up, host, memory_mb, round_trip
+from delegation.tools.serve_flood import Flood, flood_socket, hang_up, host, memory_mb, round_trip
 from tests.test_serve import PRESET, Client, start_params
 from tests.test_serve import host as serve_host
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from delegation import ChildContext, Event
-from delegation.soak.check import Checker, check_file
-from delegation.soak.journal import Acks
+from delegation.tools.soak.check import Checker, check_file
+from delegation.tools.soak.journal import Acks
 from tests import rows
 from tests.support import Harness
 

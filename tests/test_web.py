@@ -29,7 +29,7 @@ from selenium.webdriver.support.wait import WebDriverWait
 
 from delegation import ChildContext, Event, cli
 from delegation.clock import SystemClock
-from delegation.inspect import Inspector
+from delegation.inspector import Inspector
 from delegation.web import Page
 from delegation.web_token import Token
 from tests import browser

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-LAUNCHER_MARK = b"contain.py"
+LAUNCHER_MARK = b"child_launcher.py"
 
 
 def state(pid: int) -> str | None:

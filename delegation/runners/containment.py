@@ -1,7 +1,7 @@
 """How the command runner contains its children (SPEC §10), on the host's side.
 
 What each command child gets is decided here and carried out in the child itself by
-:mod:`delegation.runners.contain`, the launcher it starts through:
+:mod:`delegation.runners.child_launcher`, the launcher it starts through:
 
 * the host is made non-dumpable before its first child starts;
 * the child leads its own process group, dies with the host (``PR_SET_PDEATHSIG``),
@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from delegation.protection import NOTHING, Protected
-from delegation.runners import contain
+from delegation.runners import child_launcher
 
 log = logging.getLogger("delegation.runners.command")
 
@@ -72,7 +72,7 @@ DEFAULT_READ_WRITE: tuple[str, ...] = (
 )
 # TCP ports a child may connect to: HTTPS, for agents that call their model.
 DEFAULT_NET_CONNECT: tuple[int, ...] = (443,)
-LAUNCHER = (sys.executable, "-I", "-S", contain.__file__)
+LAUNCHER = (sys.executable, "-I", "-S", child_launcher.__file__)
 
 
 def landlock_abi() -> int:
@@ -106,7 +106,7 @@ def namespace_mode() -> str | None:
         mode = json.loads(probe.stdout)
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
-    return mode if mode in contain.NAMESPACE_MODES else None
+    return mode if mode in child_launcher.NAMESPACE_MODES else None
 
 
 class ContainmentRefused(RuntimeError):
@@ -200,11 +200,11 @@ class Containment:
 
 def refusal(code: int, stderr: str) -> str | None:
     """The launcher's reason when it refused before the program ran, else None."""
-    if code != contain.REFUSED:
+    if code != child_launcher.REFUSED:
         return None
     for line in stderr.splitlines():
-        if line.startswith(contain.MARKER):
-            return line[len(contain.MARKER) :]
+        if line.startswith(child_launcher.MARKER):
+            return line[len(child_launcher.MARKER) :]
     return "child process ended before its program started"
 
 

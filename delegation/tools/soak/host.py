@@ -1,10 +1,10 @@
 """The host process of ``python -m delegation.soak``: a real :class:`Engine` on the soak's
 database (its URL in ``$DELEGATION_SOAK_DB``, so that no password shows in ``ps``),
-running the soak's runner (:mod:`delegation.soak.runner`) and driven by the soak's
-random workload (:mod:`delegation.soak.workload`) until SIGTERM (a graceful close) or
+running the soak's runner (:mod:`delegation.tools.soak.runner`) and driven by the soak's
+random workload (:mod:`delegation.tools.soak.workload`) until SIGTERM (a graceful close) or
 SIGKILL (a crash); beside other hosts on a PostgreSQL database it may also be paused
 (SIGSTOP) past the host timeout, then fenced. What the engine acknowledged goes to the
-host's journal (:mod:`delegation.soak.journal`), and so does whatever the host sees go
+host's journal (:mod:`delegation.tools.soak.journal`), and so does whatever the host sees go
 wrong itself: a refusal no correct engine gives, an exception escaping the API, an error
 log.
 """
@@ -26,9 +26,9 @@ from typing import Any
 from delegation import errors
 from delegation.config import EngineConfig
 from delegation.engine import Engine
-from delegation.soak.journal import Journal
-from delegation.soak.runner import SoakRunner
-from delegation.soak.workload import Side, Woken, Workload
+from delegation.tools.soak.journal import Journal
+from delegation.tools.soak.runner import SoakRunner
+from delegation.tools.soak.workload import Side, Woken, Workload
 
 # Short lifetimes, so that leases expire and finished children are purged (with their
 # events, steers and the tombstones nothing needs) while the soak runs.

@@ -1,7 +1,7 @@
 """The soak's runner: runs that follow the plan their request names, emit events whose
 text names their sequence and the host instance that wrote them (``t7@h-…``), and
 journal every range they flushed and every steer they took
-(:mod:`delegation.soak.journal`)."""
+(:mod:`delegation.tools.soak.journal`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from delegation.runs import ChildContext, NotResumable, Recovery, Run
-from delegation.soak.journal import Journal
+from delegation.tools.soak.journal import Journal
 from delegation.wire import Event, Identity, Preset, Request
 
 PLANNED_FAILURE = "planned failure"

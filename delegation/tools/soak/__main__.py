@@ -2,6 +2,6 @@
 
 import sys
 
-from delegation.soak import main
+from delegation.tools.soak import main
 
 sys.exit(main())

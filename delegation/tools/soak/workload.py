@@ -2,7 +2,7 @@
 several workers per runner (start, fresh or resumed, foreground or under a lease; read,
 steer, cancel, release, replay, tool end, parent run success and failure, reconnect as
 the same or a new host instance), each acknowledgement journaled
-(:mod:`delegation.soak.journal`) as soon as the engine gave it.
+(:mod:`delegation.tools.soak.journal`) as soon as the engine gave it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import msgspec
 from delegation import errors
 from delegation.engine import Engine
 from delegation.records import RunnerConnection, ToolHandle
-from delegation.soak.journal import Journal
-from delegation.soak.runner import PLANS, event_text
+from delegation.tools.soak.journal import Journal
+from delegation.tools.soak.runner import PLANS, event_text
 from delegation.wire import (
     CANCEL_METHOD,
     READ_METHOD,

@@ -1,6 +1,6 @@
 """What a peer that sends requests and reads nothing costs a host (SPEC §9).
 
-``python -m delegation.serve_flood [--requests N]`` starts ``delegation serve
+``python -m delegation.tools.serve_flood [--requests N]`` starts ``delegation serve
 --socket`` on a fresh database in a temporary directory, sends N cheap requests on
 one connection without reading a single answer, checks that another connection is
 still answered, and prints the host's resident memory before and at its peak.

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from delegation.soak.snapshot import Snapshot
+from delegation.tools.soak.snapshot import Snapshot
 
 ACTIVE = ("prepared", "admitted", "running")
 

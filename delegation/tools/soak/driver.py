@@ -1,7 +1,7 @@
-"""The soak's driver: starts host processes (:mod:`delegation.soak.host`) on one database,
+"""The soak's driver: starts host processes (:mod:`delegation.tools.soak.host`) on one database,
 stops them gracefully (SIGTERM) or kills them (SIGKILL), checks the database after each
-(:mod:`delegation.soak.check`) and reports. :class:`Driver` runs one host at a time;
-:class:`~delegation.soak.fleet.FleetDriver` runs several at once on PostgreSQL.
+(:mod:`delegation.tools.soak.check`) and reports. :class:`Driver` runs one host at a time;
+:class:`~delegation.tools.soak.fleet.FleetDriver` runs several at once on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import IO, Any
 
 from delegation import passwords
 from delegation.progress import Progress
-from delegation.soak.check import EPS, Checker
-from delegation.soak.host import (
+from delegation.store import stores
+from delegation.tools.soak.check import EPS, Checker
+from delegation.tools.soak.host import (
     CONFIG,
     DB_ENV,
     HEARTBEAT_S,
@@ -31,10 +32,9 @@ from delegation.soak.host import (
     RETENTION_S,
     runners_of,
 )
-from delegation.soak.journal import Acks, JournalReader
-from delegation.soak.liveness import Fleet
-from delegation.soak.snapshot import Source, tally
-from delegation.store import stores
+from delegation.tools.soak.journal import Acks, JournalReader
+from delegation.tools.soak.liveness import Fleet
+from delegation.tools.soak.snapshot import Source, tally
 
 READY_TIMEOUT_S = 60.0
 CLOSE_TIMEOUT_S = 60.0
@@ -205,7 +205,7 @@ class Driver:
         command = [
             sys.executable,
             "-m",
-            "delegation.soak",
+            "delegation.tools.soak",
             "--host",
             "--workspace",
             str(self.workspace),

@@ -1,21 +1,21 @@
 """``python -m delegation.soak --seconds N [--json] [--seed S] [--url URL] [--hosts N]``: a
 soak test of the engine with real crashes, and every invariant checked on the database.
 
-This process (the driver, :mod:`delegation.soak.driver`) starts a host process
-(:mod:`delegation.soak.host`) on a fresh database: an :class:`~delegation.Engine` under a
+This process (the driver, :mod:`delegation.tools.soak.driver`) starts a host process
+(:mod:`delegation.tools.soak.host`) on a fresh database: an :class:`~delegation.Engine` under a
 random workload of several runners with many children (start, read, steer, cancel,
 release, tool end, parent finish, reconnect). It lets the host run a random while, then
 closes it gracefully (SIGTERM) or kills it (SIGKILL), checks the database
-(:mod:`delegation.soak.check`) and starts the next host on it, which resumes the leased
+(:mod:`delegation.tools.soak.check`) and starts the next host on it, which resumes the leased
 children, until the time is up. A last host comes back as a new host instance for every
 runner (so every lease is revoked), waits until every child has ended and closes; the
 database is checked once more, with nothing left unfinished. Prints a summary, or with
 ``--json`` one line of JSON; exits non-zero when a violation was found.
 
 The database is a temporary SQLite file, or with ``--url`` a new database on that
-PostgreSQL server (:mod:`delegation.soak.server`), dropped at the end. There ``--hosts N``
+PostgreSQL server (:mod:`delegation.tools.soak.server`), dropped at the end. There ``--hosts N``
 runs N hosts at once and kills, closes and pauses them at random
-(:mod:`delegation.soak.fleet`).
+(:mod:`delegation.tools.soak.fleet`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from types import FrameType
 from typing import Any
 
 from delegation.progress import Progress
-from delegation.soak.driver import Driver
-from delegation.soak.host import HEARTBEAT_S, HOST_TIMEOUT_S, HostOptions
+from delegation.tools.soak.driver import Driver
+from delegation.tools.soak.host import HEARTBEAT_S, HOST_TIMEOUT_S, HostOptions
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    from delegation.soak.faults import DatabaseFaults
-    from delegation.soak.fleet import FleetDriver
-    from delegation.soak.server import SoakDatabase
+    from delegation.tools.soak.faults import DatabaseFaults
+    from delegation.tools.soak.fleet import FleetDriver
+    from delegation.tools.soak.server import SoakDatabase
 
     with contextlib.ExitStack() as stack:
         folder = args.keep
@@ -159,7 +159,7 @@ def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 
 def _host(args: argparse.Namespace, seed: int) -> int:
-    from delegation.soak import host as soak_host
+    from delegation.tools.soak import host as soak_host
 
     opts = HostOptions(
         os.environ[soak_host.DB_ENV],

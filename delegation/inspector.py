@@ -7,10 +7,13 @@ snapshots), so it is safe to use while a host is running on the same database.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncGenerator, Iterable, Iterator
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from delegation import queries
+from delegation.follow import WatchWake, blocking
+from delegation.follow import events as events_of
 from delegation.records import ChildRecord, LeaseRecord
 from delegation.store import Connection, controls, migrate, prefixes, stores
 from delegation.store.controls import ControlRecord
@@ -22,6 +25,21 @@ SHORT = 10  # characters a shortened id keeps at least (c-, then 8 hex digits)
 SHOWN = "…"  # what ends a shortened id; a prefix given with it is read without it
 CANDIDATES = 5  # ids an ambiguous prefix names
 _SCAN = 64
+PAGE = 128  # events one read returns at most
+WATCH_INTERVAL_S = 0.05  # a commit of another process is seen within this
+
+
+@dataclass(frozen=True)
+class ChildPage:
+    """An execution as one read found it, and a page of its events."""
+
+    child: ChildRecord | None
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        """Nothing more will come: the execution is terminal, or gone."""
+        return self.child is None or self.child.terminal
 
 
 class AmbiguousId(LookupError):
@@ -107,7 +125,7 @@ class Inspector:
         return self._db.read(lambda c: queries.list_children(c, **filters))
 
     def events(
-        self, conversation_id: str, run_id: str | None = None, after: int = 0, limit: int = 128
+        self, conversation_id: str, run_id: str | None = None, after: int = 0, limit: int = PAGE
     ) -> list[Event]:
         return self._db.read(
             lambda c: queries.child_events(c, conversation_id, run_id, after, limit)
@@ -120,27 +138,38 @@ class Inspector:
         """An operator's control request (``delegation cancel``/``steer``), by id."""
         return self._db.read(lambda c: controls.get(c, control_id))
 
+    def page(
+        self, conversation_id: str, run_id: str | None = None, after: int = 0, limit: int = PAGE
+    ) -> ChildPage:
+        """An execution as it is now and up to ``limit`` of its events after ``after``,
+        read in one transaction (``child`` None: no such execution)."""
+        return self._db.read(lambda c: _page(c, conversation_id, run_id, after, limit))
+
     def follow(
         self, conversation_id: str, run_id: str | None = None, after: int = 0
     ) -> Iterator[Event]:
         """Every committed event after ``after`` as it commits, from any process; ends
-        once the execution is terminal. It watches the database for commits (SQLite:
-        ``PRAGMA data_version``; PostgreSQL: ``LISTEN``, see :mod:`delegation.watch`)
-        and reads tables only after one."""
-        watch = stores.open_watch(self.url, 0.05)
+        once the execution is terminal (or gone). It watches the database for commits
+        (SQLite: ``PRAGMA data_version``; PostgreSQL: ``LISTEN``, see
+        :mod:`delegation.store.watch`) and reads tables only after one. It runs its own event
+        loop: call it where none runs (an async caller uses :mod:`delegation.follow`)."""
+        return blocking(self._follow(conversation_id, run_id, after))
+
+    async def _follow(
+        self, conversation_id: str, run_id: str | None, after: int
+    ) -> AsyncGenerator[Event, None]:
+        watch = stores.open_watch(self.url, WATCH_INTERVAL_S)
         try:
-            while True:
-                # The state first: a terminal state commits after the run's last event,
-                # so a drain that starts after seeing it cannot miss one.
-                current = self.get_child(conversation_id, run_id)
-                if current is None:
-                    return
-                for event in self.all_events(conversation_id, current.run_id, after):
-                    yield event
-                    after = event.sequence
-                if current.terminal:
-                    return
-                watch.wait_sync()
+            found = self.get_child(conversation_id, run_id)
+            if found is None:
+                return
+            run_id = found.run_id  # one execution, even once a newer one starts
+
+            async def read(after: int, limit: int) -> ChildPage:
+                return self.page(conversation_id, run_id, after, limit)
+
+            async for event in events_of(read, WatchWake(watch), after, PAGE):
+                yield event
         finally:
             watch.close()
 
@@ -151,6 +180,15 @@ class Inspector:
         while page := self.events(conversation_id, run_id, after):
             yield from page
             after = page[-1].sequence
+
+
+def _page(
+    conn: Connection, conversation_id: str, run_id: str | None, after: int, limit: int
+) -> ChildPage:
+    child = queries.find_child(conn, conversation_id, run_id)
+    if child is None:
+        return ChildPage(None)
+    return ChildPage(child, queries.child_events(conn, conversation_id, child.run_id, after, limit))
 
 
 def _matching(conn: Connection, kind: Kind, text: str) -> list[str]:

@@ -1,7 +1,7 @@
 """Several hosts at once on one PostgreSQL database (SPEC §12), for ``--hosts N``.
 
 Host ``slot`` k runs its own runners (``runner-<k>-<n>``, see
-:func:`~delegation.soak.host.runners_of`) with the soak's heartbeat and host timeout
+:func:`~delegation.tools.soak.host.runners_of`) with the soak's heartbeat and host timeout
 (``--heartbeat``, ``--host-timeout``: 1 s and 6 s). Every second or two one running
 host, never the last one running, is killed (SIGKILL), closed gracefully (SIGTERM) or
 paused (SIGSTOP) for longer than it takes to be taken over, then continued (SIGCONT) to
@@ -12,7 +12,7 @@ now and then anew. The first three disturbances are a pause, a kill and a close,
 they come at random.
 
 The database is checked every second or so and right before each paused host is
-continued, against what the driver did (:class:`~delegation.soak.liveness.Fleet`). At
+continued, against what the driver did (:class:`~delegation.tools.soak.liveness.Fleet`). At
 the end every paused host is continued and fenced, every host closes, and a last host
 comes back as a new host instance for every runner and drains, as with one host.
 """
@@ -23,15 +23,15 @@ import signal
 import time
 from typing import Any
 
-from delegation.soak.driver import (
+from delegation.tools.soak.driver import (
     CLOSE_TIMEOUT_S,
     READY_TIMEOUT_S,
     Driver,
     HostProcess,
     vm_hwm_mb,
 )
-from delegation.soak.host import runners_of
-from delegation.soak.liveness import Fleet
+from delegation.tools.soak.host import runners_of
+from delegation.tools.soak.liveness import Fleet
 
 # A dead host is taken over within the host timeout and 2 s (SPEC §12: a kill, which
 # tests/test_several_hosts.py holds to exactly). A paused host is seen dead only at the

@@ -5,7 +5,7 @@ once the engine acknowledged what a line states: an event range once ``flush()``
 returned, a start once ``child.start`` answered, a release once it answered ``done``.
 Each line goes to the kernel with one ``write`` as soon as it is known, so a SIGKILL
 never loses it (the host also fsyncs now and then). Every line is a promise the database
-must keep; :class:`Acks` folds them for :mod:`delegation.soak.check`.
+must keep; :class:`Acks` folds them for :mod:`delegation.tools.soak.check`.
 
 Kinds (``t``), each with the writer's ``pid``: ``ev`` (a run's flushed range ``a..b``,
 written by host instance ``who``), ``start``, ``cancel``, ``release``, ``steer`` (an

@@ -1,6 +1,6 @@
 """The launcher every command child starts through (SPEC §10); it then becomes the child.
 
-    python -I -S contain.py SPEC_JSON PROGRAM [ARG ...]
+    python -I -S child_launcher.py SPEC_JSON PROGRAM [ARG ...]
 
 It runs in the child process, between the host's fork and the program's exec, and does
 in order what only the child itself can do soundly:

@@ -2,7 +2,7 @@
 host processes on one PostgreSQL database (SPEC §12).
 
 * **Rates with 1, 2 and 3 hosts.** For each count, a new database (as every scenario of
-  :mod:`delegation.bench_postgres`) and that many host processes, each its own
+  :mod:`delegation.tools.bench_postgres`) and that many host processes, each its own
   ``Engine`` with its own runner connection: per host, ``callers`` concurrent callers
   start children that admit and hold (as ``start_concurrent``); then, on another new
   database and new processes, ``emitters`` children per host emit and flush batches of
@@ -20,7 +20,7 @@ host processes on one PostgreSQL database (SPEC §12).
   at once): ``noticed_s`` is when that heartbeat began (the killed instance's
   ``closed_at``), so ``host_heartbeat_s`` bounds it; the rest is the takeover's work.
 
-A host process of the bench is ``python -m delegation.bench_hosts MODE NAME COUNT``
+A host process of the bench is ``python -m delegation.tools.bench_hosts MODE NAME COUNT``
 (the URL in ``$DELEGATION_BENCH_URL``, kept off ``ps``): it prints ``READY <instance>``,
 then in ``starts`` and ``events`` mode reads ``GO <from> <until>`` (epoch seconds) and
 prints ``COUNT <n>``; in ``stream`` mode it streams until it is killed.
@@ -42,11 +42,11 @@ from typing import Any
 import psycopg
 
 from delegation import ChildContext, Engine, EngineConfig, Event, Params, Request, Result
-from delegation.bench import CONFIG, PRESET, _median, machine
-from delegation.bench_postgres import PostgresBench
 from delegation.progress import Progress
 from delegation.runs import Recovery, Run
 from delegation.store import stores
+from delegation.tools.bench_base import CONFIG, PRESET, machine, median
+from delegation.tools.bench_postgres import PostgresBench
 from delegation.wire import Identity, Preset
 
 HOSTS = (1, 2, 3)
@@ -187,7 +187,7 @@ class Host:
     @classmethod
     async def launch(cls, url: str, mode: str, name: str, count: int) -> Host:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "delegation.bench_hosts", mode, name, str(count),
+            sys.executable, "-m", "delegation.tools.bench_hosts", mode, name, str(count),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             env={**os.environ, URL_ENV: url},
         )  # fmt: skip
@@ -306,7 +306,7 @@ async def _until_resumed(
 
 
 def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": _median(values), "min": min(values), "max": max(values)}
+    return {"median": median(values), "min": min(values), "max": max(values)}
 
 
 async def run_all(url: str, sizes: HostSizes, *, quiet: bool = False) -> dict[str, Any]:

@@ -1,19 +1,19 @@
 """The soak's invariant checker: a database, read-only, against what hosts were told.
 
 :meth:`Checker.check` reads a delegation database in one read-only snapshot
-(:mod:`delegation.soak.snapshot`: a SQLite file, or any store by URL; safe beside running
+(:mod:`delegation.tools.soak.snapshot`: a SQLite file, or any store by URL; safe beside running
 hosts) and returns every violation found, each ``"kind: detail"``. Without a journal it
 checks what the database alone must satisfy: states, timestamps, gap-free event
 sequences, one unfinished execution per conversation, cancellation and fencing under
 ended grants, leases live or tombstoned, one writer between two recoveries of a child,
-SQLite's own integrity. With the :class:`~delegation.soak.journal.Acks` of the soak's
+SQLite's own integrity. With the :class:`~delegation.tools.soak.journal.Acks` of the soak's
 journals it also checks every acknowledgement: each flushed event present with its
 text, each start admitted, each cancel durable, each release confirmed only once its
 children had ended, no start after a tombstone, no run executed twice, steers taken
 once. A :class:`Checker` called again and again also sees rows change: a terminal row
 never does, and a row leaves only by the retention purge, once due. The rules about
-host instances (one host, or several: :class:`~delegation.soak.liveness.Fleet`) are in
-:mod:`delegation.soak.liveness`.
+host instances (one host, or several: :class:`~delegation.tools.soak.liveness.Fleet`) are in
+:mod:`delegation.tools.soak.liveness`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from delegation import maintenance, service
-from delegation.soak import liveness
-from delegation.soak.journal import Acks
-from delegation.soak.liveness import Fleet
-from delegation.soak.runner import PLANNED_FAILURE, PREPARE_FAILURE, event_text
-from delegation.soak.snapshot import Row, Snapshot, Source, read_snapshot
+from delegation.tools.soak import liveness
+from delegation.tools.soak.journal import Acks
+from delegation.tools.soak.liveness import Fleet
+from delegation.tools.soak.runner import PLANNED_FAILURE, PREPARE_FAILURE, event_text
+from delegation.tools.soak.snapshot import Row, Snapshot, Source, read_snapshot
 
 ACTIVE = ("prepared", "admitted", "running")
 TERMINAL = ("done", "cancelled")
@@ -216,7 +216,7 @@ def _writers(snap: Snapshot) -> Iterator[str]:
     one host instance writes its events, and no instance writes in two such stretches:
     once a child was taken over, what its old instance writes is refused (a fenced
     host's late write would show here as its name after a recovery). Events name their
-    writer (:func:`~delegation.soak.runner.event_text`); the checked children are those
+    writer (:func:`~delegation.tools.soak.runner.event_text`); the checked children are those
     ever resumed."""
     runs = {c["id"]: c["run_id"] for c in snap.children}
     for child_id in snap.recoveries:

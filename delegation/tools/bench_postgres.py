@@ -40,8 +40,8 @@ import psycopg
 from psycopg import sql
 
 from delegation import passwords
-from delegation.bench import Bench, PageReader
 from delegation.store import stores
+from delegation.tools.bench_base import Bench, PageReader
 
 ROWS = "CREATE TABLE rows (id bigserial PRIMARY KEY, child bigint, seq bigint, body bytea)"
 EVENTS = (

@@ -1,0 +1,145 @@
+"""Following a child's events as they commit: the one loop behind ``Engine.follow``,
+``Inspector.follow`` (``delegation events --follow``) and the web page's event stream.
+
+A follower reads a page of the child's events after the last sequence it gave, gives
+them, and reads again at once while pages come back full. Once a page is not full it
+ends if the child was terminal when that page was read (the state is read with the
+events, and a terminal state commits after the run's last event, so nothing is left
+behind), else it sleeps until its :class:`Wake` says something committed. The version
+is taken *before* each read: a commit that lands during the read moves it, so the
+follower reads again instead of sleeping past it.
+
+What reads the pages and what wakes the follower is the caller's: the engine reads
+through its store and is woken by its own commits (:class:`ChildWake` over its
+notices); the inspector and the web page read through an :class:`Inspector` and are
+woken by a database watch (:class:`WatchWake`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Protocol, TypeVar
+
+from delegation.wire import Event
+
+
+class Page(Protocol):
+    """One read: up to a page of events, and whether the child was terminal then."""
+
+    @property
+    def events(self) -> Sequence[Event]: ...
+
+    @property
+    def done(self) -> bool: ...
+
+
+P = TypeVar("P", bound=Page)
+E = TypeVar("E")
+
+
+class Wake(Protocol):
+    """Tells a follower that something may have committed."""
+
+    def version(self) -> int:
+        """A number that moves whenever something may have committed."""
+        ...
+
+    async def moved(self, since: int) -> bool:
+        """Return once the version is no longer ``since`` (or whenever reading again is
+        worth it): True to read again, False to stop following."""
+        ...
+
+
+async def pages(
+    read: Callable[[int, int], Awaitable[P]], wake: Wake, after: int, limit: int
+) -> AsyncIterator[P]:
+    """Every page ``read(after, limit)`` gives, each ``after`` the last event of the one
+    before, until a page that is not full finds the child terminal (or ``wake`` says
+    stop). ``read`` returns at most ``limit`` events, oldest first."""
+    while True:
+        seen = wake.version()
+        page = await read(after, limit)
+        yield page
+        if page.events:
+            after = page.events[-1].sequence
+        if len(page.events) >= limit:
+            continue  # more are committed already
+        if page.done or not await wake.moved(seen):
+            return
+
+
+async def events(
+    read: Callable[[int, int], Awaitable[P]], wake: Wake, after: int, limit: int
+) -> AsyncIterator[Event]:
+    """Every event after ``after``, each once, in order, as it commits; ends once the
+    child is terminal and its last event was given (see :func:`pages`)."""
+    async for page in pages(read, wake, after, limit):
+        for event in page.events:
+            yield event
+
+
+class Versions(Protocol):
+    """Per-child versions, as the engine's notices keep them."""
+
+    def version(self, child_id: int) -> int: ...
+
+    async def moved(self, child_id: int, since: int) -> None: ...
+
+
+class ChildWake:
+    """A :class:`Wake` over one child's version in ``versions`` (the engine's notices:
+    its own commits and other hosts' announce the children they concern)."""
+
+    def __init__(self, versions: Versions, child_id: int) -> None:
+        self._versions, self._child_id = versions, child_id
+
+    def version(self) -> int:
+        return self._versions.version(self._child_id)
+
+    async def moved(self, since: int) -> bool:
+        await self._versions.moved(self._child_id, since)
+        return True
+
+
+class Commits(Protocol):
+    """Whether another connection committed since the last question (a store's watch)."""
+
+    def changed(self) -> bool: ...
+
+    async def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class WatchWake:
+    """A :class:`Wake` over a database watch (another process's commits): the version
+    moves each time the watch saw a commit."""
+
+    def __init__(self, watch: Commits) -> None:
+        self._watch = watch
+        self._version = 0
+
+    def version(self) -> int:
+        if self._watch.changed():
+            self._version += 1
+        return self._version
+
+    async def moved(self, since: int) -> bool:
+        if self._version == since:
+            await self._watch.wait()
+            self._version += 1
+        return True
+
+
+def blocking(follower: AsyncGenerator[E, None]) -> Iterator[E]:
+    """``follower`` for synchronous code: each item on an event loop of its own (the
+    inspector's reads block, so nothing else runs on it meanwhile)."""
+    loop = asyncio.new_event_loop()
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(anext(follower))
+            except StopAsyncIteration:
+                return
+    finally:
+        loop.run_until_complete(follower.aclose())
+        loop.close()

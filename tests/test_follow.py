@@ -1,0 +1,87 @@
+"""The one follow loop (delegation.follow) that the engine, the CLI and the web page share:
+full pages are read again at once, a page that is not full ends the follow only when the
+child was terminal then, a commit during a read is not slept past, and a wake that says
+stop ends it without the end."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from delegation import follow
+from delegation.wire import Event
+
+
+@dataclass
+class Page:
+    events: list[Event]
+    done: bool
+
+
+@dataclass
+class Child:
+    """A child's committed events, its state, and the follower's wake."""
+
+    committed: list[Event] = field(default_factory=list)
+    terminal: bool = False
+    count: int = 0
+    waits: int = 0
+    reads: list[int] = field(default_factory=list)
+    on_read: list[str] = field(default_factory=list)  # what a read commits meanwhile
+
+    def commit(self, n: int = 1, *, end: bool = False) -> None:
+        for _ in range(n):
+            self.committed.append(Event(kind="text", text="x", sequence=len(self.committed) + 1))
+        self.terminal = end
+        self.count += 1
+
+    async def read(self, after: int, limit: int) -> Page:
+        self.reads.append(after)
+        page = Page([e for e in self.committed if e.sequence > after][:limit], self.terminal)
+        if self.on_read:
+            self.commit(end=self.on_read.pop(0) == "end")  # lands after the read
+        return page
+
+    def version(self) -> int:
+        return self.count
+
+    async def moved(self, since: int) -> bool:
+        self.waits += 1
+        while self.count == since:
+            if self.waits > 5:
+                return False  # the source stops (a server shutting down)
+            await asyncio.sleep(0)
+            if self.waits == 1:
+                self.commit(3, end=True)
+        return True
+
+
+async def test_full_pages_are_read_at_once_and_the_terminal_one_ends_it() -> None:
+    child = Child()
+    child.commit(10, end=True)
+    got = [e.sequence async for e in follow.events(child.read, child, 0, 4)]
+    assert got == list(range(1, 11))
+    assert child.reads == [0, 4, 8] and child.waits == 0
+
+
+async def test_a_child_still_running_is_waited_for_then_followed_to_its_end() -> None:
+    child = Child()
+    child.commit(2)
+    got = [e.sequence async for e in follow.events(child.read, child, 1, 128)]
+    assert got == [2, 3, 4, 5]
+    assert child.waits == 1
+
+
+async def test_a_commit_during_a_read_is_not_slept_past() -> None:
+    child = Child(on_read=["end"])
+    child.commit(1)
+    got = [e.sequence async for e in follow.events(child.read, child, 0, 128)]
+    assert got == [1, 2]
+    assert child.waits == 1  # moved at once: the version was taken before the read
+
+
+async def test_a_wake_that_says_stop_ends_the_follow_on_the_last_page() -> None:
+    child = Child(waits=5)
+    child.commit(1)
+    got = [page async for page in follow.pages(child.read, child, 0, 128)]
+    assert [len(p.events) for p in got] == [1] and not got[-1].done
