@@ -1,4 +1,4 @@
-"""The registry of runs executing in this process, and their lifecycle (delegation.engine.local_run)."""
+"""The runs executing in this process and their lifecycle (delegation.engine.local_run)."""
 
 from __future__ import annotations
 
