@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from delegation import errors, service
 from delegation.config import EngineConfig
 from delegation.machine import Outcome
-from delegation.processes import ProcessId
+from delegation.os_processes import ProcessId
 from delegation.records import ChildRecord, Resumable
 from delegation.store import Connection, children, controls, grants, lifecycle, steers
 from delegation.store import registrations as runners
@@ -48,17 +48,17 @@ def undelivered_steers(conn: Connection, child_ids: list[int]) -> list[tuple[int
     return steers.undelivered(conn, child_ids)
 
 
-def control_applied(conn: Connection, control_id: int, outcome: str, now: float) -> None:
+def control_applied(conn: Connection, now: float, control_id: int, outcome: str) -> None:
     controls.applied(conn, control_id, outcome, now)
 
 
-def apply_cancel(conn: Connection, control: ControlRecord, now: float) -> ChildRecord | None:
+def apply_cancel(conn: Connection, now: float, control: ControlRecord) -> ChildRecord | None:
     """An operator's cancel: request the cancellation durably and record the control
     applied, in one transaction (applied twice, it changes nothing). Returns the child
     (None when there is no such child), which is yet to be stopped if not terminal."""
     try:
         child = service.cancel_exact(
-            conn, control.conversation_id, control.run_id, OPERATOR_CANCELLED, now
+            conn, now, control.conversation_id, control.run_id, OPERATOR_CANCELLED
         )
     except errors.DelegationError as exc:
         failure = {"failure": str(exc), "failureReason": exc.reason}
@@ -86,7 +86,7 @@ def next_deadline(conn: Connection) -> float | None:
     return lifecycle.next_deadline(conn)
 
 
-def purge(conn: Connection, retention_s: float, now: float, batch: int = 1000) -> int:
+def purge(conn: Connection, now: float, retention_s: float, batch: int = 1000) -> int:
     """Delete up to ``batch`` finished children past retention (see the store's purge)."""
     return lifecycle.purge(conn, retention_s, now, batch)
 
@@ -108,7 +108,7 @@ NOTHING = Takeover([], [], [], [])
 
 
 def reconcile(
-    conn: Connection, cfg: EngineConfig, instance_id: str, shared: bool, now: float
+    conn: Connection, now: float, cfg: EngineConfig, instance_id: str, shared: bool
 ) -> Takeover:
     """Boot: record this host instance and take over from the previous ones (SPEC §7):
     from every other one on SQLite (one host per file), and from the dead or closed
@@ -118,19 +118,19 @@ def reconcile(
     return take_over(conn, cfg, instance_id, now, everyone=not shared)
 
 
-def rejoin(conn: Connection, instance_id: str, now: float) -> None:
-    """A fenced host goes on as a new instance (``Engine._fenced``)."""
+def rejoin(conn: Connection, now: float, instance_id: str) -> None:
+    """A fenced host goes on as a new instance (``Membership.fenced``)."""
     service.boot(conn, instance_id, now)
     lifecycle.heartbeat(conn, instance_id)
 
 
 def heartbeat(
     conn: Connection,
+    now: float,
     cfg: EngineConfig,
     instance_id: str,
     take: bool,
     reconnected: Callable[[], bool],
-    now: float,
 ) -> Takeover:
     """A live host's heartbeat on a shared database, and the takeover of whatever host
     instance has died meanwhile (none, most of the time).
@@ -148,12 +148,12 @@ def heartbeat(
 
 
 def hand_over(
-    conn: Connection, cfg: EngineConfig, old: str, instance_id: str, now: float
+    conn: Connection, now: float, cfg: EngineConfig, old: str, instance_id: str
 ) -> Takeover:
-    """A host back from a cut (``Engine._back_from_cut``) closes the instance it was and,
+    """A host back from a cut (``Membership.back_from_cut``) closes the instance it was and,
     in the same transaction, takes it over as the one it is now: its connections and
     tool calls end, and its leased children are resumed here."""
-    service.close_instance(conn, old, now)
+    service.close_instance(conn, now, old)
     return take_over(conn, cfg, instance_id, now, everyone=False)
 
 
@@ -197,7 +197,7 @@ def take_over(
         for control in controls.pending(conn)
         if control.action == "cancel"
         and _lost(conn, control, instance_id)
-        and (child := apply_cancel(conn, control, now)) is not None
+        and (child := apply_cancel(conn, now, control)) is not None
     ]
     # First the never-admitted: the restart, not what it ends below, interrupted them.
     # A cancellation requested before the restart still wins.

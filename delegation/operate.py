@@ -2,7 +2,7 @@
 host from another process (SPEC §11). Parsing and printing only.
 
 The command records a control request in the database (one short write beside the
-host) and waits for the host to apply it (:mod:`delegation.controls`), watching the file
+host) and waits for the host to apply it (:mod:`delegation.engine.operators`), watching the file
 rather than re-reading tables. With no live host the request stays queued and the next
 host applies it at boot; the command says so.
 """

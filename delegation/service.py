@@ -10,21 +10,14 @@ on what these functions return.
 from __future__ import annotations
 
 import os
-import secrets
-import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import msgspec
-from msgspec import UNSET
-
 from delegation import authority, errors
 from delegation._struct import I64_MAX, blank
-from delegation.codec import encode
 from delegation.config import EngineConfig
 from delegation.machine import State, Trigger
-from delegation.options import ExecutionOptions, effective_options
+from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection, RunnerRecord
 from delegation.store import Connection, children, controls, grants, processes, steers
 from delegation.store import registrations as runners
@@ -35,7 +28,6 @@ from delegation.wire import (
     Identity,
     Params,
     Preset,
-    Request,
     SteerResult,
     valid_id,
 )
@@ -55,19 +47,6 @@ HOST_CANCELLED = "cancelled by host"
 NOT_ADMITTED = "child run ended before admission"
 
 
-@dataclass(frozen=True, slots=True)
-class StartPlan:
-    """What ``reserve_start`` decided: a new reservation, or a replay of an old one."""
-
-    child: ChildRecord
-    replay: bool
-    request: Request
-    preset: Preset
-    identity: Identity
-    new_lease_deadline: float | None = None
-    lease_pending: bool = False  # under a lease that has admitted no one yet
-
-
 def identity_of(child: ChildRecord) -> Identity:
     return Identity(**child.identity_fields())
 
@@ -75,19 +54,7 @@ def identity_of(child: ChildRecord) -> Identity:
 # --- authority over stored records ----------------------------------------------------
 
 
-def authorize(
-    conn: Connection, rconn: RunnerConnection, params: Params, now: float, *, steer: bool = False
-) -> tuple[GrantRecord, GrantRecord | None]:
-    """SPEC §3.1-3.3: the current connection, then the selected grant, owned by the caller.
-
-    Returns the selected grant and the live tool grant of the call (if any).
-    """
-    authority.check_ids(params)
-    runner, tool = grants.runner_and_tool(conn, rconn.runner_id, params.run_id, params.tool_call_id)
-    return _authorized(conn, runner, tool, rconn, params, now, steer=steer), tool
-
-
-def _authorized(
+def authorized(
     conn: Connection,
     runner: RunnerRecord | None,
     tool: GrantRecord | None,
@@ -97,6 +64,8 @@ def _authorized(
     *,
     steer: bool,
 ) -> GrantRecord:
+    """SPEC §3.1-3.3: the current connection, then the selected grant, owned by the
+    caller (``runner`` and ``tool`` as read for the call)."""
     authority.check_connection(runner, rconn)
     lease = grants.get_lease(conn, rconn.runner_id, params.lease_id)
     grant = authority.select_grant(tool, lease, params)
@@ -109,241 +78,17 @@ def locate_child(
     """Authorize the call and find the one child its handle names (SPEC §3.7).
 
     The runner, the tool grant and the conversation's executions are read in one
-    statement; the checks then run in the same order as :func:`authorize`.
+    statement; the checks then run in the order of :func:`authorized`.
     """
     authority.check_ids(params)
     runner, tool, executions = grants.runner_tool_and_executions(
         conn, rconn.runner_id, params.run_id, params.tool_call_id, params.child_id
     )
-    grant = _authorized(conn, runner, tool, rconn, params, now, steer=steer)
+    grant = authorized(conn, runner, tool, rconn, params, now, steer=steer)
     found = [child for child in executions if child.grant_id == grant.id]
     if not found and children.was_purged(conn, grant.id, params.child_id, params.child_run_id):
         raise errors.ChildPurged()
     return authority.locate(found, params.child_id, params.child_run_id)
-
-
-# --- child.start ----------------------------------------------------------------------
-
-
-class SeenTools:
-    """The tool grants this host's starts lately found open, by runner and tool call:
-    a later start under one of them reads nothing first (see :func:`reserve_start`).
-
-    Bounded in number (the oldest goes first) and in age: an entry read more than
-    ``max_age_s`` ago is read again, so a row version it compares is that recent (a
-    transaction id, part of one, recurs only after 2**32 transactions of the server).
-    Shared by the loop's thread and the writer's.
-    """
-
-    def __init__(self, size: int = 1024, max_age_s: float = 60.0) -> None:
-        self._size = size
-        self._max_age_s = max_age_s
-        self._seen: dict[tuple[str, str, str], tuple[float, grants.SeenTool]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, str, str]) -> grants.SeenTool | None:
-        entry = self._seen.get(key)
-        if entry is None or time.monotonic() - entry[0] > self._max_age_s:
-            return None
-        return entry[1]
-
-    def put(self, key: tuple[str, str, str], seen: grants.SeenTool) -> None:
-        with self._lock:
-            self._seen.pop(key, None)
-            self._seen[key] = (time.monotonic(), seen)
-            while len(self._seen) > self._size:
-                del self._seen[next(iter(self._seen))]
-
-    def drop(self, key: tuple[str, str, str]) -> None:
-        with self._lock:
-            self._seen.pop(key, None)
-
-
-def reserve_start(
-    conn: Connection,
-    cfg: EngineConfig,
-    rconn: RunnerConnection,
-    params: Params,
-    instance_id: str,
-    now: float,
-    *,
-    trace_context: str | None = None,
-    seen: SeenTools | None = None,
-) -> StartPlan:
-    """Check a start in the order of SPEC §5 and reserve the child as ``prepared``,
-    owned by the host instance ``instance_id`` (which runs it). ``trace_context`` (the
-    start's W3C traceparent, when traced) is kept with the child for its executions.
-
-    With ``seen`` (a store where a statement costs a round trip), a start under a tool
-    grant an earlier start found open is checked against the runner and grant as then
-    read, and reserved by one statement that inserts only if both rows are still
-    exactly so (and the requestId is new, and the grant under its cap): then every
-    check had the outcome it has on the rows now. Otherwise, or if a check refuses on
-    the rows as seen, the start reads them again and is checked as if none was seen.
-
-    Raises the first refusal that applies; nothing is written then.
-    """
-    authority.check_ids(params)
-    request = params.request if params.request is not UNSET else Request()
-    key = (rconn.runner_id, params.run_id, params.tool_call_id)
-    last = seen.get(key) if seen is not None and not (params.lease_id or request.resume) else None
-    args = (conn, cfg, rconn, params, request, instance_id, now, trace_context)
-    if seen is not None and last is not None:
-        try:
-            plan = _reserve(*args, last)
-        except errors.DelegationError:
-            plan = None  # refused on the rows as seen: decided on the rows as they are
-        if plan is not None:
-            return plan
-        seen.drop(key)
-    plan = _reserve(*args, None, seen)
-    assert plan is not None  # only a start on the rows as seen finds them changed
-    return plan
-
-
-def _reserve(
-    conn: Connection,
-    cfg: EngineConfig,
-    rconn: RunnerConnection,
-    params: Params,
-    request: Request,
-    instance_id: str,
-    now: float,
-    trace_context: str | None,
-    last: grants.SeenTool | None,
-    seen: SeenTools | None = None,
-) -> StartPlan | None:
-    """:func:`reserve_start` on the rows read now, or (``last``) on the rows as last seen:
-    None then if they changed, or the requestId is taken, or the grant is full."""
-    known: grants.StartReads | None = None
-    runner: RunnerRecord | None
-    tool: GrantRecord | None
-    if last is not None:
-        runner, tool = last.runner, last.tool
-    elif params.lease_id:  # the grant may be the lease: read it, then under it
-        runner, tool = grants.runner_and_tool(
-            conn, rconn.runner_id, params.run_id, params.tool_call_id
-        )
-    else:  # the grant is the call's tool grant: one statement reads all a start needs
-        known = grants.runner_tool_and_request(
-            conn, rconn.runner_id, params.run_id, params.tool_call_id, request.request_id
-        )
-        runner, tool = known.runner, known.tool
-    grant = _authorized(conn, runner, tool, rconn, params, now, steer=False)
-    request.validate(cfg.providers)
-    preset = authority.find_preset(grant, request.profile, params.generation)
-    effective = effective_options(grant.policy, preset, request)
-    if request.lease_id != params.lease_id:
-        raise errors.LeaseMismatch()
-    executions = _owned_executions(conn, grant, rconn, request) if request.resume else []
-    saved_cwd = executions[-1].cwd if executions else None
-    cwd = authority.resolve_cwd(grant.workspace or "", request.cwd, saved_cwd)
-    wire_request = encode(request)
-    run_request = with_options(request, effective)
-    if last is None:
-        tool_grant = tool is not None and grant.id == tool.id
-        if known is not None and tool_grant:
-            existing, count = known.existing, known.count
-            if seen is not None and known.seen is not None and not request.resume:
-                seen.put((rconn.runner_id, params.run_id, params.tool_call_id), known.seen)
-        else:
-            existing, count = children.by_request_and_count(conn, grant.id, request.request_id)
-        if existing is not None:
-            if existing.request != wire_request or existing.cwd != cwd:
-                raise errors.RequestIdReused()
-            return StartPlan(existing, True, run_request, preset, identity_of(existing))
-    tool_owned = tool is not None and authority.owns(tool, rconn, params, now)
-    if params.lease_id and grant.activated_at is None and not tool_owned:
-        raise errors.LeaseNotActivated()
-    if request.context_mode == "fork" and not tool_owned:
-        raise errors.ForkRequiresTool()
-    if any(not e.terminal for e in executions):
-        raise errors.ActiveSubmission()
-    new_lease: float | None = None
-    if params.lease_id and not grant.is_lease:
-        if grants.count_leases(conn, rconn.runner_id) >= cfg.max_leases_per_runner:
-            raise errors.LeaseCapacity()
-        grant = grants.insert_lease(conn, grant, params.lease_id, now, cfg.lease_lifetime_s)
-        new_lease, count = grant.expires_at, 0  # a new grant: no child yet
-    if last is None and count >= cfg.max_children_per_grant:
-        raise errors.SubmissionLimit()
-    if grant.depth > cfg.max_depth:
-        raise errors.NestingLimit()
-    values = {
-        "conversation_id": request.resume or f"c-{secrets.token_hex(16)}",
-        "run_id": f"r-{secrets.token_hex(16)}",
-        "grant_id": grant.id,
-        "lease_id": grant.lease_id,
-        "request_id": request.request_id,
-        "runner_id": rconn.runner_id,
-        "runner_host_instance_id": rconn.host_instance_id,  # current: checked above
-        "parent_conversation_id": grant.conversation_id,
-        "parent_run_id": grant.run_id,
-        "extension_id": grant.extension_id,
-        "profile": request.profile,
-        "generation": params.generation,
-        "request": wire_request,
-        "preset": encode(preset),
-        "cwd": cwd,
-        "depth": grant.depth,
-        "followup": 1 if request.resume else 0,
-        "origin_grant_id": tool.id if tool is not None and tool_owned else None,
-        "engine_instance_id": instance_id,
-        "created_at": now,
-        "trace_context": trace_context,
-    }
-    child = (
-        children.insert_child(conn, **values)
-        if last is None
-        else grants.insert_child_as_seen(conn, last, cfg.max_children_per_grant, **values)
-    )
-    if child is None:
-        return None  # the rows as seen changed, or the requestId or the cap: nothing written
-    pending = grant.is_lease and grant.activated_at is None
-    return StartPlan(child, False, run_request, preset, identity_of(child), new_lease, pending)
-
-
-def with_options(request: Request, effective: ExecutionOptions) -> Request:
-    """The request a run is prepared with: the stored one, with the effective options
-    (the request is stored as sent; ``prepare`` sees what the child may do)."""
-    current = request.options if request.options is not UNSET else ExecutionOptions()
-    if current == effective:
-        return request
-    return msgspec.structs.replace(request, options=effective)
-
-
-def plan_of(child: ChildRecord, policy: ExecutionOptions | None = None) -> StartPlan:
-    """The plan to run a stored child again (after a restart), under its grant's policy.
-
-    The stored request and preset were validated (and their options checked against
-    the policy) when the child was reserved; they are read back without validating.
-    """
-    request = _stored_request.decode(child.request)
-    preset = _stored_preset.decode(child.preset)
-    effective = effective_options(policy, preset, request)
-    return StartPlan(child, True, with_options(request, effective), preset, identity_of(child))
-
-
-_stored_request = msgspec.json.Decoder(Request)
-_stored_preset = msgspec.json.Decoder(Preset)
-
-
-def _owned_executions(
-    conn: Connection, grant: GrantRecord, rconn: RunnerConnection, request: Request
-) -> list[ChildRecord]:
-    """The executions of the conversation a resume names, if the caller may resume it:
-    started by the same parent conversation, extension, runner and preset (SPEC §3.6)."""
-    executions = children.executions(conn, request.resume)
-    same_owner = bool(executions) and all(
-        e.parent_conversation_id == grant.conversation_id
-        and e.extension_id == grant.extension_id
-        and e.runner_id == rconn.runner_id
-        and e.profile == request.profile
-        for e in executions
-    )
-    if not same_owner:
-        raise errors.ResumeMismatch()
-    return executions
 
 
 # --- the run's own transitions ----------------------------------------------------------
@@ -353,7 +98,7 @@ _ADMISSION = (Trigger.ADMIT, Trigger.RUN)
 
 
 def admit(
-    conn: Connection, child_id: int, instance_id: str, lease_pending: bool, now: float
+    conn: Connection, now: float, child_id: int, instance_id: str, lease_pending: bool
 ) -> ChildRecord:
     """prepared → admitted → running in one guarded UPDATE, after re-checking
     cancellation and the origin tool; returns the child's record.
@@ -366,7 +111,7 @@ def admit(
         errors.LeaseNotActivated: a first admission under a lease whose tool has ended.
     """
     if not lease_pending:
-        admitted = try_admit(conn, child_id, instance_id, now)
+        admitted = try_admit(conn, now, child_id, instance_id)
         if admitted is not None:
             return admitted
     child = children.get(conn, child_id)
@@ -392,7 +137,7 @@ def admit(
     return admitted
 
 
-def try_admit(conn: Connection, child_id: int, instance_id: str, now: float) -> ChildRecord | None:
+def try_admit(conn: Connection, now: float, child_id: int, instance_id: str) -> ChildRecord | None:
     """The usual admission, one guarded UPDATE: a prepared child no one asked to cancel
     becomes running. None: it did not match and nothing was written (:func:`admit`
     then learns why). Not for a child whose lease may still need activating."""
@@ -400,7 +145,7 @@ def try_admit(conn: Connection, child_id: int, instance_id: str, now: float) -> 
     return children.advance(conn, child_id, _ADMISSION, now, running, unless_cancelled=True)
 
 
-def finish(conn: Connection, child_id: int, error: str, tracked: bool, now: float) -> ChildRecord:
+def finish(conn: Connection, now: float, child_id: int, error: str, tracked: bool) -> ChildRecord:
     """End a run: ``cancelled`` if cancellation was requested, else ``done``; a process
     it recorded (``tracked``) is forgotten, since the run reaped it. A child ended
     already is left as it is (the finish is retried until it commits)."""
@@ -426,7 +171,7 @@ def finish(conn: Connection, child_id: int, error: str, tracked: bool, now: floa
 
 
 def stop_unowned(
-    conn: Connection, instance_id: str, child_ids: Sequence[int], now: float
+    conn: Connection, now: float, instance_id: str, child_ids: Sequence[int]
 ) -> tuple[list[int], int]:
     """Finish cancelled children that no local task is running (nothing left to stop),
     unless another live host runs them (several hosts on one database): that host is
@@ -453,7 +198,7 @@ def stop_unowned(
 # --- child.cancel, child.steer, child.lease.release ------------------------------------
 
 
-def cancel(conn: Connection, rconn: RunnerConnection, params: Params, now: float) -> ChildRecord:
+def cancel(conn: Connection, now: float, rconn: RunnerConnection, params: Params) -> ChildRecord:
     child = locate_child(conn, rconn, params, now)
     children.request_cancel(conn, [child.id], now, CANCEL_REQUESTED)
     updated = children.get(conn, child.id)
@@ -469,7 +214,7 @@ class SteerOutcome:
 
 
 def steer(
-    conn: Connection, cfg: EngineConfig, rconn: RunnerConnection, params: Params, now: float
+    conn: Connection, now: float, cfg: EngineConfig, rconn: RunnerConnection, params: Params
 ) -> SteerOutcome:
     """Record a steer receipt, idempotently, and queue it for a running child."""
     child = locate_child(conn, rconn, params, now, steer=True)
@@ -478,12 +223,12 @@ def steer(
 
 def steer_exact(
     conn: Connection,
+    now: float,
     cfg: EngineConfig,
     conversation_id: str,
     run_id: str | None,
     request_id: str,
     message: str,
-    now: float,
 ) -> SteerOutcome:
     """The host's own steer of one execution, whatever its grant (an operator's):
     idempotent per requestId like ``child.steer``."""
@@ -521,7 +266,7 @@ def _record_steer(
 
 
 def release(
-    conn: Connection, cfg: EngineConfig, rconn: RunnerConnection, params: Params, now: float
+    conn: Connection, now: float, cfg: EngineConfig, rconn: RunnerConnection, params: Params
 ) -> list[int]:
     """Revoke a lease (a durable tombstone) and request cancellation of its children.
 
@@ -548,11 +293,11 @@ def release(
 
 def connect(
     conn: Connection,
+    now: float,
     cfg: EngineConfig,
     instance_id: str,
     runner_id: str,
     host_instance_id: str,
-    now: float,
 ) -> tuple[RunnerConnection, list[int]]:
     """Register a runner connection; returns it and the children whose cancellation it requested.
 
@@ -573,7 +318,7 @@ def connect(
     return handle, affected
 
 
-def disconnect(conn: Connection, rconn: RunnerConnection, now: float) -> list[int]:
+def disconnect(conn: Connection, now: float, rconn: RunnerConnection) -> list[int]:
     affected = close_tools(
         conn, grants.tools_of_connections(conn, [rconn.id]), now, RUNNER_DISCONNECTED
     )
@@ -583,6 +328,7 @@ def disconnect(conn: Connection, rconn: RunnerConnection, now: float) -> list[in
 
 def open_tool(
     conn: Connection,
+    now: float,
     cfg: EngineConfig,
     instance_id: str,
     rconn: RunnerConnection,
@@ -593,7 +339,6 @@ def open_tool(
     extension_id: str,
     presets: Sequence[Preset],
     workspace: str,
-    now: float,
     policy: ExecutionOptions | None = None,
 ) -> GrantRecord:
     """Open the tool grant of one extension tool call; ``policy`` is the parent run's
@@ -642,7 +387,7 @@ def open_tool(
     )
 
 
-def close_tool(conn: Connection, grant_id: str, now: float) -> list[int]:
+def close_tool(conn: Connection, now: float, grant_id: str) -> list[int]:
     return close_tools(conn, [grant_id], now, TOOL_ENDED)
 
 
@@ -657,11 +402,11 @@ class RunEnded:
 
 def finish_run(
     conn: Connection,
+    now: float,
     cfg: EngineConfig,
     run_id: str,
     succeeded: bool,
     rconn: RunnerConnection | None,
-    now: float,
 ) -> RunEnded:
     """A run ended: its tools end; on failure its leases are dropped as well, and if it
     is a child's own run, that child is cancelled (the Go original's ``CancelChildTurn``).
@@ -698,7 +443,7 @@ def _exact(conn: Connection, conversation_id: str, run_id: str | None) -> ChildR
 
 
 def cancel_exact(
-    conn: Connection, conversation_id: str, run_id: str | None, reason: str, now: float
+    conn: Connection, now: float, conversation_id: str, run_id: str | None, reason: str
 ) -> ChildRecord:
     """The host's own cancel of one execution, whatever its grant (SPEC §9): the newest
     execution of the conversation, or the one ``run_id`` names. A finished child is
@@ -754,7 +499,7 @@ def boot(conn: Connection, instance_id: str, now: float) -> None:
     runners.insert_instance(conn, instance_id, now)
 
 
-def shutdown(conn: Connection, instance_id: str, now: float) -> list[int]:
+def shutdown(conn: Connection, now: float, instance_id: str) -> list[int]:
     """Graceful close: this instance's connections and tool grants end (their tools are
     gone, so their foreground children are cancelled); leases and leased children stay."""
     connections = runners.open_connections(conn, instance_id)
@@ -765,5 +510,5 @@ def shutdown(conn: Connection, instance_id: str, now: float) -> list[int]:
     return affected
 
 
-def close_instance(conn: Connection, instance_id: str, now: float) -> None:
+def close_instance(conn: Connection, now: float, instance_id: str) -> None:
     runners.close_instance(conn, instance_id, now)

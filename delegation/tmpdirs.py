@@ -4,7 +4,7 @@ Each command child gets a private ``TMPDIR``, removed when its run ends; a host 
 with SIGKILL cannot remove it. So its name carries the host process's identity:
 ``delegation-child-NS-PID-START-BOOT-XXXXXXXX`` in the host's temp directory (the pid
 namespace, the pid, its start ticks and the boot id's first 8 hex digits; see
-:mod:`delegation.processes`). At every engine open, :func:`remove_stale` removes those
+:mod:`delegation.os_processes`). At every engine open, :func:`remove_stale` removes those
 whose host no longer runs. It leaves alone:
 
 * a directory whose host still runs: several hosts may share the machine;
@@ -29,7 +29,7 @@ import shutil
 import stat
 import tempfile
 
-from delegation import processes
+from delegation import os_processes as processes
 
 log = logging.getLogger("delegation.tmpdirs")
 

@@ -30,8 +30,8 @@ from delegation import (
     Preset,
     Request,
     RunnerConnection,
-    processes,
 )
+from delegation import os_processes as processes
 from delegation.authority import within
 from delegation.runners.command import CommandRunner
 from delegation.runners.containment import landlock_abi, namespace_mode

@@ -1,11 +1,11 @@
-"""The registry of runs executing in this process, and their lifecycle (local_runs)."""
+"""The runs executing in this process and their lifecycle (delegation.engine.local_run)."""
 
 from __future__ import annotations
 
 import asyncio
 
 from delegation import ChildContext, Event
-from delegation.local_runs import Phase
+from delegation.engine.local_run import Phase
 from tests.rows import rows
 from tests.support import Harness
 
@@ -15,7 +15,7 @@ async def test_a_run_goes_preparing_admitted_finishing_ended(harness: Harness) -
     seen: list[Phase] = []
 
     async def script(ctx: ChildContext) -> None:
-        seen.extend(run.phase for run in harness.engine._local)
+        seen.extend(run.phase for run in harness.engine._supervisor.runs)
         await ctx.admit()
         entered.set()
         await gate.wait()
@@ -27,16 +27,16 @@ async def test_a_run_goes_preparing_admitted_finishing_ended(harness: Harness) -
     assert record is not None
     child_id = record.id
     await entered.wait()
-    run = harness.engine._local.get(child_id)
+    run = harness.engine._supervisor.runs.get(child_id)
     assert run is not None and seen == [Phase.PREPARING] and run.phase is Phase.ADMITTED
-    assert run.decided.is_set() and not run.ended.is_set()
+    assert run.decided.done() and not run.ended.is_set()
     run.finishing()  # as the engine marks it once the run returned: a cancel spares it
     run.cancel()
     assert run.task is not None and not run.task.cancelling()
     finishing.set()
     gate.set()
     await asyncio.wait_for(run.ended.wait(), 10)
-    assert run.phase is Phase.ENDED and harness.engine._local.get(child_id) is None
+    assert run.phase is Phase.ENDED and harness.engine._supervisor.runs.get(child_id) is None
     done = await harness.wait_done(started.conversation_id)
     assert done.state == "done"
 
@@ -54,7 +54,7 @@ async def test_close_suspends_a_leased_run_without_recording_an_end(
     harness.runner.script = script
     started = await harness.start("q1", lease_id="L1")  # leased: it outlives the close
     await entered.wait()
-    (run,) = list(harness.engine._local)
+    (run,) = list(harness.engine._supervisor.runs)
     assert run.phase is Phase.ADMITTED and not run.suspended
     await harness.engine.close()
     assert run.suspended and run.phase is Phase.ENDED and run.task is not None

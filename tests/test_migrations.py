@@ -817,7 +817,7 @@ def _plans(db_path: Path, work: Any, marker: str) -> list[str]:
 
 def test_retention_walks_the_finished_index_in_order(db_path: Path) -> None:
     """Not the state index plus a sort of every finished child, once per batch."""
-    for plan in _plans(db_path, lambda c: maintenance.purge(c, 60.0, T0), "finished_at <"):
+    for plan in _plans(db_path, lambda c: maintenance.purge(c, T0, 60.0), "finished_at <"):
         assert "ix_children_finished" in plan, plan
         assert "TEMP B-TREE" not in plan, plan
 

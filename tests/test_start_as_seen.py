@@ -2,7 +2,7 @@
 
 On PostgreSQL such a start reads nothing first: it is checked against the runner and
 the tool grant as the earlier start read them, and reserved by one statement that
-inserts only if neither row has changed since (``service.reserve_start``). These tests
+inserts only if neither row has changed since (``reservation.reserve_start``). These tests
 change what a start depends on between two starts under one tool call, from this host
 and from outside it, and expect the answer a start that read everything would give.
 The same tests run on SQLite, where every start reads first.
@@ -25,7 +25,7 @@ from sqlalchemy import create_engine, text
 
 from delegation import Engine, EngineConfig, errors
 from delegation.records import GrantRecord, RunnerRecord
-from delegation.service import SeenTools
+from delegation.reservation import SeenTools
 from delegation.store import grants, run, stores
 from delegation.store.postgres.spelling import _SPELLINGS
 from tests import rows

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from delegation import Engine, NotResumable, processes, tmpdirs
+from delegation import Engine, NotResumable, tmpdirs
+from delegation import os_processes as processes
 from tests.support import ScriptRunner
 
 HERE = Path(__file__).resolve().parent

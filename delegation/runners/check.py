@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from delegation import processes
+from delegation import os_processes as processes
 from delegation.runners.containment import Containment, refusal
 
 # Run by the child with -I: the standard library only. Each attempt is "allowed",

@@ -48,7 +48,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from delegation import errors, processes, tmpdirs
+from delegation import errors, tmpdirs
+from delegation import os_processes as processes
 from delegation.codec import decode
 from delegation.runners.containment import (
     DEFAULT_NET_CONNECT,

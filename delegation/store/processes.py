@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import Connection
 
-from delegation.processes import ProcessId
+from delegation.os_processes import ProcessId
 from delegation.store import run
 
 

@@ -14,14 +14,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from delegation import errors, maintenance
+from delegation.engine.runtime import Runtime, Use
+from delegation.engine.supervisor import Supervisor
 from delegation.store.controls import ControlRecord
 from delegation.store.watch import Watch
+from delegation.wire import Result, SteerResult
 
-if TYPE_CHECKING:
-    from delegation.engine import Engine
+# The engine's own cancel and steer of one execution (Engine.cancel_child, steer_child).
+CancelChild = Callable[[str, str | None, str], Awaitable[Result]]
+SteerChild = Callable[[str, str, str | None, str | None], Awaitable[SteerResult]]
 
 log = logging.getLogger("delegation.controls")
 
@@ -32,8 +37,18 @@ WATCH_INTERVAL_S = 0.1  # well inside the 1 s an operator may wait
 class ControlWatcher:
     """Applies the operators' control requests of one engine's database."""
 
-    def __init__(self, engine: Engine, watch: Watch) -> None:
-        self._engine = engine
+    def __init__(
+        self,
+        rt: Runtime,
+        supervisor: Supervisor,
+        cancel_child: CancelChild,
+        steer_child: SteerChild,
+        watch: Watch,
+    ) -> None:
+        self._rt = rt
+        self._supervisor = supervisor
+        self._cancel_child = cancel_child
+        self._steer_child = steer_child
         self._watch = watch
         self._task: asyncio.Task[None] | None = None
         self._applying: set[int] = set()
@@ -55,37 +70,33 @@ class ControlWatcher:
         while True:
             await self._watch.wait()
             await self._apply_pending()
-            if self._engine._db.shared:
+            if self._rt.db.shared:
                 await self._from_other_hosts()
 
     async def _from_other_hosts(self) -> None:
         """Several hosts (SPEC §12): steers another host accepted for a child running
         here are handed to its run, and followers of children another host runs wake."""
-        engine = self._engine
+        notices = self._rt.notices
         moved = self._watch.moved()
         if moved is None:
-            engine._notices.bump_all()
+            notices.bump_all()
         else:
-            engine._notices.bump(moved)
-        local = [run.child_id for run in engine._local if run.ctx is not None]
+            notices.bump(moved)
+        local = self._supervisor.steerable()
         if not local:
             return
         try:
-            steers = await engine._db.read(lambda c: maintenance.undelivered_steers(c, local))
+            steers = await self._rt.db.read(lambda c: maintenance.undelivered_steers(c, local))
         except errors.DelegationError as exc:
             log.warning("steers not read: %s", exc, extra={"action": "steers_unread"})
             return
         for child_id, steer_id, message in steers:
-            run = engine._local.get(child_id)
-            if run is not None and run.ctx is not None:
-                run.ctx.deliver(steer_id, message)  # each steer id at most once
+            self._supervisor.deliver(child_id, steer_id, message)  # each steer id at most once
 
     async def _apply_pending(self) -> None:
-        engine = self._engine
+        instance_id = self._rt.instance_id
         try:
-            pending = await engine._db.read(
-                lambda c: maintenance.pending_controls(c, engine.instance_id)
-            )
+            pending = await self._rt.db.read(lambda c: maintenance.pending_controls(c, instance_id))
         except errors.DelegationError as exc:  # a busy or closing store: next change
             log.warning("control requests not read: %s", exc, extra={"action": "controls_unread"})
             return
@@ -103,7 +114,8 @@ class ControlWatcher:
                 await self._cancel(control)
                 return
             outcome = await self._outcome(control)
-            await self._engine._write(maintenance.control_applied, control.id, json.dumps(outcome))
+            use = Use(maintenance.control_applied, control.id, json.dumps(outcome))
+            await self._rt.write(use)
             log.info(
                 "control request applied",
                 extra={"action": "control_applied", "control": control.action, **outcome},
@@ -117,17 +129,16 @@ class ControlWatcher:
         """Request the cancellation and record it applied at once (the operator learns
         within a second that the host has it), then stop the child as ``cancel_child``
         does, however long it takes to stop."""
-        engine = self._engine
-        child = await engine._write(maintenance.apply_cancel, control)
+        child = await self._rt.write(Use(maintenance.apply_cancel, control))
         log.info(
             "control request applied", extra={"action": "control_applied", "control": "cancel"}
         )
         if child is not None and not child.terminal:
-            await engine.cancel_child(child.conversation_id, child.run_id, OPERATOR_CANCELLED)
+            await self._cancel_child(child.conversation_id, child.run_id, OPERATOR_CANCELLED)
 
     async def _outcome(self, control: ControlRecord) -> dict[str, Any]:
         try:
-            steered = await self._engine.steer_child(
+            steered = await self._steer_child(
                 control.conversation_id, control.message, control.run_id, control.request_id
             )
             return {"outcome": steered.outcome, "reason": steered.reason}

@@ -1,4 +1,4 @@
-"""The runs executing in this process: one :class:`LocalRun` per child, in a registry.
+"""One run executing in this process (:class:`LocalRun`), and their registry.
 
 A local run goes through one lifecycle (:class:`Phase`)::
 
@@ -13,9 +13,12 @@ What a suspended run emits after that is not written, and its flushes raise
 ``HostClosing``: its child resumes from what was committed, here at the next boot or
 on the host that took it over (where an event written late would sit beside its own).
 
+``decided`` resolves once, when the run is admitted or ends: with the first page read
+in the admission transaction (which answers the caller that started the child), or None.
+
 The run object is also the hooks (``runs.Hooks``) by which its context reaches the
-engine: one object per child, as a long-lived child's footprint is what the garbage
-collector walks.
+store, through the engine's runtime (:class:`delegation.engine.runtime.Runtime`): one
+object per child, as a long-lived child's footprint is what the garbage collector walks.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import enum
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from delegation import authority, errors, processes, queries, service
+from delegation import authority, errors, queries, service
+from delegation import os_processes as processes
+from delegation.engine.runtime import Runtime, Use
 from delegation.records import ChildRecord
 from delegation.store import Connection
 from delegation.store import processes as store_processes
@@ -34,7 +39,6 @@ from delegation.store.steers import mark_delivered
 from delegation.wire import Result
 
 if TYPE_CHECKING:
-    from delegation.engine import Engine
     from delegation.runs import ChildContext
 
 
@@ -49,49 +53,51 @@ class LocalRun:
     """A child executing in this process (see the module's docstring)."""
 
     __slots__ = (
-        "admitted_page",
         "child_id",
         "ctx",
         "cwd",
         "decided",
         "emitted",
         "ended",
-        "engine",
         "lease_pending",
         "phase",
+        "rt",
         "suspended",
         "task",
         "tracked",
     )
 
-    def __init__(self, engine: Engine, child_id: int, cwd: str, lease_pending: bool) -> None:
-        self.engine = engine
+    def __init__(self, rt: Runtime, child_id: int, cwd: str, lease_pending: bool) -> None:
+        self.rt = rt
         self.child_id = child_id
         self.cwd = cwd
         self.lease_pending = lease_pending  # a first admission under its lease re-checks
         self.phase = Phase.PREPARING
         self.suspended = False  # graceful close: stop without recording an end
-        self.decided = asyncio.Event()  # ADMITTED or ENDED: a caller may be answered
+        # ADMITTED or ENDED: a caller may be answered (the first page, or None).
+        self.decided: asyncio.Future[Result | None] = asyncio.get_running_loop().create_future()
         self.ended = asyncio.Event()  # ENDED
         self.task: asyncio.Task[None] | None = None
         self.ctx: ChildContext | None = None
-        self.admitted_page: Result | None = None  # the first page, read as admission committed
         self.emitted = False  # an event was appended in this process
         self.tracked = False  # a process of the run is recorded (ended with the run)
 
     # --- lifecycle ----------------------------------------------------------------------
 
-    def admitted(self) -> None:
-        """Admitted before a restart: nothing to wait for."""
+    def admitted(self, page: Result | None) -> None:
+        """Admitted: ``page`` is the first page read as the admission committed (None:
+        admitted before a restart, nobody to answer)."""
         self.phase = Phase.ADMITTED
-        self.decided.set()
+        if not self.decided.done():
+            self.decided.set_result(page)
 
     def finishing(self) -> None:
         self.phase = Phase.FINISHING
 
     def end(self) -> None:
         self.phase = Phase.ENDED
-        self.decided.set()
+        if not self.decided.done():
+            self.decided.set_result(None)
         self.ended.set()
 
     def cancel(self) -> None:
@@ -111,52 +117,52 @@ class LocalRun:
         authority.confirm_cwd(self.cwd)
         # Owed (SPEC §19): a database away delays the admission, never drops it; a run
         # stopped meanwhile (its task cancelled) stops waiting.
-        owed, stopped = self.engine._owed, self._stopped
+        owed, stopped, on_admitted = self.rt.owed, self.stopped, self._on_admitted
         if not self.lease_pending:
             # The usual case is one guarded UPDATE, which a server store commits as its
             # own transaction; when it does not match, admit() learns why.
-            usual = owed(stopped, self._try_admit, committed=self._on_admitted, one_write=True)
+            usual = owed(stopped, Use(self._try_admit), committed=on_admitted, one_write=True)
             if await usual is not None:
                 return
-        if await owed(stopped, self._admit_and_page, committed=self._on_admitted) is None:
+        if await owed(stopped, Use(self._admit_and_page), committed=on_admitted) is None:
             raise errors.HostClosing()
 
-    def _stopped(self) -> bool:
+    def stopped(self) -> bool:
+        """Whether the run was stopped with its host (its owed writes are given up)."""
         return self.suspended
 
     def _try_admit(self, conn: Connection, now: float) -> Result | None:
-        child = service.try_admit(conn, self.child_id, self.engine.instance_id, now)
+        child = service.try_admit(conn, now, self.child_id, self.rt.instance_id)
         return None if child is None else self._first_page(conn, child)
 
     def _admit_and_page(self, conn: Connection, now: float) -> Result:
-        engine = self.engine
-        child = service.admit(conn, self.child_id, engine.instance_id, self.lease_pending, now)
+        rt = self.rt
+        child = service.admit(conn, now, self.child_id, rt.instance_id, self.lease_pending)
         return self._first_page(conn, child)
 
     def _first_page(self, conn: Connection, child: ChildRecord) -> Result:
         if not self.emitted:  # a fresh child's events all come from its run: none yet
             return queries.result_of(child, [])
-        return queries.page_of(conn, child, 0, self.engine.config.events_per_read)
+        return queries.page_of(conn, child, 0, self.rt.config.events_per_read)
 
     def _on_admitted(self, page: Result | None) -> None:  # answered at the commit
         if page is not None:
-            self.admitted_page = page
-            self.admitted()
+            self.admitted(page)
 
     def append(self, sequence: int, body: bytes, output: str | None) -> None:
         if self.suspended:
             return  # see the module
         # Set before queueing: a batch that holds this event sees it when it admits.
         self.emitted = True
-        self.engine._db.append_event(EventRow(self.child_id, sequence, body, output))
+        self.rt.db.append_event(EventRow(self.child_id, sequence, body, output))
 
     async def flush(self) -> None:
         try:
-            await self.engine._db.barrier()
+            await self.rt.db.barrier()
         except errors.StoreUnavailable:
             # The events are kept and written once the database is back (SPEC §19): a
             # run waits for that, as for a slow disk, rather than fail for it.
-            await self.engine._owed(self._stopped, _barrier)
+            await self.rt.owed(self.stopped, Use(_barrier))
         if self.suspended:  # what it emitted since is not written (see the module)
             raise errors.HostClosing(
                 "this run was stopped with its host: what it emitted since is not written"
@@ -166,13 +172,17 @@ class LocalRun:
         process = processes.identify(pid)
         if process is None:
             return  # already gone: nothing could outlive the host
-        recorded = await self.engine._owed(self._stopped, _record, self.child_id, process)
+        recorded = await self.rt.owed(self.stopped, Use(_record, self.child_id, process))
         if recorded is None:
             raise errors.HostClosing("this run was stopped with its host before it started")
         self.tracked = True
 
     def delivered(self, steer_ids: list[int]) -> None:
-        self.engine._owe_later(self._stopped, mark_delivered, steer_ids)
+        self.rt.owe_later(self.stopped, Use(_delivered, steer_ids))
+
+
+def _delivered(conn: Connection, now: float, steer_ids: list[int]) -> None:
+    mark_delivered(conn, steer_ids, now)
 
 
 def _barrier(conn: Connection, now: float) -> bool:
@@ -180,7 +190,7 @@ def _barrier(conn: Connection, now: float) -> bool:
     return True
 
 
-def _record(conn: Connection, child_id: int, process: processes.ProcessId, now: float) -> bool:
+def _record(conn: Connection, now: float, child_id: int, process: processes.ProcessId) -> bool:
     store_processes.record(conn, child_id, process, now)
     return True
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("delegation.processes")
+log = logging.getLogger("delegation.os_processes")
 
 _PR_SET_DUMPABLE = 4
 _GONE_WAIT_S = 2.0

@@ -1,0 +1,583 @@
+"""The embedding API (SPEC §6): ``Engine`` wires the store, the use cases and the runs.
+
+One engine owns one database (a SQLite file, or a PostgreSQL database). Its parts share
+a :class:`~delegation.engine.runtime.Runtime` (the store, the clock, the one write
+entry): the :class:`~delegation.engine.supervisor.Supervisor` runs the children, the
+:class:`~delegation.engine.membership.Membership` keeps this host among the others, the
+:class:`~delegation.engine.operators.ControlWatcher` applies operators' requests and
+:class:`~delegation.engine.timers.Timers` wake lease expiry and retention. Every child
+method checks authority inside the transaction that acts on it (see
+:mod:`delegation.service`); what must follow a commit (starting, stopping or waking a
+run) happens here, after the commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import gc
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgspec
+
+from delegation import errors, maintenance, queries, service, telemetry
+from delegation.clock import Clock, ServerClock, SystemClock
+from delegation.codec import decode
+from delegation.config import EngineConfig
+from delegation.engine.membership import Membership
+from delegation.engine.operators import WATCH_INTERVAL_S, ControlWatcher
+from delegation.engine.runtime import Runtime, Use
+from delegation.engine.supervisor import Supervisor
+from delegation.engine.timers import Timers
+from delegation.engine.upkeep import Upkeep
+from delegation.options import ExecutionOptions
+from delegation.protection import Protected, host_code
+from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
+from delegation.runs import Runner
+from delegation.store import Connection
+from delegation.store import processes as store_processes
+from delegation.store.interface import Store
+from delegation.store.stores import open_store
+from delegation.watch import Notices
+from delegation.wire import (
+    CANCEL_METHOD,
+    CHILD_METHODS,
+    READ_METHOD,
+    RELEASE_METHOD,
+    START_METHOD,
+    STEER_METHOD,
+    Event,
+    Params,
+    Preset,
+    Result,
+    SteerResult,
+)
+
+if TYPE_CHECKING:
+    from delegation.telemetry import MeterProvider, TracerProvider
+
+log = logging.getLogger("delegation.engine")
+T = TypeVar("T")
+# What the child methods take: Params, the JSON of them, or a dict of wire names.
+ParamsLike = Params | bytes | bytearray | memoryview | str | dict[str, Any]
+_json = msgspec.json.Encoder()
+
+
+class Engine:
+    """Durable child runs on SQLite or PostgreSQL.
+
+    Use as ``async with Engine(url, runner=...) as engine``.
+
+    With OpenTelemetry's API installed (``delegation[otel]``), spans and metrics go to
+    ``tracer_provider`` and ``meter_provider``, or to the global providers when None
+    (see :mod:`delegation.telemetry`); without it, both are ignored."""
+
+    def __init__(
+        self,
+        url: str = "sqlite:///delegation.db",
+        *,
+        runner: Runner,
+        config: EngineConfig | None = None,
+        clock: Clock | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self._runner = runner
+        self._db: Store = open_store(
+            url, synchronous=self.config.synchronous, busy_timeout_ms=self.config.busy_timeout_ms
+        )
+        self._telemetry = telemetry.for_engine(tracer_provider, meter_provider)
+        if self._telemetry is not None:
+            self._db.on_commit = self._telemetry.committed
+        # Several hosts share a database: its server's clock is everyone's (SPEC §12).
+        self.clock: Clock = clock or (ServerClock() if self._db.shared else SystemClock())
+        notices = Notices(self._announced)
+        self._rt = Runtime(self.config, self._db, self.clock, self._telemetry, notices)
+        self.timers = Timers(
+            self.clock, self._expire_on_time, self._sweep, self.config.retention_sweep_s
+        )
+        self._supervisor = Supervisor(self._rt, runner, self.timers)
+        self._upkeep = Upkeep(self._rt, self._supervisor, self.timers)
+        self._membership = Membership(self._rt, self._supervisor, self.timers)
+        self._controls: ControlWatcher | None = None
+        self._open = False
+
+    @property
+    def instance_id(self) -> str:
+        """This host's current instance (a new one after a rejoin); "" before open."""
+        return self._rt.instance_id
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    async def __aenter__(self) -> Engine:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Open (and migrate) the database, take over from the previous host instance,
+        arm the lease timer and resume the children this host owns (SPEC §7). Before
+        resuming, kill what lost runs left running and remove the private temp dirs
+        hosts that ended left (:mod:`delegation.tmpdirs`)."""
+        loop = asyncio.get_running_loop()
+        opening = loop.run_in_executor(None, self._db.open, loop)
+        try:
+            await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # The thread goes on and may yet lock and open the file: give it back then,
+            # or this process would hold the file with no engine to close it.
+            def give_back(done: asyncio.Future[None]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    self._db.close()  # on the loop's thread; the writer is idle
+
+            opening.add_done_callback(give_back)
+            raise
+        # Every run is handed this set: no runner that wraps another can forget it.
+        self._supervisor.protected = Protected.of(self._db.protected_paths(), host_code())
+        protect = getattr(self._runner, "protect_paths", None)
+        if callable(protect):  # the v2 way, kept for runners written for it
+            protect(self._db.protected_paths())
+        with _collector_paused():
+            try:
+                takeover = await self._membership.boot()
+                deadline = await self._db.read(maintenance.next_deadline)
+            except BaseException:
+                # Give the file back (the writer thread, the connections): a host may retry.
+                await self._db.aclose()
+                raise
+            self._open = self._membership.open = True
+            self.timers.start(loop)
+            self.timers.arm(deadline)
+            self._supervisor.resume(takeover)
+            self._controls = ControlWatcher(
+                self._rt,
+                self._supervisor,
+                self.cancel_child,
+                self.steer_child,
+                self._db.watch(WATCH_INTERVAL_S),
+            )
+            self._controls.start()  # operators' requests: those left while down first
+            self._membership.start()
+            try:
+                await asyncio.sleep(0)  # each resumed run takes its first step
+            except BaseException:  # cancelled here, the caller would never close it
+                await self.close()
+                raise
+
+    async def expire_due(self) -> None:
+        """Expire every lease past its deadline now, then re-arm at the next deadline
+        (the timer calls this; calling it again is harmless)."""
+        await self._upkeep.expire_due()
+
+    async def purge(self) -> int:
+        """Purge everything past ``retention_s`` now; returns how many children went."""
+        return await self._upkeep.purge()
+
+    async def _expire_on_time(self) -> None:  # the timers' jobs: coroutine functions
+        await self._upkeep.expire_on_time()
+
+    async def _sweep(self) -> None:
+        await self._upkeep.sweep()
+
+    async def close(self) -> None:
+        """Stop local execution gracefully; leased children are resumed at the next boot.
+
+        Tool grants end, so their foreground children are cancelled (and given up to
+        ``release_drain_s`` to stop); every other run is stopped without a state change.
+        """
+        if not self._open:
+            return
+        self._open = self._membership.open = False
+        self._rt.notices.close()
+        if self._controls is not None:
+            await self._controls.stop()
+            self._controls = None
+        self.timers.stop()
+        rt, supervisor = self._rt, self._supervisor
+        # Even when the database refuses these writes (then close raises), nothing of the
+        # engine outlives close: the next boot settles the rest, as after a crash.
+        try:
+            try:
+                affected = await rt.write(Use(service.shutdown, rt.instance_id))
+                await supervisor.drain(await supervisor.stop(affected), self.config.release_drain_s)
+            finally:
+                reaped = await supervisor.suspend_all()
+            if reaped:  # their processes are reaped: no record may outlive them
+                await rt.write(Use(_forget_processes, reaped))
+            await self._membership.stop()  # beating through the drains: never thought dead
+            await rt.write(Use(service.close_instance, rt.instance_id))
+        finally:
+            await self._membership.stop()
+            await rt.stop_background()
+            await self._db.aclose()
+
+    def _require_open(self) -> None:
+        # Closing counts as closed: a connection or tool call opened after close() ended
+        # this instance's would outlive the instance, open in the database.
+        if not self._open:
+            raise errors.StoreError("the engine is not open")
+
+    # --- runners, tools, runs ---------------------------------------------------------
+
+    async def connect(self, runner_id: str, host_instance_id: str) -> RunnerConnection:
+        """Register a runner connection, one generation above its last.
+
+        A different ``host_instance_id`` than last time revokes the runner's leases.
+        """
+        self._require_open()
+        use = Use(service.connect, self.config, self.instance_id, runner_id, host_instance_id)
+        handle, affected = await self._rt.write(use)
+        await self._supervisor.stop(affected)
+        return handle
+
+    async def disconnect(self, conn: RunnerConnection) -> None:
+        """End a connection: its tool grants end; leases survive for a reconnect."""
+        await self._supervisor.stop(await self._rt.write(Use(service.disconnect, conn)))
+
+    async def open_tool(
+        self,
+        conn: RunnerConnection,
+        *,
+        run_id: str,
+        conversation_id: str,
+        tool_call_id: str,
+        extension_id: str,
+        presets: Sequence[Preset],
+        workspace: str,
+        policy: ExecutionOptions | None = None,
+    ) -> ToolHandle:
+        """Open the tool grant of one live extension tool call.
+
+        ``policy`` is the parent run's own effective ``ExecutionOptions``: no child
+        started under this tool (or a lease made from it) may widen it (SPEC §9).
+        None: no ceiling but each preset's own.
+        """
+        self._require_open()
+        use = Use(
+            service.open_tool,
+            self.config,
+            self.instance_id,
+            conn,
+            run_id=run_id,
+            conversation_id=conversation_id,
+            tool_call_id=tool_call_id,
+            extension_id=extension_id,
+            presets=list(presets),
+            workspace=workspace,
+            policy=policy,
+        )
+        grant = await self._rt.write(use)
+        return ToolHandle(
+            grant.id, conn.runner_id, conn.id, run_id, conversation_id, tool_call_id, extension_id
+        )
+
+    async def close_tool(self, tool: ToolHandle) -> None:
+        """The tool call ended: its foreground children are cancelled."""
+        await self._supervisor.stop(await self._rt.write(Use(service.close_tool, tool.grant_id)))
+
+    async def finish_run(
+        self, run_id: str, succeeded: bool = True, conn: RunnerConnection | None = None
+    ) -> None:
+        """A run ended: its tool grants end. On failure its leases are dropped and their
+        children cancelled, and if ``run_id`` is a child's own run, that child is
+        cancelled as :meth:`cancel_child` does.
+
+        Given ``conn``, only that runner's grants, leases and children are touched
+        (``run.finish`` over serve): a runner never ends another runner's.
+
+        Raises:
+            errors.CancelUnconfirmed: the cancelled child's run has not stopped within
+                ``release_drain_s`` (its cancellation stays requested).
+        """
+        use = Use(service.finish_run, self.config, run_id, succeeded, conn)
+        ended = await self._rt.write(use)
+        waits = await self._supervisor.stop(ended.affected)
+        if ended.own_child is not None:
+            await self._confirm_cancelled(ended.own_child, waits)
+
+    async def cancel_child(
+        self,
+        conversation_id: str,
+        run_id: str | None = None,
+        reason: str = service.HOST_CANCELLED,
+    ) -> Result:
+        """The host's own cancel of exactly one execution, whatever its grant: the newest
+        of the conversation, or the one ``run_id`` names. ``reason`` becomes its error.
+
+        Returns the child's Result once it is terminal (a finished child's unchanged).
+
+        Raises:
+            errors.ChildNotFound: no such child.
+            errors.CancelUnconfirmed: its run has not stopped within ``release_drain_s``
+                (the cancellation stays requested; calling again waits again).
+        """
+        self._require_open()
+        child = await self._rt.write(Use(service.cancel_exact, conversation_id, run_id, reason))
+        if not child.terminal:
+            await self._confirm_cancelled(child.id, await self._supervisor.stop([child.id]))
+        limit = self.config.events_per_read
+        return await self._db.read(lambda c: queries.page(c, child.id, 0, limit, strict=False))
+
+    async def steer_child(
+        self,
+        conversation_id: str,
+        message: str,
+        run_id: str | None = None,
+        request_id: str | None = None,
+    ) -> SteerResult:
+        """The host's own steer of exactly one execution, whatever its grant (an
+        operator's): queued for the running child like ``child.steer``, idempotent per
+        ``request_id`` (a fresh one if None).
+
+        Raises:
+            errors.ChildNotFound: no such child.
+            errors.BadSteer: an empty or oversized message, or an invalid request id.
+        """
+        self._require_open()
+        rid = request_id or f"host-{secrets.token_hex(8)}"
+        use = Use(service.steer_exact, self.config, conversation_id, run_id, rid, message)
+        outcome = await self._rt.write(use)
+        self._deliver_steer(outcome)
+        return outcome.result
+
+    def _deliver_steer(self, outcome: service.SteerOutcome) -> None:
+        if outcome.queued is not None:
+            self._supervisor.deliver(outcome.child_id, *outcome.queued)
+
+    async def _confirm_cancelled(self, child_id: int, waits: list[asyncio.Event]) -> None:
+        await self._supervisor.drain(waits, self.config.release_drain_s)
+        child = await self._db.read(lambda c: queries.child_by_id(c, child_id))
+        if child is not None and not child.terminal:
+            raise errors.CancelUnconfirmed()
+
+    # --- the five methods -------------------------------------------------------------
+
+    async def call(
+        self, conn: RunnerConnection, method: str, params: ParamsLike
+    ) -> Result | SteerResult:
+        """Serve one child method by its wire name (JSON-RPC dispatch); raises a
+        :class:`DelegationError` for every refusal. Typed code calls :meth:`start`,
+        :meth:`read`, :meth:`cancel`, :meth:`steer` and :meth:`release` instead."""
+        self._require_open()
+        name = CHILD_METHODS.get(method)
+        if name is None:
+            raise errors.MethodNotFound(f"method not found: {method}")
+        # The typed method's own body (``_start`` for ``start``): one await less per call.
+        handler: Callable[[RunnerConnection, Params], Awaitable[Result | SteerResult]]
+        handler = getattr(self, f"_{name}")
+        return await self._method(method, handler, conn, params)
+
+    async def start(self, conn: RunnerConnection, params: ParamsLike) -> Result:
+        """``child.start``: the child's Result once it is admitted (SPEC §5)."""
+        self._require_open()
+        return await self._method(START_METHOD, self._start, conn, params)
+
+    async def read(self, conn: RunnerConnection, params: ParamsLike) -> Result:
+        """``child.read``: the page of events after ``params.after``."""
+        self._require_open()
+        return await self._method(READ_METHOD, self._read, conn, params)
+
+    async def cancel(self, conn: RunnerConnection, params: ParamsLike) -> Result:
+        """``child.cancel``: request cancellation of exactly that child."""
+        self._require_open()
+        return await self._method(CANCEL_METHOD, self._cancel, conn, params)
+
+    async def steer(self, conn: RunnerConnection, params: ParamsLike) -> SteerResult:
+        """``child.steer``: queue a message for the running child, idempotently."""
+        self._require_open()
+        return await self._method(STEER_METHOD, self._steer, conn, params)
+
+    async def release(self, conn: RunnerConnection, params: ParamsLike) -> Result:
+        """``child.lease.release``: revoke a lease and wait for its children to stop."""
+        self._require_open()
+        return await self._method(RELEASE_METHOD, self._release, conn, params)
+
+    def _method(
+        self,
+        method: str,
+        handler: Callable[[RunnerConnection, Params], Awaitable[T]],
+        conn: RunnerConnection,
+        params: ParamsLike,
+    ) -> Awaitable[T]:
+        """``handler``'s answer to ``params``, decoded; in a span named ``method`` when
+        traced (decoding included: a malformed call is a call too)."""
+        if self._telemetry is None:
+            return handler(conn, self._params(params))
+        return self._telemetry.method(
+            method, lambda: self._params(params), lambda decoded: handler(conn, decoded)
+        )
+
+    def _params(self, params: ParamsLike) -> Params:
+        """``Params`` from Params, its JSON, or a dict of wire names (strictly decoded)."""
+        if isinstance(params, Params):
+            return params
+        if isinstance(params, dict):
+            try:
+                params = _json.encode(params)
+            except (TypeError, msgspec.EncodeError) as exc:
+                raise errors.MalformedInput(f"malformed child input: {exc}") from None
+        if not isinstance(params, bytes | bytearray | memoryview | str):
+            raise errors.MalformedInput("child params must be Params, JSON or a dict")
+        return decode(params, Params, providers=self.config.providers)
+
+    def _start(self, conn: RunnerConnection, params: Params) -> Awaitable[Result]:
+        return self._supervisor.start(conn, params)
+
+    async def _read(self, conn: RunnerConnection, params: Params) -> Result:
+        now = self.clock.now()
+        limit = self.config.events_per_read
+
+        def locate_and_page(c: Connection) -> tuple[int, Result | None]:
+            child = service.locate_child(c, conn, params, now)
+            if self._supervisor.deciding(child.id):
+                return child.id, None  # admission still pending: wait, then read again
+            return child.id, queries.page_of(c, child, params.after, limit)
+
+        child_id, result = await self._db.read_now(locate_and_page)
+        if result is not None:
+            return result
+        return await self._supervisor.answer(child_id, params.after)
+
+    async def _cancel(self, conn: RunnerConnection, params: Params) -> Result:
+        child = await self._rt.write(Use(service.cancel, conn, params))
+        if not child.terminal:
+            await self._supervisor.stop([child.id])
+        return await self._supervisor.page(child.id, params.after)
+
+    async def _steer(self, conn: RunnerConnection, params: Params) -> SteerResult:
+        outcome = await self._rt.write(Use(service.steer, self.config, conn, params))
+        self._deliver_steer(outcome)
+        return outcome.result
+
+    async def _release(self, conn: RunnerConnection, params: Params) -> Result:
+        affected = await self._rt.write(Use(service.release, self.config, conn, params))
+        supervisor = self._supervisor
+        await supervisor.drain(await supervisor.stop(affected), self.config.release_drain_s)
+        remaining = await self._db.read(
+            lambda c: queries.active_under_lease(c, conn.runner_id, params.lease_id)
+        )
+        if remaining:
+            raise errors.ReleaseUnconfirmed()
+        return Result(done=True)
+
+    # --- read models ------------------------------------------------------------------
+
+    async def get_child(
+        self, conversation_id: str, run_id: str | None = None
+    ) -> ChildRecord | None:
+        """The newest execution of a conversation (or the one ``run_id`` names), or None."""
+        return await self._db.read(lambda c: queries.find_child(c, conversation_id, run_id))
+
+    async def list_children(
+        self,
+        *,
+        state: str | None = None,
+        lease_id: str | None = None,
+        parent_run_id: str | None = None,
+        parent_conversation_id: str | None = None,
+        limit: int = 100,
+    ) -> list[ChildRecord]:
+        """Child records, newest first, filtered by state, lease and parent."""
+        filters = {
+            "state": state,
+            "lease_id": lease_id,
+            "parent_run_id": parent_run_id,
+            "parent_conversation_id": parent_conversation_id,
+            "limit": limit,
+        }
+        return await self._db.read(lambda c: queries.list_children(c, **filters))
+
+    async def events(
+        self,
+        conversation_id: str,
+        run_id: str | None = None,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """Committed events of an execution with ``sequence > after``, oldest first."""
+        size = limit or self.config.events_per_read
+        return await self._db.read(
+            lambda c: queries.child_events(c, conversation_id, run_id, after, size)
+        )
+
+    def _announced(self, wanted: bool) -> None:
+        """The store announces committed events only while a child is followed: a
+        batch then wakes the loop once more, which no one should pay for unasked."""
+        self._db.on_events = self._rt.notices.bump if wanted else None
+
+    async def follow(
+        self, conversation_id: str, run_id: str | None = None, after: int = 0
+    ) -> AsyncIterator[Event]:
+        """Every committed event of an execution after ``after``, each once, in order,
+        as it commits; the iterator ends once the execution is terminal and its last
+        event was given. Woken by the commit itself: nothing polls.
+
+        Raises:
+            errors.ChildNotFound: no such execution.
+            errors.HostClosing: the engine closed while following.
+        """
+        self._require_open()
+        child = await self.get_child(conversation_id, run_id)
+        if child is None:
+            raise errors.ChildNotFound(f"child not found: {conversation_id}")
+        child_id, limit = child.id, self.config.events_per_read
+        notices = self._rt.notices
+        with notices.following(child_id):
+            while True:
+                seen = notices.version(child_id)
+                page = await self._db.read(
+                    functools.partial(
+                        queries.page, child_id=child_id, after=after, limit=limit, strict=False
+                    )
+                )
+                for event in page.events:
+                    yield event
+                after = page.events[-1].sequence if page.events else after
+                if len(page.events) == limit:
+                    continue  # more are committed already
+                if page.done:
+                    return
+                await notices.moved(child_id, seen)
+
+    async def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
+        """Leases and tombstones, newest first."""
+        return await self._db.read(lambda c: queries.leases(c, runner_id))
+
+
+def _forget_processes(conn: Connection, now: float, child_ids: list[int]) -> None:
+    for child_id in child_ids:
+        store_processes.forget(conn, child_id)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a boot resumes its children.
+
+    Resuming 10k children allocates a few hundred thousand long-lived objects, none
+    of them garbage, and the full collections they trigger each scan the whole heap:
+    half the boot went there. The collector is restored on the way out.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

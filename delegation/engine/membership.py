@@ -1,0 +1,235 @@
+"""This host's membership among the hosts of one database (SPEC §7, §12): its boot's
+takeover, its heartbeats, the takeover of dead hosts, the fence when another host took
+it over, the cut-off when no heartbeat commits, and the rejoin after either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import time
+from collections.abc import Sequence
+
+from delegation import errors, maintenance, tmpdirs
+from delegation import os_processes as processes
+from delegation.clock import ServerClock
+from delegation.engine.runtime import Runtime, Use
+from delegation.engine.supervisor import Supervisor
+from delegation.engine.timers import Timers
+from delegation.store.database import boot_clock
+
+log = logging.getLogger("delegation.engine")
+
+
+class Membership:
+    """One engine's place among the hosts of its database (see the module)."""
+
+    def __init__(self, rt: Runtime, supervisor: Supervisor, timers: Timers) -> None:
+        self._rt = rt
+        self._supervisor = supervisor
+        self._timers = timers
+        self._task: asyncio.Task[None] | None = None
+        self._alive_deadline = math.inf  # see _alive_since; none before the first beat
+        self._cut = False  # runs were stopped for a heartbeat lapse (see _cut_off)
+        self.open = False  # a closing host only beats: it takes nothing over
+
+    # --- boot ---------------------------------------------------------------------------
+
+    async def boot(self) -> maintenance.Takeover:
+        """Name a new host instance and take over from the previous ones (SPEC §7):
+        kill what lost runs left running, remove the private temp dirs hosts that ended
+        left (:mod:`delegation.tmpdirs`), and stop what the takeover cancelled. Returns
+        the takeover, whose children :meth:`Supervisor.resume` runs once the engine is
+        open."""
+        rt = self._rt
+        loop = asyncio.get_running_loop()
+        rt.instance_id = f"h-{secrets.token_hex(16)}"
+        await loop.run_in_executor(None, rt.db.claim, rt.instance_id)
+        if isinstance(rt.clock, ServerClock):  # before anything is stamped
+            await self._correct_clock(rt.clock)
+        beat = boot_clock()
+        use = Use(maintenance.reconcile, rt.config, rt.instance_id, rt.db.shared)
+        takeover = await rt.write(use)
+        self._alive_since(beat)  # the boot's own heartbeat
+        self._supervisor.ended(takeover.ended)
+        await self._kill_lost(takeover)
+        # After the orphans, which could still be writing in theirs.
+        await loop.run_in_executor(None, tmpdirs.remove_stale)
+        await self._supervisor.stop(takeover.stopping)
+        return takeover
+
+    def start(self) -> None:
+        """Heartbeat from now on, on a database several hosts share."""
+        if self._rt.db.shared:
+            self._task = asyncio.create_task(self._heartbeats(), name="delegation-beat")
+
+    async def stop(self) -> None:
+        beating, self._task = self._task, None
+        if beating is not None:
+            beating.cancel()
+            await asyncio.gather(beating, return_exceptions=True)
+
+    async def _kill_lost(self, takeover: maintenance.Takeover) -> None:
+        """Before anything resumes: a process a lost run started and that outlived its
+        host would otherwise run beside the resumed child."""
+        if takeover.processes:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, _kill_orphans, takeover.processes)
+
+    # --- heartbeats -------------------------------------------------------------------
+
+    async def _heartbeats(self) -> None:
+        """Heartbeat every ``host_heartbeat_s``, and take over what dead hosts left.
+
+        The first beat comes at once: a host killed just before this one opened is seen
+        dead (its lock free) without waiting a whole period. Nothing a beat meets ends
+        the loop: a host that stopped beating would be taken over while it runs."""
+        delay = 0.25
+        while True:
+            await asyncio.sleep(delay)
+            delay = self._rt.config.host_heartbeat_s
+            try:
+                await self._beat()
+            except errors.DelegationError as exc:  # busy, or the server away: next beat
+                log.warning("heartbeat failed: %s", exc, extra={"action": "heartbeat_failed"})
+                await self._cut_off()
+            except Exception:
+                log.exception("heartbeat failed", extra={"action": "heartbeat_failed"})
+
+    async def _beat(self) -> None:
+        rt = self._rt
+        # The lock first: a heartbeat commits only after it is held on the same server.
+        await asyncio.get_running_loop().run_in_executor(None, rt.db.keep_lock)
+        beat = boot_clock()
+        use = Use(
+            maintenance.heartbeat,
+            rt.config,
+            rt.instance_id,
+            self.open,
+            rt.db.reconnected,  # read as the beat runs: after any reconnect
+        )
+        try:
+            takeover = await rt.write(use, committed=self._supervisor.will_resume)
+        except errors.HostFenced:
+            await self._fenced()
+            return
+        self._alive_since(beat)
+        if self._cut:
+            await self._back_from_cut()
+        self._supervisor.ended(takeover.ended)
+        if isinstance(rt.clock, ServerClock):
+            await self._correct_clock(rt.clock)
+        if takeover.taken:
+            await self._take_over(takeover)
+
+    async def _take_over(self, takeover: maintenance.Takeover) -> None:
+        """Run what a takeover committed to this instance: nothing else would (the
+        children are a live host's now), so a failure on the way resumes them anyway."""
+        log.warning(
+            "took over %d dead host instances",
+            len(takeover.taken),
+            extra={"action": "hosts_taken_over", "instances": takeover.taken},
+        )
+        await self._kill_lost(takeover)
+        try:
+            await self._supervisor.stop(takeover.stopping)
+        finally:
+            self._supervisor.resume(takeover)
+        self._timers.arm(await self._rt.db.read(maintenance.next_deadline))
+
+    async def _correct_clock(self, clock: ServerClock) -> None:
+        """Read the server's clock on the reader (not behind queued writes), so the
+        round trip that brackets it is one statement's."""
+        sent = time.time()
+        try:
+            server_now = await self._rt.db.read_now(maintenance.server_time)
+        except errors.DelegationError as exc:
+            log.warning("server clock not read: %s", exc, extra={"action": "clock_unread"})
+            return
+        clock.correct(server_now, sent, time.time())
+
+    def _alive_since(self, beat: float) -> None:
+        """A heartbeat sent at ``beat`` (``boot_clock``) committed: no host declares this
+        one dead before host_timeout_s after it (on the database's clock); a heartbeat's
+        margin covers the clocks' drift."""
+        cfg = self._rt.config
+        self._alive_deadline = beat + cfg.host_timeout_s - cfg.host_heartbeat_s
+        self._rt.db.alive_until(self._alive_deadline)
+
+    # --- cut off, fenced, rejoined ----------------------------------------------------
+
+    async def _cut_off(self) -> None:
+        """No heartbeat has committed for so long that another host may declare this
+        one dead any moment (the database away, or this host cut off from it): stop
+        every local run now, without a write, so none runs beside the copy a taking
+        host would resume (SPEC §19). Once a heartbeat commits again, the host rejoins
+        (:meth:`_back_from_cut`)."""
+        if self._cut or boot_clock() < self._alive_deadline:
+            return
+        self._cut = True
+        log.error(
+            "no heartbeat for too long: %d runs stopped until the database is back",
+            len(self._supervisor.runs),
+            extra={"action": "host_cut_off", "instance": self._rt.instance_id},
+        )
+        await self._supervisor.suspend_all()
+
+    async def _back_from_cut(self) -> None:
+        """A heartbeat committed after :meth:`_cut_off`, and nobody took this instance
+        over: its stopped runs' children are still its own, yet nothing runs them. The
+        host goes on as a new instance, as a fenced one does, and takes the old one over
+        itself (:func:`maintenance.hand_over`): that resumes those children here."""
+        rt = self._rt
+        old = rt.instance_id
+        await self._rejoin()
+        use = Use(maintenance.hand_over, rt.config, old, rt.instance_id)
+        takeover = await rt.write(use, committed=self._supervisor.will_resume)
+        self._cut = False  # only now: a failure on the way is tried again at the next beat
+        log.warning(
+            "the database is back: this host goes on as a new instance",
+            extra={"action": "host_rejoined", "old_instance": old, "instance": rt.instance_id},
+        )
+        if takeover.taken:
+            await self._take_over(takeover)
+
+    async def _fenced(self) -> None:
+        """Another host declared this one dead (it was paused, or cut off, past
+        ``host_timeout_s``) and took its children: every local run stops without a
+        write (the store refuses them anyway), and the host goes on as a new instance.
+
+        Until it has, writes are refused: one begun now would name the instance that
+        was taken over, yet be fenced on the new one (a connection left open on it)."""
+        lost, old = len(self._supervisor.runs), self._rt.instance_id
+        self._cut = False  # what a cut stopped was taken over: nothing to resume here
+        await self._rejoin()
+        log.error(
+            "this host was taken over while it could not heartbeat; %d runs stopped",
+            lost,
+            extra={"action": "host_fenced", "old_instance": old, "instance": self._rt.instance_id},
+        )
+
+    async def _rejoin(self) -> None:
+        """Stop every local run without a write, and go on as a new host instance."""
+        rt = self._rt
+        rt.rejoining = True
+        try:
+            await self._supervisor.suspend_all()
+            new = f"h-{secrets.token_hex(16)}"
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, rt.db.claim, new)
+            await rt.write(Use(maintenance.rejoin, new), while_rejoining=True)
+            rt.instance_id = new  # once its row exists: connections name it
+        finally:
+            rt.rejoining = False
+
+
+def _kill_orphans(recorded: Sequence[processes.ProcessId]) -> None:
+    killed = [p.pid for p in recorded if processes.kill_group(p)]
+    if killed:
+        log.warning(
+            "killed %d child processes that outlived their host",
+            len(killed),
+            extra={"action": "orphans_killed", "pids": killed},
+        )

@@ -1,0 +1,161 @@
+"""What every part of the engine shares, and the one way they write.
+
+A use case (:mod:`delegation.service`, :mod:`delegation.maintenance`) is a function
+``fn(conn, now, *args, **kwargs)`` run in one write transaction. :class:`Use` binds it to
+its arguments, checked by the type checker against ``fn``'s own signature, and
+:meth:`Runtime.write` is the one entry through which every use case of the engine is
+queued, with ``now`` read from the engine's clock as it is queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
+
+from delegation import errors
+from delegation.clock import Clock
+from delegation.config import EngineConfig
+from delegation.store import Connection
+from delegation.store.interface import Store
+from delegation.watch import Notices
+
+if TYPE_CHECKING:
+    from delegation.telemetry import Telemetry
+
+log = logging.getLogger("delegation.engine")
+T = TypeVar("T")
+P = ParamSpec("P")
+
+OWED_PAUSE_S, OWED_PAUSE_MAX_S = 0.05, 0.4
+
+
+class Use(Generic[T]):
+    """A use case and its arguments: run as ``fn(conn, now, *args, **kwargs)``."""
+
+    __slots__ = ("args", "fn", "kwargs")
+
+    def __init__(
+        self,
+        fn: Callable[Concatenate[Connection, float, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> None:
+        self.fn: Callable[..., T] = fn
+        self.args = args
+        self.kwargs = kwargs
+
+    def at(self, now: float) -> Callable[[Connection], T]:
+        """The job a write batch runs: this use case at ``now``."""
+        fn, args, kwargs = self.fn, self.args, self.kwargs
+        if kwargs:
+            return lambda conn: fn(conn, now, *args, **kwargs)
+        return lambda conn: fn(conn, now, *args)
+
+
+class Runtime:
+    """The store, the clock, the configuration and this host's instance, shared by the
+    engine's parts; :meth:`write` is how each of them writes."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        db: Store,
+        clock: Clock,
+        telemetry: Telemetry | None,
+        notices: Notices,
+    ) -> None:
+        self.config = config
+        self.db = db
+        self.clock = clock
+        self.telemetry = telemetry
+        self.notices = notices
+        self.instance_id = ""
+        self.rejoining = False  # fenced, and not yet a new instance: writes are refused
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def write(
+        self,
+        use: Use[T],
+        *,
+        committed: Callable[[T], None] | None = None,
+        one_write: bool = False,
+        durable: bool = True,
+        while_rejoining: bool = False,
+    ) -> asyncio.Future[T]:
+        """Queue ``use`` for the next write batch; the future resolves after its commit.
+
+        ``committed``, ``one_write`` and ``durable``: see ``Store.submit``. While the host
+        rejoins (fenced, not yet a new instance) a write is refused with ``HostFenced``
+        unless ``while_rejoining`` (the rejoin's own write)."""
+        if self.rejoining and not while_rejoining:
+            raise errors.HostFenced(
+                f"host instance {self.instance_id} was taken over; this host is rejoining"
+            )
+        job = use.at(self.clock.now())
+        return self.db.submit(job, durable=durable, committed=committed, one_write=one_write)
+
+    async def owed(
+        self,
+        given_up: Callable[[], bool],
+        use: Use[T],
+        *,
+        committed: Callable[[T], None] | None = None,
+        one_write: bool = False,
+    ) -> T | None:
+        """A write the engine owes and nobody would retry (a run's end, its admission,
+        its process, a steer's delivery): tried again while the database is busy or
+        away (SPEC §19), with pauses from 50 ms doubling to 0.4 s, until it commits (its
+        value) or ``given_up()`` (None: the run was stopped with its host, whose next
+        boot, or the host that took it over, settles it). Anything else is raised."""
+        pause = OWED_PAUSE_S
+        while not given_up():
+            try:
+                return await self.write(use, committed=committed, one_write=one_write)
+            except errors.DatabaseBusy:
+                continue  # the writer waited busy_timeout already
+            except errors.StoreUnavailable:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, OWED_PAUSE_MAX_S)
+        return None
+
+    def owe_later(self, given_up: Callable[[], bool], use: Use[Any]) -> None:
+        """:meth:`owed` for a write nobody waits for (a steer's delivery): queued now,
+        in order with what the run emitted, and tried again in a task of its own (which
+        close cancels like the other watchers) if the database was busy or away."""
+        try:
+            first = self.write(use, while_rejoining=True)
+        except errors.StoreError as exc:  # closed
+            log.warning("background write dropped: %s", exc, extra={"action": "write_dropped"})
+            return
+        self.background(self._settle(first, given_up, use))
+
+    async def _settle(
+        self, first: asyncio.Future[Any], given_up: Callable[[], bool], use: Use[Any]
+    ) -> None:
+        try:
+            try:
+                await first
+            except (errors.DatabaseBusy, errors.StoreUnavailable):
+                await self.owed(given_up, use)
+        except errors.DelegationError as exc:  # a fenced host, a closed store: the next boot
+            log.warning("background write dropped: %s", exc, extra={"action": "write_dropped"})
+
+    def background(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` in a task of its own, cancelled at close."""
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def stop_background(self) -> None:
+        await cancelled(self._background)
+
+
+async def cancelled(tasks: Any) -> None:
+    """Cancel ``tasks`` and wait for them, their exceptions retrieved (and dropped)."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)

@@ -1,0 +1,342 @@
+"""The runs this process executes, end to end: spawned at their reservation's commit
+(or at a takeover), executed, admitted, finished, stopped and drained.
+
+A start is reserved, spawned and answered here: :meth:`Supervisor.start` reserves the
+child, the reservation's commit spawns its run, and the run's admission resolves the
+run's ``decided`` future with the first page, which answers the caller that started it
+(see :mod:`delegation.engine.local_run` for one run's lifecycle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+
+from delegation import authority, errors, machine, maintenance, queries, reservation, service
+from delegation.engine.local_run import LocalRun, LocalRuns
+from delegation.engine.runtime import Runtime, Use
+from delegation.engine.timers import Timers
+from delegation.protection import Protected
+from delegation.records import ChildRecord, RunnerConnection
+from delegation.runs import ChildContext, NotResumable, Recovery, Runner
+from delegation.wire import Params, Result
+
+log = logging.getLogger("delegation.engine")
+
+# Without news of a child another host runs, its end is looked for this often.
+_ELSEWHERE_FALLBACK_S = 0.5
+
+
+class Supervisor:
+    """The local runs of one engine (see the module's docstring)."""
+
+    def __init__(self, rt: Runtime, runner: Runner, timers: Timers) -> None:
+        self._rt = rt
+        self._runner = runner
+        self._timers = timers
+        self.runs = LocalRuns()
+        self.protected = Protected()  # what no child process may reach; set at open
+        # On a server a statement costs a round trip: a start under a tool grant found
+        # open before reserves without reading it first (reservation.reserve_start).
+        self._seen_tools = reservation.SeenTools() if rt.db.shared else None
+        # Children a committed takeover gave this host, not yet spawned; and those among
+        # them whose cancellation came meanwhile (see stop).
+        self._resuming: set[int] = set()
+        self._cancel_on_resume: set[int] = set()
+
+    # --- child.start ------------------------------------------------------------------
+
+    async def start(self, conn: RunnerConnection, params: Params) -> Result:
+        """Reserve the child; its commit spawns the run; answer once it is admitted.
+
+        The reservation is nobody's answer yet: the admission commit that answers the
+        caller syncs it to disk too (SPEC §4: committed before ``prepare``). A caller
+        that goes away must not strand a committed reservation unrun: the commit itself
+        spawns the run, and the caller only waits for it. Without a leaseId its one
+        write is the reservation's INSERT, after every check."""
+        rt = self._rt
+        tel = rt.telemetry
+        use = Use(
+            reservation.reserve_start,
+            rt.config,
+            conn,
+            params,
+            rt.instance_id,
+            trace_context=tel.trace_context() if tel is not None else None,
+            seen=self._seen_tools,
+        )
+        plan = await rt.write(
+            use, durable=False, committed=self._reserved, one_write=not params.lease_id
+        )
+        try:
+            return await self.answer(plan.child.id, params.after, first=not plan.replay)
+        except errors.ChildPurged:
+            if plan.replay:
+                raise
+            # Its reservation was lost with the server (an unflushed commit a failover
+            # did not carry over): nothing was started, and a replay starts it anew.
+            raise errors.StoreUnavailable() from None
+
+    def _reserved(self, plan: reservation.StartPlan) -> None:
+        """At the reservation's commit, whether or not its caller still waits."""
+        if plan.new_lease_deadline is not None:
+            self._timers.arm_earlier(plan.new_lease_deadline)
+        if not plan.replay:
+            self.spawn(plan.child, plan, None)
+
+    async def answer(self, child_id: int, after: int, *, first: bool = False) -> Result:
+        """Wait until admission is decided (without cancelling anything if the caller
+        goes away), then answer the child's Result.
+
+        ``first``: the caller started this child, and the page read in the admission
+        transaction (committed when it is handed over) answers it.
+        """
+        local = self.runs.get(child_id)
+        if local is not None:
+            decided = local.decided
+            if not decided.done():
+                await asyncio.shield(decided)
+            if local.suspended:
+                raise errors.HostClosing()
+            page = decided.result()
+            if first and after == 0 and page is not None:
+                return page
+        return await self.page(child_id, after)
+
+    def deciding(self, child_id: int) -> bool:
+        """Whether the child runs here and its admission is not decided yet."""
+        local = self.runs.get(child_id)
+        return local is not None and not local.decided.done()
+
+    async def page(self, child_id: int, after: int) -> Result:
+        limit = self._rt.config.events_per_read
+        return await self._rt.db.read(lambda c: queries.page(c, child_id, after, limit))
+
+    # --- spawning and executing -----------------------------------------------------
+
+    def spawn(
+        self,
+        child: ChildRecord,
+        plan: reservation.StartPlan,
+        recovery: Recovery | None,
+        steers: Sequence[tuple[int, str]] = (),
+    ) -> LocalRun:
+        local = LocalRun(self._rt, child.id, child.cwd, plan.lease_pending)
+        self.runs.add(local)
+        local.task = asyncio.create_task(
+            self._execute(local, child, plan, recovery, steers),
+            name=f"delegation-child-{child.run_id}",
+        )
+        return local
+
+    def will_resume(self, takeover: maintenance.Takeover) -> None:
+        """At the takeover's commit, before any other task sees it: until spawned, its
+        children are this host's runs to stop (a lease expiring meanwhile would find no
+        run and finish the child, then see it resumed)."""
+        self._resuming.update(item.child.id for item in takeover.resumable)
+
+    def resume(self, takeover: maintenance.Takeover) -> None:
+        for item in takeover.resumable:
+            recovery = Recovery(item.attempt, item.last_sequence, item.delivered)
+            plan = reservation.plan_of(item.child, item.policy)
+            local = self.spawn(item.child, plan, recovery, item.steers)
+            self._resuming.discard(item.child.id)
+            if item.child.id in self._cancel_on_resume:
+                self._cancel_on_resume.discard(item.child.id)
+                local.cancel()
+            log.info(
+                "child resumed",
+                extra={"action": "child_recovered", "run_id": item.child.run_id},
+            )
+
+    async def _execute(
+        self,
+        local: LocalRun,
+        child: ChildRecord,
+        plan: reservation.StartPlan,
+        recovery: Recovery | None,
+        steers: Sequence[tuple[int, str]],
+    ) -> None:
+        error = ""
+        ctx: ChildContext | None = None
+        ended: ChildRecord | None = None  # its terminal record, once recorded
+        tel = self._rt.telemetry
+        traced = tel.begin(child, recovery.attempt if recovery else 0) if tel else None
+        try:
+            run = await self._runner.prepare(plan.request, plan.preset, plan.identity, recovery)
+            if recovery is not None:
+                authority.confirm_cwd(child.cwd)  # admitted before: no admit() re-checks it
+            ctx = ChildContext(
+                identity=plan.identity,
+                request=plan.request,
+                preset=plan.preset,
+                cwd=child.cwd,
+                recovery=recovery,
+                last_sequence=recovery.last_sequence if recovery else 0,
+                max_field_bytes=self._rt.config.max_event_field_bytes,
+                hooks=local,
+                protected=self.protected,
+            )
+            ctx.admitted = recovery is not None
+            if ctx.admitted:
+                local.admitted(None)
+            local.ctx = ctx
+            ctx.bind()
+            for steer_id, message in steers:  # queued before a restart
+                ctx.deliver(steer_id, message)
+            await run(ctx)
+        except NotResumable:
+            error = maintenance.INTERRUPTED
+        except asyncio.CancelledError as exc:
+            # Cancelled by the engine: the state follows the durable cancellation request.
+            # A CancelledError that nobody asked for is the run's own failure.
+            task = asyncio.current_task()
+            if task is not None and not task.cancelling():
+                error = str(exc) or type(exc).__name__
+        except Exception as exc:
+            error = str(exc) or type(exc).__name__
+        finally:
+            local.finishing()
+            if ctx is not None:
+                ctx.close()
+            try:
+                ended = await self._finish(local, error)
+            except errors.DelegationError as exc:
+                # A run stopped with its host meanwhile was not to record its end: its
+                # child resumes at the next boot or on the host that took it over.
+                level = logging.WARNING if local.suspended else logging.ERROR
+                log.log(
+                    level,
+                    "child finish not recorded: %s",
+                    exc,
+                    extra={"action": "child_finish_failed"},
+                )
+            finally:
+                self.runs.remove(child.id)
+                local.end()
+                if tel is not None:
+                    tel.end(traced, ended)
+
+    async def _finish(self, local: LocalRun, error: str) -> ChildRecord | None:
+        """Record the end of a run (unless the engine is closing): its terminal record,
+        None when closing. A busy database delays it, never loses it: the run is over,
+        and no caller will retry for it."""
+        use = Use(service.finish, local.child_id, error, local.tracked)
+        ended = await self._rt.owed(local.stopped, use)
+        if ended is not None:
+            self._rt.notices.bump([local.child_id])
+        return ended
+
+    # --- steers -----------------------------------------------------------------------
+
+    def deliver(self, child_id: int, steer_id: int, message: str) -> None:
+        """Hand a steer to the child's run, if it runs here (each steer id at most once)."""
+        local = self.runs.get(child_id)
+        if local is not None and local.ctx is not None:
+            local.ctx.deliver(steer_id, message)
+
+    def steerable(self) -> list[int]:
+        """The children whose runs here can take a steer."""
+        return [run.child_id for run in self.runs if run.ctx is not None]
+
+    # --- stopping -----------------------------------------------------------------------
+
+    async def stop(self, child_ids: Sequence[int]) -> list[asyncio.Event]:
+        """Stop the runs of children whose cancellation was requested.
+
+        Local runs are cancelled (their state follows when they stop); children no
+        task runs are finished as cancelled at once. Returns the local runs' end events.
+        """
+        waits: list[asyncio.Event] = []
+        orphans: list[int] = []
+        for child_id in child_ids:
+            local = self.runs.get(child_id)
+            if local is None and child_id in self._resuming:
+                self._cancel_on_resume.add(child_id)  # stopped as it is spawned
+                continue
+            if local is None:
+                orphans.append(child_id)
+                continue
+            local.cancel()
+            waits.append(local.ended)
+        if orphans:
+            rt = self._rt
+            use = Use(service.stop_unowned, rt.instance_id, orphans)
+            elsewhere, stopped = await rt.write(use)
+            rt.notices.bump(orphans)
+            self.ended({machine.Outcome.CANCELLED: stopped})
+            # Running on another live host: it was asked (a control request and a
+            # NOTIFY), and stops them; their end is seen in the database.
+            waits += [self._ended_elsewhere(child_id) for child_id in elsewhere]
+        return waits
+
+    def ended(self, counts: Mapping[machine.Outcome, int]) -> None:
+        """Children ended without a run in this process (a takeover, or a cancel of a
+        child nothing ran), counted once their end committed."""
+        if self._rt.telemetry is not None:
+            self._rt.telemetry.finished(counts)
+
+    def _ended_elsewhere(self, child_id: int) -> asyncio.Event:
+        """Set once the child, run by another host, is terminal (watched for at most
+        ``release_drain_s`` and a little more: a drain gives up after that anyway).
+
+        Woken by the notices of that host's commits (its NOTIFY), and looked at again
+        every half second without news."""
+        ended = asyncio.Event()
+        self._rt.background(self._watch_elsewhere(child_id, ended))
+        return ended
+
+    async def _watch_elsewhere(self, child_id: int, ended: asyncio.Event) -> None:
+        rt = self._rt
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + rt.config.release_drain_s + 1
+        with rt.notices.following(child_id):
+            while loop.time() < deadline:
+                seen = rt.notices.version(child_id)
+                try:
+                    child = await rt.db.read_now(lambda c: queries.child_by_id(c, child_id))
+                except errors.DelegationError:  # busy or away: looked at again
+                    child = None
+                else:
+                    if child is None or child.terminal:
+                        ended.set()
+                        return
+                left = min(_ELSEWHERE_FALLBACK_S, deadline - loop.time())
+                try:
+                    await asyncio.wait_for(rt.notices.moved(child_id, seen), max(left, 0))
+                except TimeoutError:
+                    continue
+                except errors.HostClosing:
+                    return
+
+    @staticmethod
+    async def drain(waits: list[asyncio.Event], timeout: float) -> None:
+        if not waits:
+            return
+        pending = [asyncio.ensure_future(w.wait()) for w in waits]
+        _, late = await asyncio.wait(pending, timeout=timeout)
+        for waiter in late:
+            waiter.cancel()
+
+    async def suspend_all(self) -> list[int]:
+        """Stop every local run without a state change; leased ones resume at next boot.
+
+        A run that ignores its cancellation is waited for ``release_drain_s`` at most:
+        close goes on without it (its later writes are refused), as a crash would.
+        Returns the children whose recorded process ended with their stopped run.
+        """
+        running = list(self.runs)
+        for local in running:
+            local.suspend()
+        tasks = [lo.task for lo in running if lo.task is not None]
+        if not tasks:
+            return []
+        _, stuck = await asyncio.wait(tasks, timeout=self._rt.config.release_drain_s)
+        if stuck:
+            log.warning(
+                "%d child runs ignored cancellation at close",
+                len(stuck),
+                extra={"action": "child_runs_stuck_at_close"},
+            )
+        return [lo.child_id for lo in running if lo.tracked and lo.task in tasks and lo.task.done()]
