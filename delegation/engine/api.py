@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from delegation import errors, maintenance, queries, service, telemetry
+from delegation import errors, follow, maintenance, queries, service, telemetry
 from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
@@ -538,23 +538,19 @@ class Engine:
         if child is None:
             raise errors.ChildNotFound(f"child not found: {conversation_id}")
         child_id, limit = child.id, self.config.events_per_read
+
+        async def read(after: int, limit: int) -> Result:
+            page = functools.partial(
+                queries.page, child_id=child_id, after=after, limit=limit, strict=False
+            )
+            return await self._db.read(page)
+
         notices = self._rt.notices
         with notices.following(child_id):
-            while True:
-                seen = notices.version(child_id)
-                page = await self._db.read(
-                    functools.partial(
-                        queries.page, child_id=child_id, after=after, limit=limit, strict=False
-                    )
-                )
-                for event in page.events:
-                    yield event
-                after = page.events[-1].sequence if page.events else after
-                if len(page.events) == limit:
-                    continue  # more are committed already
-                if page.done:
-                    return
-                await notices.moved(child_id, seen)
+            async for event in follow.events(
+                read, follow.ChildWake(notices, child_id), after, limit
+            ):
+                yield event
 
     async def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
         """Leases and tombstones, newest first."""
