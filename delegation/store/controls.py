@@ -9,7 +9,6 @@ from sqlalchemy import Connection
 
 from delegation.store import run, spelling_of
 
-ACTIONS = ("cancel", "steer")
 _FIELDS = (
     "id, conversation_id, run_id, action, message, request_id, created_at, applied_at, outcome"
 )

@@ -27,7 +27,3 @@ def forget(conn: Connection, child_id: int) -> None:
 def recorded(conn: Connection) -> list[ProcessId]:
     rows = run(conn, "SELECT pid, start_ticks, boot_id FROM processes ORDER BY child_id")
     return [ProcessId(pid, start, boot) for pid, start, boot in rows.fetchall()]
-
-
-def forget_all(conn: Connection) -> None:
-    run(conn, "DELETE FROM processes")
