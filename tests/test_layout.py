@@ -1,0 +1,58 @@
+"""The package's shape (issue 25): no import circle between any two of its modules, and
+no module past 600 lines. import-linter holds the layers (pyproject.toml)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grimp
+
+import delegation
+
+MAX_LINES = 600
+
+
+def _cycle(graph: grimp.ImportGraph, modules: set[str]) -> list[str] | None:
+    """One import circle among ``modules``, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for imported in sorted(graph.find_modules_directly_imported_by(module) & modules):
+            if state.get(imported) == 1:
+                return [*path[path.index(imported) :], imported]
+            if imported not in state and (found := visit(imported)) is not None:
+                return found
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(modules):
+        if module not in state and (found := visit(module)) is not None:
+            return found
+    return None
+
+
+def test_no_module_imports_another_in_a_circle() -> None:
+    graph = grimp.build_graph("delegation")
+    modules = {m for m in graph.modules if m.startswith("delegation")}
+    assert _cycle(graph, modules) is None
+
+
+def test_the_cycle_finder_finds_a_planted_circle() -> None:
+    graph = grimp.build_graph("delegation")
+    graph.add_import(importer="delegation.wire", imported="delegation.engine.api")
+    modules = {m for m in graph.modules if m.startswith("delegation")}
+    assert _cycle(graph, modules) is not None
+
+
+def test_no_module_is_past_600_lines() -> None:
+    root = Path(delegation.__file__).parent
+    long = {
+        str(path.relative_to(root)): n
+        for path in root.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
