@@ -24,6 +24,9 @@ class EngineConfig:
     max_depth: int = 8
     max_event_field_bytes: int = 32 * 1024
     max_steer_chars: int = 10_000
+    # The step journal (SPEC §15): one step's encoded result, and steps per execution.
+    max_step_bytes: int = 1024 * 1024
+    max_steps: int = 10_000
     providers: tuple[str, ...] = field(default=PROVIDERS)
     # SQLite: durability first. NORMAL may lose the last commits on power loss.
     synchronous: str = "FULL"
@@ -49,6 +52,8 @@ class EngineConfig:
             self.max_presets_per_extension,
             self.max_depth,
             self.max_event_field_bytes,
+            self.max_step_bytes,
+            self.max_steps,
             self.host_heartbeat_s,
             self.host_timeout_s,
         )

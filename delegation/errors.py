@@ -63,7 +63,9 @@ by clients: keep them exactly as written.
     │   ├── LeaseCapacity
     │   ├── SteerLimit
     │   ├── PresetLimit
-    │   └── NestingLimit
+    │   ├── NestingLimit
+    │   ├── StepTooLarge                     a step's result (SPEC §15)
+    │   └── StepLimit                        steps per execution (SPEC §15)
     ├── ProtocolError                        JSON-RPC framing
     │   ├── ParseError                       (-32700)
     │   ├── InvalidRpcRequest                (-32600)
@@ -416,6 +418,18 @@ class LimitError(DelegationError):
     """child limit exceeded"""
 
     reason = "limit_exceeded"
+
+
+class StepTooLarge(LimitError):
+    """child step result exceeds its limit"""
+
+    reason = "step_too_large"
+
+
+class StepLimit(LimitError):
+    """child step limit exceeded"""
+
+    reason = "step_limit"
 
 
 class SubmissionLimit(LimitError):

@@ -7,6 +7,7 @@ machine) can be tested over them directly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from delegation.options import ExecutionOptions
 from delegation.wire import Preset
@@ -157,3 +158,19 @@ class Resumable:
     steers: tuple[tuple[int, str], ...] = ()
     policy: ExecutionOptions | None = None  # its grant's: the ceiling of its options
     delivered: tuple[str, ...] = ()  # steers handed to earlier attempts, oldest first
+
+
+class RecordedStep(NamedTuple):
+    """A step an execution recorded (SPEC §15): its result as stored."""
+
+    raw: bool  # the step returned bytes, stored as they were
+    value: bytes  # else the JSON of its result
+
+
+class StepRow(NamedTuple):
+    """A recorded step as operators see it: never its value."""
+
+    name: str
+    ordinal: int  # its place among the execution's steps, from 1
+    size: int  # bytes of the stored value
+    recorded_at: float

@@ -10,18 +10,22 @@ module-level :func:`admit`) before its first effect. Cancellation arrives as
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar, overload
 
 import msgspec
 
 from delegation import errors
 from delegation.codec import encode
+from delegation.journal import Journal
 from delegation.protection import NOTHING, Protected
 from delegation.wire import Event, Identity, Preset, Request
+
+T = TypeVar("T")
 
 RESULT_KIND = "result"
 
@@ -35,6 +39,9 @@ class Recovery:
     # Every steer message handed to earlier attempts, oldest first: the heading a
     # resumed run was steered to (those not yet handed over are delivered anew).
     delivered_steers: tuple[str, ...] = ()
+    # How many steps the resumed execution had recorded (SPEC §15): ``ctx.step`` with
+    # one of their names returns the recorded value without running it again.
+    steps: int = 0
 
 
 class NotResumable(Exception):
@@ -113,6 +120,8 @@ class ChildContext:
         max_field_bytes: int,
         hooks: Hooks,
         protected: Protected = NOTHING,
+        journal: Journal | None = None,
+        previous_run_id: str | None = None,
     ) -> None:
         self.identity = identity
         self.request = request
@@ -123,6 +132,9 @@ class ChildContext:
         self._limit = max_field_bytes
         self._hooks = hooks
         self._protected = protected
+        self._journal = journal
+        # The execution a follow-up continues (its steps: ``recorded(name, run_id=…)``).
+        self.previous_run_id = previous_run_id
         self._steers: deque[tuple[int, str]] = deque()
         self._seen: set[int] = set()
         self._steer_ready = asyncio.Event()
@@ -149,6 +161,50 @@ class ChildContext:
         except errors.AdmissionFailed:
             raise asyncio.CancelledError() from None
         self.admitted = True
+
+    @overload
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        type: builtins.type[T],
+    ) -> T: ...
+    @overload
+    async def step(
+        self, name: str, fn: Callable[..., Awaitable[T]], *args: Any, type: None = None
+    ) -> T: ...
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        type: Any = None,  # noqa: A002 (SPEC §15 names it)
+    ) -> Any:
+        """Run ``await fn(*args)`` at most once per execution and ``name`` (SPEC §15).
+
+        Its result (msgspec-encodable, or bytes) is committed, after every event emitted
+        before it, before this returns. On a resumed execution a recorded name returns
+        the recorded value (decoded as ``type`` if given, else as plain JSON values)
+        without calling ``fn``. A raising ``fn`` records nothing. Names are non-empty and
+        at most 1 KiB; raises ``errors.StepTooLarge`` past ``max_step_bytes`` and
+        ``errors.StepLimit`` past ``max_steps``.
+        """
+        if self._journal is None:
+            raise RuntimeError("this run has no step journal")
+        return await self._journal.step(name, fn, args, type)
+
+    async def recorded(
+        self,
+        name: str,
+        run_id: str | None = None,
+        type: Any = None,  # noqa: A002
+    ) -> Any:
+        """A recorded step's value: of this execution, or (``run_id``) of an earlier
+        execution of this conversation, e.g. ``ctx.previous_run_id``; None if none."""
+        if self._journal is None:
+            raise RuntimeError("this run has no step journal")
+        return await self._journal.recorded(name, run_id, type)
 
     def emit(self, event: Event) -> int:
         """Append an event without blocking; the engine assigns and returns its sequence.

@@ -236,6 +236,23 @@ events = Table(
     sqlite_with_rowid=False,
 )
 
+# The step journal (SPEC §15): what a child's execution did, each step at most once.
+# ``value`` is the step's result as the codec wrote it (JSON), or the bytes a step
+# returned (``raw`` = 1); ``ordinal`` counts an execution's steps from 1.
+steps = Table(
+    "steps",
+    metadata,
+    Column("child_id", Integer, ForeignKey("children.id", ondelete="CASCADE"), primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("ordinal", Integer, nullable=False),
+    Column("raw", Integer, nullable=False, server_default=text("0")),
+    Column("value", LargeBinary, nullable=False),
+    Column("recorded_at", TIME, nullable=False),
+    CheckConstraint("ordinal >= 1", name="ordinal_positive"),
+    CheckConstraint("raw IN (0, 1)", name="raw_bool"),
+    sqlite_with_rowid=False,
+)
+
 # Steer receipts and the steer queue: an injected receipt is queued until delivered.
 steers = Table(
     "steers",
