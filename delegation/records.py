@@ -111,6 +111,10 @@ class ChildRecord:
     finished_at: float | None
     origin_grant_id: str | None = None
     trace_context: str | None = None  # the W3C traceparent it was started in, if traced
+    # Its effective options as they were at its start (JSON; SPEC §14): a follow-up
+    # narrows the first execution's, never the preset as registered since. None: a child
+    # reserved before they were stored (its request and preset give them, as then).
+    options: bytes | None = None
 
     @property
     def terminal(self) -> bool:

@@ -147,6 +147,7 @@ _FRESH: dict[str, Any] = {
     "finished_at": None,
     "origin_grant_id": None,
     "trace_context": None,
+    "options": None,
     "lease_id": None,
     "followup": 0,
 }

@@ -182,6 +182,9 @@ children = Table(
     # The W3C traceparent of the start that reserved it: every attempt to execute it
     # is a span of that trace, after a restart too (OpenTelemetry; NULL: none).
     Column("trace_context", Text),
+    # The effective options at its start (SPEC §14), as the codec wrote them; NULL: a
+    # child reserved before revision 0011.
+    Column("options", LargeBinary),
     CheckConstraint(f"state IN {STATES}", name="state"),
     CheckConstraint(
         "(state IN ('done', 'cancelled')) = (finished_at IS NOT NULL)", name="finished_iff_terminal"

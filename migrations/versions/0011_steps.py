@@ -1,10 +1,15 @@
-"""a step journal: what a child's execution did, so a resumed one continues (SPEC §15)
+"""a step journal, and each execution's options as at its start (SPEC §14, §15)
 
-One row per step an execution recorded, keyed by the child (the execution) and the
-step's name; purged with its child (ON DELETE CASCADE).
+``steps``: one row per step an execution recorded, keyed by the child (the execution)
+and the step's name; purged with its child (ON DELETE CASCADE).
 
-Revision ID: 0010
-Revises: 0009
+``children.options``: the effective options a child was reserved with, so that a
+follow-up narrows the first execution's snapshot rather than the preset as registered
+since. NULL for every child before this revision: its stored request and preset give
+them as they were then.
+
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-03 09:00:00.000000
 """
 
@@ -16,13 +21,15 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0010"
-down_revision: str | None = "0009"
+revision: str = "0011"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("children", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("options", sa.LargeBinary(), nullable=True))
     op.create_table(
         "steps",
         sa.Column("child_id", sa.Integer(), nullable=False),
@@ -50,3 +57,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("steps")
+    with op.batch_alter_table("children", schema=None) as batch_op:
+        batch_op.drop_column("options")
