@@ -162,6 +162,7 @@ class Resumable:
     steers: tuple[tuple[int, str], ...] = ()
     policy: ExecutionOptions | None = None  # its grant's: the ceiling of its options
     delivered: tuple[str, ...] = ()  # steers handed to earlier attempts, oldest first
+    steps: int = 0  # steps its execution recorded (SPEC §15)
 
 
 class RecordedStep(NamedTuple):

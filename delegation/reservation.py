@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from delegation import authority, errors
+from delegation import authority, errors, followups
 from delegation.codec import encode
 from delegation.config import EngineConfig
 from delegation.options import ExecutionOptions, effective_options
@@ -38,6 +38,7 @@ class StartPlan:
     identity: Identity
     new_lease_deadline: float | None = None
     lease_pending: bool = False  # under a lease that has admitted no one yet
+    previous_run_id: str | None = None  # the execution a follow-up continues (SPEC §15)
 
 
 class SeenTools:
@@ -99,6 +100,8 @@ class _Checked:
     cwd: str
     wire_request: bytes
     run_request: Request
+    options: ExecutionOptions  # effective, as stored with the child (SPEC §14)
+    previous_run_id: str | None = None  # a follow-up's: the execution it continues
 
 
 def reserve_start(
@@ -197,21 +200,46 @@ def _check(start: _Start, runner: RunnerRecord | None, tool: GrantRecord | None)
     grant = authorized(start.conn, runner, tool, rconn, params, start.now, steer=False)
     request.validate(start.cfg.providers)
     preset = authority.find_preset(grant, request.profile, params.generation)
-    effective = effective_options(grant.policy, preset, request)
+    if not request.resume:
+        effective = effective_options(grant.policy, preset, request)
+        if request.lease_id != params.lease_id:
+            raise errors.LeaseMismatch()
+        cwd = authority.resolve_cwd(grant.workspace or "", request.cwd)
+        run_request = with_options(request, effective)
+        return _Checked(grant, tool, preset, [], cwd, encode(request), run_request, effective)
+    # A follow-up: the first execution's snapshot, never the preset as registered now.
     if request.lease_id != params.lease_id:
         raise errors.LeaseMismatch()
-    executions = _owned_executions(start.conn, grant, rconn, request) if request.resume else []
-    saved_cwd = executions[-1].cwd if executions else None
-    cwd = authority.resolve_cwd(grant.workspace or "", request.cwd, saved_cwd)
-    run_request = with_options(request, effective)
-    return _Checked(grant, tool, preset, executions, cwd, encode(request), run_request)
+    executions = followups.owned_executions(start.conn, grant, rconn, request)
+    frozen = followups.freeze(executions, request, grant.policy, grant.workspace or "")
+    run_request = with_options(request, frozen.options)
+    if run_request.system_prompt != frozen.system_prompt:
+        run_request = msgspec.structs.replace(run_request, system_prompt=frozen.system_prompt)
+    return _Checked(
+        grant,
+        tool,
+        frozen.preset,
+        executions,
+        frozen.cwd,
+        encode(request),
+        run_request,
+        frozen.options,
+        frozen.previous_run_id,
+    )
 
 
 def _replay(checked: _Checked, existing: ChildRecord) -> StartPlan:
     """The requestId names a child reserved before: the same start again, or a refusal."""
     if existing.request != checked.wire_request or existing.cwd != checked.cwd:
         raise errors.RequestIdReused()
-    return StartPlan(existing, True, checked.run_request, checked.preset, identity_of(existing))
+    return StartPlan(
+        existing,
+        True,
+        checked.run_request,
+        checked.preset,
+        identity_of(existing),
+        previous_run_id=checked.previous_run_id,
+    )
 
 
 def _check_admissible(start: _Start, checked: _Checked) -> bool:
@@ -267,6 +295,7 @@ def _child_values(start: _Start, checked: _Checked, tool_owned: bool) -> dict[st
         "engine_instance_id": start.instance_id,
         "created_at": start.now,
         "trace_context": start.trace_context,
+        "options": encode(checked.options),
     }
 
 
@@ -275,7 +304,14 @@ def _plan(checked: _Checked, child: ChildRecord, new_lease: float | None = None)
     pending = grant.is_lease and grant.activated_at is None
     identity = identity_of(child)
     return StartPlan(
-        child, False, checked.run_request, checked.preset, identity, new_lease, pending
+        child,
+        False,
+        checked.run_request,
+        checked.preset,
+        identity,
+        new_lease,
+        pending,
+        checked.previous_run_id,
     )
 
 
@@ -296,27 +332,14 @@ def plan_of(child: ChildRecord, policy: ExecutionOptions | None = None) -> Start
     """
     request = _stored_request.decode(child.request)
     preset = _stored_preset.decode(child.preset)
-    effective = effective_options(policy, preset, request)
+    effective = (
+        _stored_options.decode(child.options)
+        if child.options is not None
+        else effective_options(policy, preset, request)
+    )
     return StartPlan(child, True, with_options(request, effective), preset, identity_of(child))
 
 
 _stored_request = msgspec.json.Decoder(Request)
 _stored_preset = msgspec.json.Decoder(Preset)
-
-
-def _owned_executions(
-    conn: Connection, grant: GrantRecord, rconn: RunnerConnection, request: Request
-) -> list[ChildRecord]:
-    """The executions of the conversation a resume names, if the caller may resume it:
-    started by the same parent conversation, extension, runner and preset (SPEC §3.6)."""
-    executions = children.executions(conn, request.resume)
-    same_owner = bool(executions) and all(
-        e.parent_conversation_id == grant.conversation_id
-        and e.extension_id == grant.extension_id
-        and e.runner_id == rconn.runner_id
-        and e.profile == request.profile
-        for e in executions
-    )
-    if not same_owner:
-        raise errors.ResumeMismatch()
-    return executions
+_stored_options = msgspec.json.Decoder(ExecutionOptions)

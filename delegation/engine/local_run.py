@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 from delegation import authority, errors, queries, service
 from delegation import os_processes as processes
 from delegation.engine.runtime import Runtime, Use
-from delegation.records import ChildRecord
-from delegation.store import Connection
+from delegation.records import ChildRecord, RecordedStep
+from delegation.store import Connection, steps
 from delegation.store import processes as store_processes
 from delegation.store.events import EventRow
 from delegation.store.steers import mark_delivered
@@ -180,9 +180,42 @@ class LocalRun:
     def delivered(self, steer_ids: list[int]) -> None:
         self.rt.owe_later(self.stopped, Use(_delivered, steer_ids))
 
+    # --- hooks of the run's journal (journal.JournalHooks, SPEC §15) -------------------
+
+    async def record_step(self, name: str, ordinal: int, step: RecordedStep) -> RecordedStep:
+        # Queued behind every event the run appended before it: one commit holds them
+        # all (or they were committed earlier). Owed like an admission (SPEC §19).
+        use = Use(_record_step, self.child_id, name, ordinal, step)
+        recorded = await self.rt.owed(self.stopped, use)
+        if recorded is None:
+            raise errors.HostClosing("this run was stopped with its host: its step is not recorded")
+        return recorded
+
+    async def read_step(self, name: str, run_id: str | None) -> RecordedStep | None:
+        if run_id is None:
+            return await self.rt.db.read(lambda c: steps.value(c, self.child_id, name))
+        assert self.ctx is not None  # read by the run, through its context
+        conversation = self.ctx.identity.conversation_id
+        return await self.rt.db.read(lambda c: steps.of_run(c, conversation, run_id, name))
+
+    async def step_names(self) -> list[str]:
+        return await self.rt.db.read(lambda c: steps.names(c, self.child_id))
+
+    async def previous_run_id(self, conversation_id: str) -> str | None:
+        """The execution before this one in its conversation (a follow-up's), if any."""
+        return await self.rt.db.read(
+            lambda c: steps.previous_run_id(c, conversation_id, self.child_id)
+        )
+
 
 def _delivered(conn: Connection, now: float, steer_ids: list[int]) -> None:
     mark_delivered(conn, steer_ids, now)
+
+
+def _record_step(
+    conn: Connection, now: float, child_id: int, name: str, ordinal: int, step: RecordedStep
+) -> RecordedStep:
+    return steps.record(conn, child_id, name, ordinal, step, now)
 
 
 def _barrier(conn: Connection, now: float) -> bool:

@@ -17,6 +17,7 @@ from delegation import authority, errors, machine, maintenance, queries, reserva
 from delegation.engine.local_run import LocalRun, LocalRuns
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.timers import Timers
+from delegation.journal import Journal
 from delegation.protection import Protected
 from delegation.records import ChildRecord, RunnerConnection
 from delegation.runs import ChildContext, NotResumable, Recovery, Runner
@@ -138,7 +139,7 @@ class Supervisor:
 
     def resume(self, takeover: maintenance.Takeover) -> None:
         for item in takeover.resumable:
-            recovery = Recovery(item.attempt, item.last_sequence, item.delivered)
+            recovery = Recovery(item.attempt, item.last_sequence, item.delivered, item.steps)
             plan = reservation.plan_of(item.child, item.policy)
             local = self.spawn(item.child, plan, recovery, item.steers)
             self._resuming.discard(item.child.id)
@@ -164,6 +165,9 @@ class Supervisor:
         tel = self._rt.telemetry
         traced = tel.begin(child, recovery.attempt if recovery else 0) if tel else None
         try:
+            previous = plan.previous_run_id
+            if previous is None and child.followup:  # a follow-up resumed after a restart
+                previous = await local.previous_run_id(child.conversation_id)
             run = await self._runner.prepare(plan.request, plan.preset, plan.identity, recovery)
             if recovery is not None:
                 authority.confirm_cwd(child.cwd)  # admitted before: no admit() re-checks it
@@ -177,6 +181,13 @@ class Supervisor:
                 max_field_bytes=self._rt.config.max_event_field_bytes,
                 hooks=local,
                 protected=self.protected,
+                journal=Journal(
+                    local,
+                    recorded=recovery.steps if recovery else 0,
+                    max_bytes=self._rt.config.max_step_bytes,
+                    max_steps=self._rt.config.max_steps,
+                ),
+                previous_run_id=previous,
             )
             ctx.admitted = recovery is not None
             if ctx.admitted:

@@ -330,7 +330,8 @@ def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable
         _q(
             conn,
             "SELECT id, recovery_attempts, (SELECT MAX(sequence) FROM events e"
-            f" WHERE e.child_id = children.id) AS last FROM {ACTIVE}"
+            " WHERE e.child_id = children.id) AS last, (SELECT count(*) FROM steps s"
+            f" WHERE s.child_id = children.id) AS steps FROM {ACTIVE}"
             f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST} ORDER BY id",
         ),
         {"me": instance_id},
@@ -380,6 +381,7 @@ def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable
             tuple(queued.get(row.id, ())),
             policies.get(row.id),
             tuple(delivered.get(row.id, ())),
+            int(row.steps),
         )
         for row in rows
     ]

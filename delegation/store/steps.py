@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, text
 
+from delegation import errors
 from delegation.records import RecordedStep, StepRow
 
 _RECORD = text(
@@ -20,6 +21,15 @@ _NAMES = text("SELECT name FROM steps WHERE child_id = :child_id ORDER BY ordina
 _LIST = text(
     "SELECT name, ordinal, length(value), recorded_at FROM steps"
     " WHERE child_id = :child_id ORDER BY ordinal LIMIT :limit"
+)
+_OF_RUN = text(
+    "SELECT s.raw, s.value FROM steps s JOIN children c ON c.id = s.child_id"
+    " WHERE c.run_id = :run_id AND c.conversation_id = :conversation AND s.name = :name"
+)
+_RUN_OF = text("SELECT 1 FROM children WHERE run_id = :run_id AND conversation_id = :conversation")
+_PREVIOUS = text(
+    "SELECT run_id FROM children WHERE conversation_id = :conversation AND id < :child_id"
+    " ORDER BY id DESC LIMIT 1"
 )
 _COUNT = text("SELECT count(*) FROM steps WHERE child_id = :child_id")
 
@@ -47,6 +57,27 @@ def record(
 def value(conn: Connection, child_id: int, name: str) -> RecordedStep | None:
     row = conn.execute(_VALUE, {"child_id": child_id, "name": name}).first()
     return None if row is None else RecordedStep(bool(row[0]), bytes(row[1]))
+
+
+def of_run(conn: Connection, conversation_id: str, run_id: str, name: str) -> RecordedStep | None:
+    """A step of the execution ``run_id`` of the conversation (a follow-up's history).
+
+    Raises:
+        errors.ChildNotFound: no execution ``run_id`` in this conversation.
+    """
+    params = {"run_id": run_id, "conversation": conversation_id, "name": name}
+    row = conn.execute(_OF_RUN, params).first()
+    if row is not None:
+        return RecordedStep(bool(row[0]), bytes(row[1]))
+    if conn.execute(_RUN_OF, params).first() is None:
+        raise errors.ChildNotFound(f"child not found: no execution {run_id} in this conversation")
+    return None
+
+
+def previous_run_id(conn: Connection, conversation_id: str, child_id: int) -> str | None:
+    """The execution of the conversation before ``child_id``'s, if any."""
+    params = {"conversation": conversation_id, "child_id": child_id}
+    return conn.execute(_PREVIOUS, params).scalar()
 
 
 def names(conn: Connection, child_id: int) -> list[str]:
