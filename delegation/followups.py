@@ -69,8 +69,8 @@ def freeze(
     Raises:
         errors.ResumeMismatch: another cwd, system prompt, provider, model, reasoning
             effort or weak-model choice than the snapshot's.
-        errors.OptionsWidened: the subclass naming how the request widens the snapshot
-            (or the new policy narrows it below what the snapshot needs).
+        errors.OptionsWidened: the subclass naming how the request widens the snapshot,
+            or how what it asks widens the new call's policy.
     """
     first, last = executions[0], executions[-1]
     preset = _preset.decode(first.preset)
@@ -91,10 +91,12 @@ def freeze(
             given = getattr(request.options, name)
             if given is not msgspec.UNSET and given != getattr(snapshot, name):
                 raise errors.ResumeMismatch()
-    options = effective_options(policy, _Snapshot(snapshot), request)
+    # The request narrows the snapshot; what it asks must fit the new call's policy.
+    narrowed = effective_options(None, _Snapshot(snapshot), request)
+    options = effective_options(policy, _Snapshot(narrowed), _Snapshot(msgspec.UNSET))
     return Frozen(preset, options, cwd, system_prompt, last.run_id)
 
 
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
-    options: ExecutionOptions
+    options: ExecutionOptions | msgspec.UnsetType
