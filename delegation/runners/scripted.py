@@ -1,5 +1,6 @@
 """A deterministic demo agent: it thinks in steps, emits text and tool events over
-time, obeys steers, and picks up where it left off after a host restart."""
+time, obeys steers, and picks up where it left off after a host restart: each step is
+journaled (``ctx.step``), so a resumed run repeats none it had finished."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from typing import Any
 from delegation.runs import ChildContext, Recovery, Run
 from delegation.wire import Event, Identity, Preset, Request
 
-EVENTS_PER_STEP = 2
 DELAY_ENV = "DELEGATION_SCRIPTED_DELAY"
 
 
@@ -36,37 +36,43 @@ class ScriptedRunner:
     ) -> Run:
         number = re.search(r"\d+", request.message)
         steps = int(number.group()) if number else self.steps
-        # Each step leaves two events, so the last committed sequence says how far it got.
-        done = (
-            0 if recovery is None else min(steps, (recovery.last_sequence - 1) // EVENTS_PER_STEP)
-        )
         delay = self.delay
 
         async def run(ctx: ChildContext) -> None:
             await ctx.admit()
+            # Each step is journaled (SPEC §15): a resumed run gets the finished ones
+            # back without doing them again, and continues from the first unfinished.
+            done = 0 if recovery is None else min(steps, recovery.steps)
             if recovery is not None:
                 ctx.emit(Event(kind="text", text=f"picking up after step {done} of {steps}"))
             heading = request.message
-            if recovery is not None and recovery.delivered_steers:
-                # The heading an earlier attempt was steered to survives the restart.
-                heading = recovery.delivered_steers[-1]
-            for step in range(done + 1, steps + 1):
-                for steer in ctx.take_steers():
-                    heading = steer
-                    ctx.emit(Event(kind="text", text=f"steered: {steer}"))
-                ctx.emit(Event(kind="text", text=f"step {step}/{steps}: thinking about {heading}"))
-                ctx.emit(
-                    Event(
-                        kind="tool",
-                        tool_name="notes",
-                        tool_call_id=f"step-{step}",
-                        input=f"step {step}",
-                        tool_output=f"noted step {step}",
-                        success=True,
-                    )
-                )
-                await ctx.flush()
-                await asyncio.sleep(delay)
+            for step in range(1, steps + 1):
+                if step == done + 1 and recovery is not None and recovery.delivered_steers:
+                    # The heading an earlier attempt was last steered to survives.
+                    heading = recovery.delivered_steers[-1]
+                if step > done:
+                    for steer in ctx.take_steers():
+                        heading = steer
+                        ctx.emit(Event(kind="text", text=f"steered: {steer}"))
+                heading = await ctx.step(f"step {step}", _think, ctx, step, steps, heading, delay)
             ctx.emit(Event(kind="result", text=f"finished {steps} steps on {heading}"))
 
         return run
+
+
+async def _think(ctx: ChildContext, step: int, steps: int, heading: str, delay: float) -> str:
+    """One step: it takes ``delay`` seconds, then says what it did (two events, recorded
+    with the step) and returns the heading it kept."""
+    await asyncio.sleep(delay)
+    ctx.emit(Event(kind="text", text=f"step {step}/{steps}: thinking about {heading}"))
+    ctx.emit(
+        Event(
+            kind="tool",
+            tool_name="notes",
+            tool_call_id=f"step-{step}",
+            input=f"step {step}",
+            tool_output=f"noted step {step}",
+            success=True,
+        )
+    )
+    return heading
