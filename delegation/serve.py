@@ -38,6 +38,7 @@ from delegation.serve_io import (
     allowed_peer,
     check_socket_path,
     frames,
+    listening_socket,
     open_stdin,
     remove_stale_socket,
     wait_until,
@@ -307,12 +308,8 @@ async def serve_socket(
             await outbox.close(drain)
 
     remove_stale_socket(path)
-    previous = os.umask(0o177)  # the socket is born 0600: no window for other users
-    try:
-        server = await asyncio.start_unix_server(accept, path=path, limit=rpc.MAX_FRAME_BYTES)
-    finally:
-        os.umask(previous)
-    os.chmod(path, 0o600)
+    sock = listening_socket(path)
+    server = await asyncio.start_unix_server(accept, sock=sock, limit=rpc.MAX_FRAME_BYTES)
     try:
         await stop.wait()
     finally:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import queue
+import secrets
 import select
 import socket
 import stat
@@ -221,6 +222,37 @@ def remove_stale_socket(path: str) -> None:
     Call it only while holding the database: before, the socket may be a live host's."""
     if check_socket_path(path):
         os.unlink(path)
+
+
+# sockaddr_un's path holds 108 bytes, its terminating NUL included.
+_SUN_PATH_MAX = 107
+
+
+def listening_socket(path: str) -> socket.socket:
+    """A Unix socket listening at ``path``, mode 0600 from birth, that appears at
+    ``path`` only once it listens: a peer that waits for the file never finds it
+    refusing connections. It is bound under a temporary name beside ``path`` and
+    linked into place (where that name would be too long, bound at ``path``)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    staged = os.path.join(os.path.dirname(path), f".{secrets.token_hex(4)}.sock")
+    direct = len(os.fsencode(staged)) > _SUN_PATH_MAX
+    previous = os.umask(0o177)  # the socket is born 0600: no window for other users
+    try:
+        sock.bind(path if direct else staged)
+        os.chmod(path if direct else staged, 0o600)
+        sock.listen(100)
+        if not direct:
+            os.link(staged, path)  # never over anything at ``path`` (bind refused that too)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.umask(previous)
+        if not direct:
+            with contextlib.suppress(OSError):
+                os.unlink(staged)
+    sock.setblocking(False)
+    return sock
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -126,7 +126,7 @@ class Harness:
             self.conn, "child.read", self.params(child_id=child_id, **changes)
         )
 
-    async def wait_done(self, child_id: str, timeout: float = 5.0, **changes: Any) -> Any:
+    async def wait_done(self, child_id: str, timeout: float = 60.0, **changes: Any) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from delegation import service
+from delegation import reservation
 from delegation.inspector import AmbiguousId, Inspector
 from delegation.store import prefixes, stores
 from tests.support import Harness, finish_after_admit
@@ -36,7 +36,9 @@ def made_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine's new conversation and run ids come from ``HEX``, in order, then
     from a count."""
     made = itertools.chain(HEX, (f"{n:032x}" for n in itertools.count(1)))
-    monkeypatch.setattr(service, "secrets", types.SimpleNamespace(token_hex=lambda n: next(made)))
+    monkeypatch.setattr(
+        reservation, "secrets", types.SimpleNamespace(token_hex=lambda n: next(made))
+    )
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ async def test_a_run_goes_preparing_admitted_finishing_ended(harness: Harness) -
     await entered.wait()
     run = harness.engine._supervisor.runs.get(child_id)
     assert run is not None and seen == [Phase.PREPARING] and run.phase is Phase.ADMITTED
-    assert run.decided.done() and not run.ended.is_set()
+    assert run.decided.is_set() and not run.ended.is_set()
     run.finishing()  # as the engine marks it once the run returned: a cancel spares it
     run.cancel()
     assert run.task is not None and not run.task.cancelling()

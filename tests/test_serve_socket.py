@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from delegation.serve_io import listening_socket
 from delegation.tools.serve_flood import memory_mb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,3 +112,24 @@ def test_a_peer_reading_nothing_costs_little_even_when_answers_are_large(
         proc.terminate()
         proc.wait(20)
     assert growth < 100, f"the host grew by {growth:.0f} MB"
+
+
+def test_the_socket_appears_listening_and_never_over_a_file(tmp_path: Path) -> None:
+    """A peer that waits for the socket file finds it accepting at once (it is linked
+    into place after listen), mode 0600; and it never replaces what is at the path."""
+    path = tmp_path / "host.sock"
+    server = listening_socket(str(path))
+    try:
+        assert stat.S_ISSOCK(path.stat().st_mode)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        with socket.socket(socket.AF_UNIX) as peer:
+            peer.connect(str(path))  # accepted by the backlog: it listens already
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["host.sock"]
+    finally:
+        server.close()
+    taken = tmp_path / "taken"
+    taken.write_text("not a socket")
+    with pytest.raises(FileExistsError):
+        listening_socket(str(taken))
+    assert taken.read_text() == "not a socket"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host.sock", "taken"]

@@ -96,9 +96,9 @@ class Engine:
         if self._telemetry is not None:
             self._db.on_commit = self._telemetry.committed
         # Several hosts share a database: its server's clock is everyone's (SPEC §12).
-        self.clock: Clock = clock or (ServerClock() if self._db.shared else SystemClock())
+        clock = clock or (ServerClock() if self._db.shared else SystemClock())
         notices = Notices(self._announced)
-        self._rt = Runtime(self.config, self._db, self.clock, self._telemetry, notices)
+        self._rt = Runtime(self.config, self._db, clock, self._telemetry, notices)
         self.timers = Timers(
             self.clock, self._expire_on_time, self._sweep, self.config.retention_sweep_s
         )
@@ -107,6 +107,15 @@ class Engine:
         self._membership = Membership(self._rt, self._supervisor, self.timers)
         self._controls: ControlWatcher | None = None
         self._open = False
+
+    @property
+    def clock(self) -> Clock:
+        """The clock every write is stamped with (a new one takes effect at once)."""
+        return self._rt.clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        self._rt.clock = clock
 
     @property
     def instance_id(self) -> str:

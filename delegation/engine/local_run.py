@@ -13,8 +13,9 @@ What a suspended run emits after that is not written, and its flushes raise
 ``HostClosing``: its child resumes from what was committed, here at the next boot or
 on the host that took it over (where an event written late would sit beside its own).
 
-``decided`` resolves once, when the run is admitted or ends: with the first page read
-in the admission transaction (which answers the caller that started the child), or None.
+``first`` is the answer of the caller that started the child: the first page, read in
+the admission transaction as it commits (None when the run ended or was suspended before
+its admission, or was admitted before a restart). That caller alone awaits it.
 
 The run object is also the hooks (``runs.Hooks``) by which its context reaches the
 store, through the engine's runtime (:class:`delegation.engine.runtime.Runtime`): one
@@ -59,6 +60,7 @@ class LocalRun:
         "decided",
         "emitted",
         "ended",
+        "first",
         "lease_pending",
         "phase",
         "rt",
@@ -74,8 +76,8 @@ class LocalRun:
         self.lease_pending = lease_pending  # a first admission under its lease re-checks
         self.phase = Phase.PREPARING
         self.suspended = False  # graceful close: stop without recording an end
-        # ADMITTED or ENDED: a caller may be answered (the first page, or None).
-        self.decided: asyncio.Future[Result | None] = asyncio.get_running_loop().create_future()
+        self.decided = asyncio.Event()  # ADMITTED or ENDED: a caller may be answered
+        self.first: asyncio.Future[Result | None] = asyncio.get_running_loop().create_future()
         self.ended = asyncio.Event()  # ENDED
         self.task: asyncio.Task[None] | None = None
         self.ctx: ChildContext | None = None
@@ -88,16 +90,18 @@ class LocalRun:
         """Admitted: ``page`` is the first page read as the admission committed (None:
         admitted before a restart, nobody to answer)."""
         self.phase = Phase.ADMITTED
-        if not self.decided.done():
-            self.decided.set_result(page)
+        self.decided.set()
+        if not self.first.done():  # or its caller went away (cancelled it)
+            self.first.set_result(page)
 
     def finishing(self) -> None:
         self.phase = Phase.FINISHING
 
     def end(self) -> None:
         self.phase = Phase.ENDED
-        if not self.decided.done():
-            self.decided.set_result(None)
+        self.decided.set()
+        if not self.first.done():
+            self.first.set_result(None)
         self.ended.set()
 
     def cancel(self) -> None:

@@ -3,7 +3,7 @@
 
 A start is reserved, spawned and answered here: :meth:`Supervisor.start` reserves the
 child, the reservation's commit spawns its run, and the run's admission resolves the
-run's ``decided`` future with the first page, which answers the caller that started it
+run's ``first`` future with the first page, which answers the caller that started it
 (see :mod:`delegation.engine.local_run` for one run's lifecycle).
 """
 
@@ -71,7 +71,9 @@ class Supervisor:
             use, durable=False, committed=self._reserved, one_write=not params.lease_id
         )
         try:
-            return await self.answer(plan.child.id, params.after, first=not plan.replay)
+            if not plan.replay:
+                return await self._first(plan.child.id, params.after)
+            return await self.answer(plan.child.id, params.after)
         except errors.ChildPurged:
             if plan.replay:
                 raise
@@ -86,29 +88,32 @@ class Supervisor:
         if not plan.replay:
             self.spawn(plan.child, plan, None)
 
-    async def answer(self, child_id: int, after: int, *, first: bool = False) -> Result:
-        """Wait until admission is decided (without cancelling anything if the caller
-        goes away), then answer the child's Result.
+    async def _first(self, child_id: int, after: int) -> Result:
+        """The answer of the caller that started the child: the page read in the
+        admission transaction (committed when it is handed over). Only this caller
+        awaits the run's ``first``: if it goes away, nothing else is cancelled."""
+        local = self.runs.get(child_id)
+        if local is None:  # ended already
+            return await self.page(child_id, after)
+        page = await local.first
+        if local.suspended:
+            raise errors.HostClosing()
+        return page if page is not None and after == 0 else await self.page(child_id, after)
 
-        ``first``: the caller started this child, and the page read in the admission
-        transaction (committed when it is handed over) answers it.
-        """
+    async def answer(self, child_id: int, after: int) -> Result:
+        """Wait until admission is decided (without cancelling anything if the caller
+        goes away), then answer the child's Result."""
         local = self.runs.get(child_id)
         if local is not None:
-            decided = local.decided
-            if not decided.done():
-                await asyncio.shield(decided)
+            await local.decided.wait()
             if local.suspended:
                 raise errors.HostClosing()
-            page = decided.result()
-            if first and after == 0 and page is not None:
-                return page
         return await self.page(child_id, after)
 
     def deciding(self, child_id: int) -> bool:
         """Whether the child runs here and its admission is not decided yet."""
         local = self.runs.get(child_id)
-        return local is not None and not local.decided.done()
+        return local is not None and not local.decided.is_set()
 
     async def page(self, child_id: int, after: int) -> Result:
         limit = self._rt.config.events_per_read
