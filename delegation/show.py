@@ -139,11 +139,13 @@ def child_columns(now: float) -> list[Column[ChildRecord]]:
 
 def child_json(record: ChildRecord) -> dict[str, Any]:
     """A child record for scripts, named as the wire names it (camelCase: the runner's
-    ``runner_host_instance_id`` is the wire's ``hostInstanceId``), request and preset
-    decoded."""
+    ``runner_host_instance_id`` is the wire's ``hostInstanceId``), request, preset and
+    options decoded."""
     values = wire_names(dataclasses.asdict(record))
     values["request"] = _decoded(record.request)
     values["preset"] = _decoded(record.preset)
+    # The effective options at its start (SPEC §14); None for a child from before them.
+    values["options"] = None if record.options is None else _decoded(record.options)
     return values
 
 
