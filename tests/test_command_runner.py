@@ -426,6 +426,58 @@ async def test_a_resumed_child_runs_the_command_again_with_recovery_variables(
         assert record.state == "running"
 
 
+async def test_prepare_puts_the_delivered_steers_after_the_message_on_a_resume() -> None:
+    runner = CommandRunner(profiles={"worker": ["agent"]})
+    recovery = Recovery(attempt=2, last_sequence=9, delivered_steers=("go left", "a\nb"))
+    run = await runner.prepare(*prepare_args(recovery=recovery))
+    assert run.message == "hello\ngo left\na b\n"
+    fresh = await runner.prepare(*prepare_args())
+    assert fresh.message == "hello\n"
+
+
+STEERED = """
+    import os, sys
+    attempt = os.environ.get("DELEGATION_RECOVERY_ATTEMPT", "0")
+    last = os.environ.get("DELEGATION_LAST_SEQUENCE", "none")
+    print(f"attempt={attempt} last={last}", flush=True)
+    for line in sys.stdin:
+        print(f"{attempt} read: " + line.rstrip("\\n"), flush=True)
+"""
+
+
+async def test_a_resumed_command_gets_its_delivered_steers_again_first_and_in_order(
+    db_url: str, workspace: Path
+) -> None:
+    runner = CommandRunner(profiles={"worker": script(STEERED)}, grace_s=1.0)
+    async with hosted(db_url, workspace, runner) as h:
+        started = await h.start("q1", message="survey", lease_id=LEASE)
+        child_id = started.conversation_id
+        for n, message in enumerate(["go left", "then\nright"]):
+            steered = await h.engine.call(
+                h.conn,
+                "child.steer",
+                h.params(child_id=child_id, request_id=f"s{n}", message=message, lease_id=LEASE),
+            )
+            assert steered.outcome == "injected"
+        await until_text(h, child_id, "0 read: then right")
+    # The host is gone and its command killed with it; a new host resumes the child.
+    async with hosted(db_url, workspace, runner) as h:
+        await until_text(h, child_id, "1 read: then right")
+        (recovery,) = [e for e in await h.engine.events(child_id) if e.kind == "recovery"]
+        resumed = [t for t in await texts(h, child_id) if t.startswith("1 ")]
+        assert resumed == ["1 read: survey", "1 read: go left", "1 read: then right"]
+        assert f"attempt=1 last={recovery.sequence}" in await texts(h, child_id)
+        steered = await h.engine.call(
+            h.conn,
+            "child.steer",
+            h.params(
+                child_id=child_id, request_id="s9", message="more", lease_id=LEASE, tool_call_id=""
+            ),
+        )
+        assert steered.outcome == "injected"
+        await until_text(h, child_id, "1 read: more")
+
+
 # --- configuration ----------------------------------------------------------------
 
 

@@ -10,7 +10,9 @@ Every run guarantees:
   ``DELEGATION_CONVERSATION_ID``, ``DELEGATION_RUN_ID``, ``DELEGATION_PROFILE`` and,
   on a resume, ``DELEGATION_RECOVERY_ATTEMPT`` and ``DELEGATION_LAST_SEQUENCE``.
 * **stdin** gets the message, then each steer as one line (its line breaks become
-  spaces); it stays open until stdout ends.
+  spaces); it stays open until stdout ends. A resumed child gets the steers earlier
+  attempts were handed first, in order, right after the message (SPEC §11's
+  ``Recovery.delivered_steers``): it keeps the heading it was steered to.
 * **stdout**: a JSON object line that decodes as an :class:`Event` is that event (the
   engine assigns its sequence; a ``result`` event is the output); any other non-blank
   line is a ``text`` event.
@@ -28,7 +30,10 @@ Every run guarantees:
   The private ``TMPDIR`` is removed when the run ends; one a killed host left is removed
   at the next boot (:mod:`delegation.tmpdirs`).
 
-A resume after a host restart runs the command again from the start. Hazard:
+A resume after a host restart runs the command again from the start, with its message,
+the steers it had been given and ``DELEGATION_RECOVERY_ATTEMPT`` and
+``DELEGATION_LAST_SEQUENCE`` in its environment: a CLI agent that can resume its own
+session (keyed, say, by ``DELEGATION_RUN_ID``) does so. Hazard:
 ``{message}`` is caller input; a template should put it after ``--``.
 """
 
@@ -185,6 +190,8 @@ class CommandRunner:
         }
         env = child_env(self.env_allow, identity, recovery)
         message = request.message if request.message.endswith("\n") else request.message + "\n"
+        if recovery is not None:
+            message += "".join(steer_line(steer) for steer in recovery.delivered_steers)
         return CommandRun(
             template,
             MappingProxyType(values),
@@ -221,7 +228,7 @@ class CommandRun:
     template: tuple[str, ...]
     values: Mapping[str, str]
     env: Mapping[str, str]
-    message: str
+    message: str  # the request's message line, and on a resume the delivered steers' lines
     grace_s: float
     containment: Containment
 
@@ -405,7 +412,12 @@ async def _feed(stdin: asyncio.StreamWriter, ctx: ChildContext, message: bytes) 
             stdin.write(line)
             await stdin.drain()
             steer = await ctx.wait_steer(None)  # no timeout: never None
-            line = (" ".join(str(steer).splitlines()) + "\n").encode()
+            line = steer_line(str(steer)).encode()
+
+
+def steer_line(steer: str) -> str:
+    """A steer as the one stdin line a command reads: its line breaks become spaces."""
+    return " ".join(steer.splitlines()) + "\n"
 
 
 async def _collect(stderr: asyncio.StreamReader, tail: bytearray) -> None:
