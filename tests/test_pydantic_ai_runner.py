@@ -363,3 +363,60 @@ def test_from_module_loads_a_mapping_named_in_the_environment(
     monkeypatch.setenv(runner_module.MODULE_ENV, "")
     with pytest.raises(ValueError, match=runner_module.MODULE_ENV):
         runner_module.from_module()
+
+
+# --- a resumed run (graceful restarts; SIGKILL in test_pydantic_ai_crash.py) ------------
+
+LEASE = "lease-1"
+
+
+async def test_a_resumed_run_replays_its_requests_and_the_steer_they_took(
+    db_url: str, workspace: Path
+) -> None:
+    script = Script(call("add", "c1", a=1, b=1), call("hold", "c2"), text("went left"))
+    agent: Agent[None, str] = Agent(FunctionModel(script))
+    go, holding, first = asyncio.Event(), asyncio.Event(), [True]
+    ran: list[str] = []
+
+    @agent.tool_plain
+    async def add(a: int, b: int) -> int:
+        """Add."""
+        ran.append("add")
+        await go.wait()
+        return a + b
+
+    @agent.tool_plain
+    async def hold() -> str:
+        """Hold."""
+        ran.append("hold")
+        if first[0]:
+            holding.set()
+            await asyncio.Event().wait()
+        return "held"
+
+    runner = PydanticAIRunner({"worker": agent})
+    async with hosted(db_url, workspace, runner) as h:
+        started = await h.start("q1", message="start", lease_id=LEASE)
+        child_id = started.conversation_id
+        await asyncio.sleep(0.2)
+        steered = await h.engine.call(
+            h.conn,
+            "child.steer",
+            h.params(child_id=child_id, request_id="s1", message="go left", lease_id=LEASE),
+        )
+        assert steered.outcome == "injected"
+        await asyncio.sleep(0.2)
+        go.set()
+        await asyncio.wait_for(holding.wait(), 10)
+    first[0] = False
+    assert len(script.requests) == 2
+    async with hosted(db_url, workspace, runner) as h:
+        record = await finished(h, child_id)
+        seen = await events(h, child_id)
+    assert (record.state, record.output) == ("done", "went left")
+    # Requests 1 and 2 and the call c1 had finished: none was made again.
+    assert len(script.requests) == 3
+    assert ran == ["add", "hold", "hold"]  # c2 was in flight at the close
+    assert script.prompts(2) == ["start", "go left"]
+    assert [e.tool_call_id for e in seen if e.kind == "tool-use"] == ["c1", "c2"]
+    assert [e.kind for e in seen].count("recovery") == 1

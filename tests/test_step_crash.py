@@ -28,11 +28,13 @@ ROOT = HOST.parent.parent
 
 
 class Host:
-    """One tests/step_host.py process and the lines it printed."""
+    """One tests/step_host.py process (or ``script``'s) and the lines it printed."""
+
+    script = HOST
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(HOST), *args],
+            [sys.executable, str(self.script), *args],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
