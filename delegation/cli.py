@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="the guided tour: crash a host and watch it resume")
     _add_db(demo)
     demo.add_argument("--fast", action="store_true", help="shorter steps")
+    demo.add_argument("--runner", choices=("scripted", "pydantic-ai"), default="scripted")
     completion.add_parser(commands)
 
     children = commands.add_parser("children", help="list child runs, newest first")
@@ -315,7 +316,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from delegation.demo import run_demo
 
-        return run_demo(args.url, fast=args.fast)
+        return run_demo(args.url, fast=args.fast, runner=args.runner)
     if args.command == "db":
         return _db(args)
     if args.command == "web":

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import signal
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +30,34 @@ from delegation.wire import Event, Preset, Result
 console = Console(highlight=False)
 # The old per-call guard was 20 s; the whole tour takes well under a minute.
 TOUR_TIMEOUT_S = 300
-STYLE = {"text": "white", "tool": "cyan", "result": "bold green", "recovery": "bold magenta"}
+STYLE = {
+    "text": "white",
+    "tool": "cyan",
+    "tool-use": "cyan",
+    "tool-result": "cyan",
+    "result": "bold green",
+    "recovery": "bold magenta",
+}
 
 
 class DemoFailed(Exception):
     pass
 
 
-async def open_host(db: str, log: Path, steps_delay: float) -> Client:
-    """A ``delegation serve --stdio`` subprocess with the scripted runner, and a client.
-    The database reaches it in its environment: a password in the URL stays off its
-    command line (``serve`` refuses one there)."""
-    env = {**os.environ, "DELEGATION_DB": db, "DELEGATION_SCRIPTED_DELAY": str(steps_delay)}
+async def open_host(
+    db: str, log: Path, steps_delay: float, runner: str = "scripted", **env: str
+) -> Client:
+    """A ``delegation serve --stdio`` subprocess with ``runner``, and a client. The
+    database reaches it in its environment: a password in the URL stays off its command
+    line (``serve`` refuses one there)."""
+    env = {
+        **os.environ,
+        "DELEGATION_DB": db,
+        "DELEGATION_SCRIPTED_DELAY": str(steps_delay),
+        **env,
+    }
     with log.open("ab") as stderr:
-        return await Client.spawn(["--runner", "scripted"], env=env, stderr=stderr)
+        return await Client.spawn(["--runner", runner], env=env, stderr=stderr)
 
 
 async def kill(host: Client) -> None:
@@ -59,6 +75,10 @@ def say(text: str) -> None:
 def show(label: str, events: list[Event]) -> None:
     for event in events:
         body = event.text or f"{event.tool_name}({event.input}) -> {event.tool_output}"
+        if event.kind == "tool-use":
+            body = f"{event.tool_name}({event.input})"
+        elif event.kind == "tool-result":
+            body = f"{event.tool_name} -> {event.tool_output}"
         style = STYLE.get(event.kind, "white")
         console.print(
             f"   [dim]{label} #{event.sequence:<3}[/dim] [{style}]{event.kind:8}[/] {body}"
@@ -149,6 +169,90 @@ async def tour(db: str, log: Path, fast: bool) -> None:
         f"[bold]delegation events {bg.conversation_id}{where}[/bold]")  # fmt: skip
 
 
+AGENT_RUNNER = "delegation.runners.pydantic_ai:from_module"
+AGENT_MODULE = "delegation.runners.pydantic_ai_demo"
+
+
+async def agent_tour(db: str, scratch: Path, fast: bool) -> None:
+    """The tour with a real pydantic-ai agent on a scripted model: a leased child calling
+    tools, a steer, a crash, a resume that makes no finished request or call again."""
+    delay = 0.25 if fast else 0.6
+    log, counts = scratch / "host.log", scratch / "counts"
+    env = {
+        "DELEGATION_PYDANTIC_AI_AGENTS": f"{AGENT_MODULE}:AGENTS",
+        "DELEGATION_DEMO_COUNTS": str(counts),
+        "DELEGATION_DEMO_DELAY": str(delay),
+    }
+    tag = f"{int(time.time())}"
+    run, conv, ext, lease = f"agent-run-{tag}", f"agent-conv-{tag}", "demo-ext", f"lease-{tag}"
+    owner = {"runId": run, "toolCallId": "call-1", "extensionId": ext, "generation": 1}
+    preset = Preset(name="agent", extension_id=ext, generation=1, system_prompt="Survey code.")
+    say(f"starting a host on [bold]{passwords.redacted(db)}[/bold]: serve --runner "
+        f"{AGENT_RUNNER}, a pydantic-ai Agent on a scripted model (no network)")  # fmt: skip
+    async with await open_host(db, log, delay, AGENT_RUNNER, **env) as host:
+        await host.register("demo", "host-1")
+        await host.begin_tool(
+            run_id=run, conversation_id=conv, tool_call_id="call-1",
+            extension_id=ext, presets=[preset], workspace=str(Path.cwd()),
+        )  # fmt: skip
+        child = await host.start({**owner, "leaseId": lease, "request": {
+            "requestId": f"agent-{tag}", "profile": "agent", "leaseId": lease,
+            "message": "survey the storage layer"}})  # fmt: skip
+        await host.end_tool(run, "call-1")
+        say(f"leased child {child.conversation_id[:14]}… runs the agent under its lease")
+        read = {"runId": run, "extensionId": ext, "generation": 1, "leaseId": lease,
+                "childId": child.conversation_id}  # fmt: skip
+        shown: list[Event] = []
+        await follow_until(host, read, "agent", shown, tool_results=1)
+        steer = await host.steer({**read, "requestId": "steer-1", "message": "durability first"})
+        say(f"steered the agent: {steer.outcome} (it reaches the model at its next request)")
+        await follow_until(host, read, "agent", shown, tool_results=3)
+        before = tally(counts)
+        say(f"before the crash: {before['model']} model requests answered, "
+            f"{before['tool']} tool calls finished")  # fmt: skip
+        console.print("[bold red]» kill -9 the host, mid-run[/bold red]")
+        await kill(host)
+
+    say("starting a new host on the same file")
+    async with await open_host(db, log, delay, AGENT_RUNNER, **env) as host:
+        await host.register("demo", "host-1")
+        final = await follow(host, read, "agent")
+        await host.finish_run(run, succeeded=True)
+    after = tally(counts)
+    twice = sorted(line for line, n in Counter(counts.read_text().splitlines()).items() if n > 1)
+    events = all_events(db, child.conversation_id)
+    if not any(e.kind == "recovery" for e in events) or not final.done or final.error:
+        raise DemoFailed(f"the agent's child was not resumed to completion: {final.error}")
+    if twice or "durability first" not in final.output:
+        raise DemoFailed(f"made twice: {twice}; output: {final.output!r}")
+    say(f"after the resume: {after['model']} model requests and {after['tool']} tool calls "
+        f"in all, [bold green]none made twice[/bold green]: the {before['model']} requests and "
+        f"{before['tool']} calls finished before the crash came from the journal")  # fmt: skip
+    say(f"the agent finished: {final.output}")
+
+
+async def follow_until(
+    host: Client, params: dict[str, Any], label: str, shown: list[Event], tool_results: int
+) -> None:
+    """Follow a child's events, adding them to ``shown``, until it holds ``tool_results``
+    tool results."""
+    while sum(e.kind == "tool-result" for e in shown) < tool_results:
+        result = await host.read(params)
+        show(label, result.events)
+        shown.extend(result.events)
+        if result.events:
+            params["after"] = result.events[-1].sequence
+        if result.done:
+            raise DemoFailed("the agent ended before the tour could crash its host")
+        await asyncio.sleep(0.1)
+
+
+def tally(counts: Path) -> Counter[str]:
+    """How many model requests were answered and tool calls finished (every process)."""
+    lines = counts.read_text().splitlines() if counts.exists() else []
+    return Counter(line.split()[0] for line in lines)
+
+
 def all_events(db: str, conversation_id: str) -> list[Event]:
     from delegation.inspector import Inspector
 
@@ -156,13 +260,25 @@ def all_events(db: str, conversation_id: str) -> list[Event]:
         return list(inspector.all_events(conversation_id))
 
 
-def run_demo(db: str, *, fast: bool = False) -> int:
-    """Run the tour on the database at URL ``db``; 0 when every claim it shows held."""
+RUNNERS = ("scripted", "pydantic-ai")
+
+
+def run_demo(db: str, *, fast: bool = False, runner: str = "scripted") -> int:
+    """Run the tour on the database at URL ``db`` with the scripted runner, or with a
+    real pydantic-ai agent (``runner="pydantic-ai"``); 0 when every claim it shows held."""
+    if runner not in RUNNERS:
+        raise ValueError(f"the demo runs {' or '.join(RUNNERS)}, not {runner!r}")
+    if runner == "pydantic-ai" and importlib.util.find_spec("pydantic_ai") is None:
+        console.print("[bold red]demo failed:[/bold red] pip install 'delegation[pydantic-ai]'")
+        return 1
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "host.log"
         started = time.monotonic()
+        chosen = (
+            tour(db, log, fast) if runner == "scripted" else agent_tour(db, Path(scratch), fast)
+        )
         try:
-            asyncio.run(asyncio.wait_for(tour(db, log, fast), TOUR_TIMEOUT_S))
+            asyncio.run(asyncio.wait_for(chosen, TOUR_TIMEOUT_S))
         except (DemoFailed, DelegationError, TimeoutError) as exc:
             console.print(f"[bold red]demo failed:[/bold red] {exc}")
             with contextlib.suppress(OSError):

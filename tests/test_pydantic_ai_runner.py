@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -420,3 +422,15 @@ async def test_a_resumed_run_replays_its_requests_and_the_steer_they_took(
     assert script.prompts(2) == ["start", "go left"]
     assert [e.tool_call_id for e in seen if e.kind == "tool-use"] == ["c1", "c2"]
     assert [e.kind for e in seen].count("recovery") == 1
+
+
+def test_importing_delegation_imports_no_pydantic_ai() -> None:
+    code = (
+        "import sys, delegation, delegation.cli, delegation.demo, delegation.serve, "
+        "delegation.runners, delegation.runners.command, delegation.runners.scripted; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic_ai'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"
