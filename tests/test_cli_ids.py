@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from delegation import service
+from delegation import reservation
 from delegation.inspector import AmbiguousId, Inspector
 from delegation.store import prefixes, stores
 from tests.support import Harness, finish_after_admit
@@ -36,7 +36,9 @@ def made_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine's new conversation and run ids come from ``HEX``, in order, then
     from a count."""
     made = itertools.chain(HEX, (f"{n:032x}" for n in itertools.count(1)))
-    monkeypatch.setattr(service, "secrets", types.SimpleNamespace(token_hex=lambda n: next(made)))
+    monkeypatch.setattr(
+        reservation, "secrets", types.SimpleNamespace(token_hex=lambda n: next(made))
+    )
 
 
 @pytest.fixture
@@ -68,6 +70,8 @@ async def test_a_unique_prefix_stands_for_its_child(three: None, cli: Cli, given
 async def test_every_command_that_takes_a_child_takes_a_prefix(three: None, cli: Cli) -> None:
     code, out, _ = cli("events", "c-ab12ce", "--json")
     assert code == 0 and json.loads(out.splitlines()[0])["kind"] == "result"
+    code, out, _ = cli("steps", "c-ab12ce", "--json")
+    assert code == 0 and json.loads(out)["conversationId"] == B
     code, out, _ = cli("show", "c-ff11", "--run", "r-0125", "--json")
     assert code == 0 and shown_id(out) == C
     code, out, _ = cli("show", "c-ab12cd", "--run", RUN_A[:8], "--json")
@@ -80,7 +84,7 @@ async def test_every_command_that_takes_a_child_takes_a_prefix(three: None, cli:
 
 
 async def test_a_prefix_of_more_than_one_id_is_an_error_naming_them(three: None, cli: Cli) -> None:
-    for command in (("show",), ("events",), ("cancel",), ("steer",)):
+    for command in (("show",), ("events",), ("steps",), ("cancel",), ("steer",)):
         argv = [*command, "c-ab12c"] + (["go"] if command == ("steer",) else [])
         code, out, err = cli(*argv)
         assert (code, out) == (1, ""), command
