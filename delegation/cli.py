@@ -178,6 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("--follow", action="store_true", help="keep printing until it ends")
     _add_json(events)
 
+    steps = commands.add_parser(
+        "steps", help="the steps a child recorded (name, size, when; never the value)"
+    )
+    _add_db(steps)
+    steps.add_argument("child", help=CHILD_HELP)
+    steps.add_argument("--run", help=RUN_HELP)
+    _add_json(steps)
+    _add_wide(steps)
+
     cancel = commands.add_parser(
         "cancel", help="cancel a child of a live host (applied within a second)"
     )

@@ -14,8 +14,9 @@ from types import TracebackType
 from delegation import queries
 from delegation.follow import WatchWake, blocking
 from delegation.follow import events as events_of
-from delegation.records import ChildRecord, LeaseRecord
+from delegation.records import ChildRecord, LeaseRecord, StepRow
 from delegation.store import Connection, controls, migrate, prefixes, stores
+from delegation.store import steps as journal
 from delegation.store.controls import ControlRecord
 from delegation.store.prefixes import Kind
 from delegation.wire import Event
@@ -27,6 +28,9 @@ CANDIDATES = 5  # ids an ambiguous prefix names
 _SCAN = 64
 PAGE = 128  # events one read returns at most
 WATCH_INTERVAL_S = 0.05  # a commit of another process is seen within this
+# Steps one read lists at most: an execution records at most EngineConfig.max_steps
+# (10,000 by default), each name at most 1 KiB, so a whole listing stays under 10 MiB.
+MAX_STEPS_LISTED = 10_000
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,21 @@ class ChildPage:
     def done(self) -> bool:
         """Nothing more will come: the execution is terminal, or gone."""
         return self.child is None or self.child.terminal
+
+
+@dataclass(frozen=True)
+class ChildSteps:
+    """An execution as one read found it, and the steps it recorded (SPEC §15): each
+    one's name, place, size and time, never its value."""
+
+    child: ChildRecord | None
+    steps: list[StepRow] = field(default_factory=list)
+    count: int = 0  # steps the execution recorded: more than ``steps`` when cut
+
+    @property
+    def more(self) -> int:
+        """How many recorded steps the read left out."""
+        return self.count - len(self.steps)
 
 
 class AmbiguousId(LookupError):
@@ -131,6 +150,21 @@ class Inspector:
             lambda c: queries.child_events(c, conversation_id, run_id, after, limit)
         )
 
+    def steps(
+        self,
+        conversation_id: str,
+        run_id: str | None = None,
+        limit: int = MAX_STEPS_LISTED,
+        *,
+        latest: bool = False,
+    ) -> ChildSteps:
+        """An execution (``run_id``; default the newest) and the steps it recorded,
+        oldest first: the first ``limit`` (at most ``MAX_STEPS_LISTED``), or with
+        ``latest`` the last ``limit``; read in one transaction (``child`` None: no such
+        execution)."""
+        limit = max(0, min(limit, MAX_STEPS_LISTED))
+        return self._db.read(lambda c: _steps(c, conversation_id, run_id, limit, latest))
+
     def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
         return self._db.read(lambda c: queries.leases(c, runner_id))
 
@@ -189,6 +223,16 @@ def _page(
     if child is None:
         return ChildPage(None)
     return ChildPage(child, queries.child_events(conn, conversation_id, child.run_id, after, limit))
+
+
+def _steps(
+    conn: Connection, conversation_id: str, run_id: str | None, limit: int, latest: bool
+) -> ChildSteps:
+    child = queries.find_child(conn, conversation_id, run_id)
+    if child is None:
+        return ChildSteps(None)
+    read = journal.latest if latest else journal.listing
+    return ChildSteps(child, read(conn, child.id, limit), journal.count(conn, child.id))
 
 
 def _matching(conn: Connection, kind: Kind, text: str) -> list[str]:

@@ -44,8 +44,9 @@ class Journal:
         self._max_bytes = max_bytes
         self._max_steps = max_steps
         self._recorded = recorded  # steps of this execution recorded before this attempt
-        self._names: set[str] | None = None if recorded else set()
-        self._running: dict[str, asyncio.Future[RecordedStep]] = {}
+        # Made when first needed: a run that takes no step costs the collector nothing.
+        self._names: set[str] | None = None
+        self._running: dict[str, asyncio.Future[RecordedStep]] | None = None
 
     async def step(
         self, name: str, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], as_type: Any
@@ -54,6 +55,8 @@ class Journal:
         names = await self._known()
         if name in names:
             return _decode(await self._stored(name), as_type)
+        if self._running is None:
+            self._running = {}
         running = self._running.get(name)
         if running is not None:  # the same name, called again while it runs: once
             return _decode(await asyncio.shield(running), as_type)
@@ -86,7 +89,7 @@ class Journal:
 
     async def _known(self) -> set[str]:
         if self._names is None:
-            self._names = set(await self._hooks.step_names())
+            self._names = set(await self._hooks.step_names()) if self._recorded else set()
         return self._names
 
     async def _stored(self, name: str) -> RecordedStep:

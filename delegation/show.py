@@ -1,4 +1,4 @@
-"""The inspection commands: ``children``, ``show``, ``events`` and ``leases``.
+"""The inspection commands: ``children``, ``show``, ``events``, ``steps`` and ``leases``.
 
 Printing only: every value comes from an :class:`Inspector`, which reads the file
 through SQLite's read-only mode, so these commands are safe beside a running host.
@@ -27,16 +27,17 @@ from rich.table import Table
 from rich.text import Text
 
 from delegation.codec import encode
-from delegation.inspector import MIN_PREFIX, AmbiguousId, Inspector
+from delegation.inspector import MAX_STEPS_LISTED, MIN_PREFIX, AmbiguousId, Inspector
 from delegation.listing import Column, table
 from delegation.machine import State
-from delegation.records import ChildRecord, LeaseRecord
+from delegation.records import ChildRecord, LeaseRecord, StepRow
 from delegation.store import migrate
 from delegation.store.prefixes import Kind
 from delegation.terminal import cells, line_console, printable, printable_json, table_console
 from delegation.wire import Event
 
 RECENT_EVENTS = 5
+RECENT_STEPS = 10  # the last steps `show` lists; `steps` lists them all
 _FIELDS = ("text", "tool_name", "input", "tool_output", "error")
 # The arguments that name ids, with the kind of id each names: a unique prefix will do.
 ID_ARGUMENTS: dict[str, Kind] = {
@@ -59,6 +60,7 @@ def command(args: argparse.Namespace, url: str) -> int:
         "children": _children,
         "show": _show,
         "events": _events,
+        "steps": _steps,
         "leases": _leases,
     }
     with Inspector(url) as inspector:
@@ -183,10 +185,13 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
     for event in inspector.all_events(record.conversation_id, record.run_id):
         count += 1
         recent.append(event)
+    steps = inspector.steps(record.conversation_id, record.run_id, RECENT_STEPS, latest=True)
     if args.json:
         document = child_json(record)
         document["eventCount"] = count
         document["recentEvents"] = [json.loads(encode(event)) for event in recent]
+        document["stepCount"] = steps.count
+        document["recentSteps"] = [step_json(step) for step in steps.steps]
         _print_json(document)
         return 0
     grid = Table("field", "value", show_header=False, box=None, pad_edge=False)
@@ -200,10 +205,16 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
             value = local_time(value)
         grid.add_row(*cells(key, "" if value is None else str(value)))
     grid.add_row(*cells("events", str(count)))
+    grid.add_row(*cells("steps", str(steps.count)))
     console = table_console()
     console.print(grid)
     for event in recent:
         console.print(event_line(event))
+    if steps.steps:
+        console.print(table(steps.steps, step_columns(), inspector, console.width))
+    if steps.more:
+        said = f"{steps.more} earlier: delegation steps {record.conversation_id}"
+        console.print(Text(printable(said), style="dim"))
     return 0
 
 
@@ -267,6 +278,67 @@ def _human_line() -> Callable[[Event], None]:
         console.file.flush()
 
     return emit
+
+
+# --- steps ---------------------------------------------------------------------------
+
+
+def _steps(inspector: Inspector, args: argparse.Namespace) -> int:
+    found = inspector.steps(args.child, args.run)
+    record = found.child
+    if record is None:
+        return _missing(args)
+    if args.json:
+        document = {
+            "conversationId": record.conversation_id,
+            "runId": record.run_id,
+            "stepCount": found.count,
+            "steps": [step_json(step) for step in found.steps],
+        }
+        _print_json(document)
+        return 0
+    if not found.steps:
+        said = f"no steps recorded by child {record.conversation_id} run {record.run_id}"
+        line_console().print(Text(printable(said)))
+        return 0
+    console = table_console(wide=args.wide)
+    console.print(
+        table(found.steps, step_columns(), inspector, None if args.wide else console.width)
+    )
+    if found.more:  # only past a host's max_steps above the default
+        said = f"{found.more} more not listed (a listing stops at {MAX_STEPS_LISTED})"
+        console.print(Text(said, style="dim"))
+    return 0
+
+
+def step_columns() -> list[Column[StepRow]]:
+    """The columns of ``steps``: the name takes what the line has left (cut with ``…``
+    unless ``--wide``); a step's value is never shown."""
+    return [
+        Column("#", lambda r: str(r.ordinal)),
+        Column("name", lambda r: r.name, fill=True),
+        Column("size", lambda r: byte_size(r.size)),
+        Column("recorded", lambda r: local_time(r.recorded_at)),
+    ]
+
+
+def step_json(step: StepRow) -> dict[str, Any]:
+    """A recorded step for scripts: name, place, size in bytes and time, never its value."""
+    return {
+        "name": step.name,
+        "ordinal": step.ordinal,
+        "size": step.size,
+        "recordedAt": step.recorded_at,
+    }
+
+
+def byte_size(size: int) -> str:
+    """``512 B``, ``1.5 KiB``, ``1.0 MiB``."""
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.1f} KiB"
+    return f"{size / (1024 * 1024):.1f} MiB"
 
 
 # --- leases --------------------------------------------------------------------------

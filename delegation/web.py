@@ -2,10 +2,11 @@
 
 One small HTML page with plain JavaScript (``delegation/web_page/``, no build step,
 nothing fetched from elsewhere) shows the children (state, profile, parent, age; filters
-by state and lease), one child's events streaming live over Server-Sent Events, and the
-leases. The server is a Starlette app run by uvicorn; it reads through an
-:class:`Inspector`, the read API of ``delegation children``/``events --follow``, so it
-is safe beside a live host and never writes.
+by state and lease), one child's events streaming live over Server-Sent Events beside
+the steps it recorded (SPEC §15: name, size, when; never a value), and the leases. The
+server is a Starlette app run by uvicorn; it reads through an :class:`Inspector`, the
+read API of ``delegation children``/``events --follow``, so it is safe beside a live
+host and never writes.
 
 * **Live, not polled by the page.** One watch on the database for the whole server
   (:func:`stores.open_watch`: SQLite's ``PRAGMA data_version``, PostgreSQL's
@@ -54,7 +55,7 @@ from delegation.follow import pages
 from delegation.inspector import PAGE, WATCH_INTERVAL_S, ChildPage, Inspector
 from delegation.machine import State
 from delegation.records import ChildRecord, LeaseRecord
-from delegation.show import lease_status
+from delegation.show import lease_status, step_json
 from delegation.store import migrate, stores
 from delegation.web_token import Token, TokenGate
 
@@ -66,6 +67,7 @@ CHANGES_EVERY_S = 0.5  # the page refreshes its lists at most twice a second
 MAX_STREAMS = 64  # open event streams at once; more are refused (503)
 MAX_LIST = 500
 CLIP = 200  # characters of an error or output in the children list
+STEPS_SHOWN = 200  # the last steps of a child the page lists (each name at most 1 KiB)
 WILDCARDS = ("", "0.0.0.0", "::")
 # This server's own files only; no inline script or style, no frames, no forms.
 POLICY = (
@@ -195,6 +197,7 @@ class Page:
             Route("/favicon.ico", self.no_icon),
             Route("/api/children", self.children),
             Route("/api/children/{conversation_id}/events", self.events),
+            Route("/api/children/{conversation_id}/steps", self.steps),
             Route("/api/leases", self.leases),
             Route("/api/changes", self.changes),
         ]
@@ -262,6 +265,27 @@ class Page:
         if after < 0:
             after = _whole(request.query_params.get("after"), 0)
         return self._stream(self._follow(record, after))
+
+    async def steps(self, request: Request) -> Response:
+        """The steps one execution (``?run=``, default the newest) recorded: the last
+        ``STEPS_SHOWN``, oldest first, and how many there are (``stepCount``); each one's
+        name, place, size and time, never its value."""
+        conversation_id = request.path_params["conversation_id"]
+        run_id = request.query_params.get("run") or None
+        found = await self.read(
+            lambda: self.inspector.steps(conversation_id, run_id, STEPS_SHOWN, latest=True)
+        )
+        if found.child is None:
+            return JSONResponse({"error": "no such child"}, 404)
+        return JSONResponse(
+            {
+                "now": time.time(),
+                "conversationId": found.child.conversation_id,
+                "runId": found.child.run_id,
+                "stepCount": found.count,
+                "steps": [step_json(step) for step in found.steps],
+            }
+        )
 
     async def changes(self, request: Request) -> Response:
         """A ``changed`` frame whenever the database moved (at most every

@@ -15,7 +15,7 @@ import pytest
 from delegation.tools import bench, bench_base
 
 ROOT = Path(__file__).resolve().parent.parent
-RATIOS = ("start_seq", "start_concurrent", "events_100", "events_1")
+RATIOS = ("start_seq", "start_concurrent", "events_100", "events_1", "steps_seq")
 NUMBERS = ("recover_10k_s", "expire_5k_s", "rss_growth_mb")
 
 

@@ -242,11 +242,13 @@ async def test_show_json_has_every_field_and_recent_events(
     code, out, _ = cli("show", fleet.leased, "--json")
     document = json.loads(out)
     assert code == 0
-    assert wire_keys(document, ChildRecord, CHILD_KEYS, frozenset({"eventCount", "recentEvents"}))
+    extra = frozenset({"eventCount", "recentEvents", "stepCount", "recentSteps"})
+    assert wire_keys(document, ChildRecord, CHILD_KEYS, extra)
     assert document["leaseId"] == LEASE
     assert document["request"]["leaseId"] == LEASE
     assert document["eventCount"] == 1
     assert document["recentEvents"] == [{"sequence": 1, "kind": "text", "text": "working"}]
+    assert (document["stepCount"], document["recentSteps"]) == (0, [])
     record = await harness.engine.get_child(fleet.leased)
     assert record is not None and document["runId"] == record.run_id
     # The names and values of the wire's own Result, for the fields both have.

@@ -70,6 +70,8 @@ async def test_a_unique_prefix_stands_for_its_child(three: None, cli: Cli, given
 async def test_every_command_that_takes_a_child_takes_a_prefix(three: None, cli: Cli) -> None:
     code, out, _ = cli("events", "c-ab12ce", "--json")
     assert code == 0 and json.loads(out.splitlines()[0])["kind"] == "result"
+    code, out, _ = cli("steps", "c-ab12ce", "--json")
+    assert code == 0 and json.loads(out)["conversationId"] == B
     code, out, _ = cli("show", "c-ff11", "--run", "r-0125", "--json")
     assert code == 0 and shown_id(out) == C
     code, out, _ = cli("show", "c-ab12cd", "--run", RUN_A[:8], "--json")
@@ -82,7 +84,7 @@ async def test_every_command_that_takes_a_child_takes_a_prefix(three: None, cli:
 
 
 async def test_a_prefix_of_more_than_one_id_is_an_error_naming_them(three: None, cli: Cli) -> None:
-    for command in (("show",), ("events",), ("cancel",), ("steer",)):
+    for command in (("show",), ("events",), ("steps",), ("cancel",), ("steer",)):
         argv = [*command, "c-ab12c"] + (["go"] if command == ("steer",) else [])
         code, out, err = cli(*argv)
         assert (code, out) == (1, ""), command

@@ -39,6 +39,11 @@ async def nasty_failure(ctx: ChildContext) -> None:
             input=NASTY, tool_output=NASTY, error=NASTY, success=False,
         )
     )  # fmt: skip
+
+    async def tool() -> str:
+        return NASTY
+
+    await ctx.step(NASTY, tool)
     raise RuntimeError(NASTY)
 
 
@@ -83,13 +88,19 @@ async def test_every_human_view_prints_child_text_escaped_and_literal(
         "show done": run(capsys, db_path, "show", done),
         "events failed": run(capsys, db_path, "events", failed),
         "events done": run(capsys, db_path, "events", done),
+        "steps failed": run(capsys, db_path, "steps", failed),
+        "steps failed wide": run(capsys, db_path, "steps", failed, "--wide"),
         "leases": run(capsys, db_path, "leases"),
         "leases wide": run(capsys, db_path, "leases", "--wide"),
     }
     for name, out in views.items():
         assert not RAW.search(out), (name, RAW.findall(out))
-    assert "\\x1b[2J" in views["children"], "cut to fit 80 columns, after escaping"
-    for name in ("children wide", "show failed", "show done", "events failed", "events done"):
+    for name in ("children", "steps failed"):
+        assert "\\x1b[2J" in views[name], "cut to fit 80 columns, after escaping"
+    for name in (
+        *("children wide", "show failed", "show done", "events failed", "events done"),
+        "steps failed wide",
+    ):
         assert "[red]x[/red]" in views[name], name  # markup printed, not applied
         assert "\\x1b[2J" in views[name], name
     assert "\\x1b]8;;http://x\\x07link" in views["events failed"]
@@ -105,6 +116,9 @@ async def test_json_output_carries_child_text_exactly(
     assert event["text"] == event["toolName"] == event["error"] == NASTY
     record = json.loads(run(capsys, db_path, "show", failed, "--json"))
     assert record["error"] == NASTY
+    assert [step["name"] for step in record["recentSteps"]] == [NASTY]
+    steps = json.loads(run(capsys, db_path, "steps", failed, "--json"))["steps"]
+    assert [step["name"] for step in steps] == [NASTY]
     assert record["request"]["message"] == NASTY
     listed = json.loads(run(capsys, db_path, "children", "--json"))
     assert {c["conversationId"]: c["output"] for c in listed}[done] == NASTY

@@ -25,9 +25,17 @@ WIDE_TEXT = "漢字かな交じり文 " * 40 + "[bold]not markup[/bold]"
 TOKEN = "y" * 300  # one word longer than any line
 
 
+STEP = ("漢字 " * 150)[:420]  # a step name of wide characters, 980 of its 1024 bytes
+
+
 async def wordy(ctx: ChildContext) -> None:
     await ctx.admit()
     ctx.emit(Event(kind="tool", tool_name=PROFILE, input=WIDE_TEXT, tool_output=WIDE_TEXT))
+
+    async def tool() -> str:
+        return WIDE_TEXT
+
+    await ctx.step(STEP, tool)
     ctx.emit(Event(kind="result", text=WIDE_TEXT))
 
 
@@ -69,7 +77,7 @@ def cli(capsys: pytest.CaptureFixture[str], db_url: str) -> Cli:
 
 def commands(crowd: Crowd) -> list[list[str]]:
     child = crowd.conversations[0]
-    return [["children"], ["leases"], ["show", child], ["events", child]]
+    return [["children"], ["leases"], ["show", child], ["steps", child], ["events", child]]
 
 
 def too_wide(text: str, width: int = 80) -> list[str]:
@@ -85,7 +93,7 @@ async def test_every_table_fits_80_columns(
         monkeypatch.delenv("COLUMNS", raising=False)
     else:
         monkeypatch.setenv("COLUMNS", columns)
-    for argv in commands(crowd)[: 3 if columns is None else 4]:  # piped, events are lines
+    for argv in commands(crowd)[: 4 if columns is None else 5]:  # piped, events are lines
         code, out, err = cli(*argv)
         assert (code, err) == (0, ""), argv
         assert out.count("\n") >= 2, argv

@@ -103,3 +103,18 @@ def test_custom_message_keeps_reason() -> None:
     error = errors.InvalidOptions("execution option model must be nonempty and contain no NUL")
     assert error.reason == "invalid_options"
     assert "model" in str(error)
+
+
+def test_every_error_class_is_importable_from_delegation_itself() -> None:
+    """SPEC §18: ``from delegation import HostConflict, OptionsWidened, ...``."""
+    import delegation
+
+    classes = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, errors.DelegationError)
+    }
+    assert {"HostConflict", "OptionsWidened", "ResumeMismatch", "CancelUnconfirmed"} <= classes
+    for name in classes:
+        assert getattr(delegation, name) is getattr(errors, name), name
+    assert classes <= set(delegation.__all__)

@@ -30,7 +30,7 @@ from selenium.webdriver.support.wait import WebDriverWait
 from delegation import ChildContext, Event, cli
 from delegation.clock import SystemClock
 from delegation.inspector import Inspector
-from delegation.web import Page
+from delegation.web import STEPS_SHOWN, Page
 from delegation.web_token import Token
 from tests import browser
 from tests.support import PRESET, Harness, Script, finish_after_admit, hold
@@ -283,6 +283,46 @@ async def test_the_api_streams_events_and_resumes_after_the_last_event_id(
     assert get(page.link("api/children/c-missing/events"))[0] == 404
 
 
+async def test_the_api_lists_a_childs_last_steps_never_their_values(
+    harness: Harness, page: browser.Web
+) -> None:
+    """Beside the events, the steps an execution recorded: the last ``STEPS_SHOWN``,
+    oldest first, and how many there are; name, place, size and time, no value."""
+
+    async def run(ctx: ChildContext) -> None:
+        await ctx.admit()
+        for n in range(1, STEPS_SHOWN + 6):
+
+            async def secret(n: int = n) -> str:
+                return f"secret {n}"
+
+            await ctx.step(HOSTILE if n == 1 else f"s{n}", secret)
+
+    harness.runner.script = run
+    started = await harness.start("q1")
+    await harness.wait_done(started.conversation_id, timeout=30)
+    child = started.conversation_id
+    status, _, body = await asyncio.to_thread(get, page.link(f"api/children/{child}/steps"))
+    assert status == 200 and b"secret" not in body
+    document = json.loads(body)
+    assert (document["conversationId"], document["runId"]) == (child, started.run_id)
+    assert document["stepCount"] == STEPS_SHOWN + 5
+    steps = document["steps"]
+    assert [s["name"] for s in steps] == [f"s{n}" for n in range(6, STEPS_SHOWN + 6)]
+    assert [s["ordinal"] for s in steps] == list(range(6, STEPS_SHOWN + 6))
+    assert all(set(s) == {"name", "ordinal", "size", "recordedAt"} for s in steps)
+    assert steps[0]["size"] == len('"secret 6"')
+
+    harness.runner.script = finish_after_admit
+    quiet = await harness.start("q2")
+    await harness.wait_done(quiet.conversation_id)
+    path = f"api/children/{quiet.conversation_id}/steps?run={quiet.run_id}"
+    _, _, body = await asyncio.to_thread(get, page.link(path))
+    assert (json.loads(body)["stepCount"], json.loads(body)["steps"]) == (0, [])
+    assert get(page.link("api/children/c-missing/steps"))[0] == 404
+    assert get(page.link(f"api/children/{child}/steps?run=r-missing"))[0] == 404
+
+
 ROUTES = ("", "page.js", "page.css", "favicon.ico", "api/children", "api/leases", "api/changes")
 
 
@@ -291,11 +331,12 @@ async def test_the_page_is_read_only(harness: Harness, workspace: Path, db_path:
     await harness.engine.close()
     before = fingerprint(db_path)
     events = f"api/children/{children['done']}/events"
+    steps = f"api/children/{children['done']}/steps"
     with browser.web(str(db_path)) as web:
-        for path in (*ROUTES[:-1], events):  # every route but the endless one
+        for path in (*ROUTES[:-1], events, steps):  # every route but the endless one
             assert get(web.link(path))[0] in (200, 204), path
         for method in ("POST", "PUT", "PATCH", "DELETE"):
-            for path in (*ROUTES, events):
+            for path in (*ROUTES, events, steps):
                 assert get(web.link(path), method)[0] == 405, (method, path)
     assert fingerprint(db_path) == before
 
@@ -364,7 +405,8 @@ def test_without_the_token_every_route_and_stream_is_401(page: browser.Web) -> N
     wrong = ["", "?token=", f"?token=x{page.token}", f"?token={page.token[:-1]}", "?token=%C3%A9"]
     cookies = [f"delegation-token-{port}=x{page.token}", f"delegation-token-1{port}={page.token}"]
     # Before any route: a child that does not exist, a route that does not, a stream.
-    for path in (*ROUTES[:-1], "api/children/c-missing/events", "no/such/route"):
+    missing = ("api/children/c-missing/events", "api/children/c-missing/steps")
+    for path in (*ROUTES[:-1], *missing, "no/such/route"):
         for url in [page.url + path + query for query in wrong]:
             status, headers, body = get(url)
             assert (status, body) == (401, b"delegation web: open the address it printed"
@@ -470,6 +512,45 @@ async def test_a_new_event_appears_on_the_open_page_without_a_reload(
     assert driver.execute_script("return window.sameDocument") is True
     items = driver.find_elements(By.CSS_SELECTOR, "#events li")
     assert [item.get_attribute("data-sequence") for item in items] == ["1", "2", "3"]
+
+
+async def test_the_steps_appear_beside_the_events_as_they_are_recorded(
+    harness: Harness, page: browser.Web, driver: webdriver.Chrome
+) -> None:
+    gate = asyncio.Event()
+
+    async def run(ctx: ChildContext) -> None:
+        await ctx.admit()
+
+        async def read(size: int) -> bytes:
+            return b"v" * size
+
+        await ctx.step(HOSTILE, read, 10)
+        ctx.emit(Event(kind="text", text="one step done"))
+        await ctx.flush()
+        await gate.wait()
+        await ctx.step("fetch the page", read, 2048)
+        ctx.emit(Event(kind="result", text="all done"))
+
+    harness.runner.script = run
+    child = (await harness.start("q1")).conversation_id
+    await asyncio.to_thread(driver.get, page.link(f"?child={child}"))
+    await asyncio.to_thread(until, driver, lambda d: "one step done" in events_text(d))
+    await asyncio.to_thread(until, driver, lambda d: len(rows(d, "steps")) == 1)
+    first = rows(driver, "steps")[0]
+    assert first[:3] == ["1", HOSTILE, "10 B"]  # the name as text: nothing ran
+    assert first[3].endswith("Z"), "when, whole in its tooltip"
+    driver.execute_script("window.sameDocument = true")
+
+    gate.set()  # a step recorded while the page is open
+    end = (By.ID, "events-end")
+    await asyncio.to_thread(until, driver, lambda d: d.find_element(*end).text == "ended done")
+    await asyncio.to_thread(until, driver, lambda d: len(rows(d, "steps")) == 2)
+    assert rows(driver, "steps")[1][:3] == ["2", "fetch the page", "2.0 KiB"]
+    count = driver.find_element(By.ID, "steps-count").text
+    assert count == "(2)"
+    assert driver.execute_script("return window.sameDocument") is True
+    assert driver.execute_script("return window.pwned") is None
 
 
 async def test_what_a_child_wrote_is_shown_as_text_and_never_runs(

@@ -22,6 +22,10 @@ _LIST = text(
     "SELECT name, ordinal, length(value), recorded_at FROM steps"
     " WHERE child_id = :child_id ORDER BY ordinal LIMIT :limit"
 )
+_LATEST = text(
+    "SELECT name, ordinal, length(value), recorded_at FROM steps"
+    " WHERE child_id = :child_id ORDER BY ordinal DESC LIMIT :limit"
+)
 _OF_RUN = text(
     "SELECT s.raw, s.value FROM steps s JOIN children c ON c.id = s.child_id"
     " WHERE c.run_id = :run_id AND c.conversation_id = :conversation AND s.name = :name"
@@ -93,3 +97,11 @@ def listing(conn: Connection, child_id: int, limit: int = 10_000) -> list[StepRo
     """Each step's name, place, size and time (never its value), oldest first."""
     rows = conn.execute(_LIST, {"child_id": child_id, "limit": limit})
     return [StepRow(name, ordinal, int(size), float(at)) for name, ordinal, size, at in rows]
+
+
+def latest(conn: Connection, child_id: int, limit: int) -> list[StepRow]:
+    """The last ``limit`` steps of :func:`listing`, oldest first (what an execution
+    did last, when it recorded more than an operator's view shows)."""
+    rows = conn.execute(_LATEST, {"child_id": child_id, "limit": limit})
+    found = [StepRow(name, ordinal, int(size), float(at)) for name, ordinal, size, at in rows]
+    return found[::-1]

@@ -50,10 +50,11 @@ class Sizes:
     expire: int
     rss_small: int
     rss_large: int
+    steps: int
 
 
-FULL = Sizes(2000, 50, 100, 200, 20000, 1_000_000, 10_000, 5_000, 1_000, 100_000)
-QUICK = Sizes(200, 50, 20, 50, 2000, 20_000, 500, 500, 100, 1_000)
+FULL = Sizes(2000, 50, 100, 200, 20000, 1_000_000, 10_000, 5_000, 1_000, 100_000, 2000)
+QUICK = Sizes(200, 50, 20, 50, 2000, 20_000, 500, 500, 100, 1_000, 200)
 
 
 class Starter:
@@ -190,6 +191,37 @@ async def events_100(bench: Bench, sizes: Sizes) -> dict[str, float]:
 async def events_1(bench: Bench, sizes: Sizes) -> dict[str, float]:
     rate = await _events(bench, 1, sizes.events_single)
     return ratio(rate, bench.raw_batches(sizes.events_single, 1))
+
+
+async def steps_seq(bench: Bench, sizes: Sizes) -> dict[str, float]:
+    """One child recording small steps one after another (SPEC §15): each
+    ``await ctx.step(f"s{i}", fn)`` commits its result before it returns, so every step
+    is one durable commit, beside raw single-row commits."""
+    timed: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+    async def small(i: int) -> dict[str, int]:
+        return {"turn": i}
+
+    class Stepper(Runner):
+        async def prepare(self, *args: Any) -> Run:
+            async def run(ctx: ChildContext) -> None:
+                await ctx.admit()
+                started = time.perf_counter()
+                try:
+                    for i in range(sizes.steps):
+                        await ctx.step(f"s{i}", small, i)
+                except BaseException as exc:  # the scenario fails, rather than waits
+                    timed.set_exception(exc)
+                    raise
+                timed.set_result(time.perf_counter() - started)
+
+            return run
+
+    engine = await bench.engine(bench.new(), Stepper())
+    await (await _starter(engine)).start("q-steps")
+    rate = sizes.steps / await timed
+    await engine.close()
+    return ratio(rate, bench.raw_commits(sizes.steps))
 
 
 async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
@@ -378,6 +410,7 @@ SCENARIOS: dict[str, Callable[[Bench, Sizes], Awaitable[Any]]] = {
     "start_concurrent": start_concurrent,
     "events_100": events_100,
     "events_1": events_1,
+    "steps_seq": steps_seq,
     "read_page": read_page,
     "recover_10k_s": recover,
     "expire_5k_s": expire,

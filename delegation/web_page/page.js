@@ -8,6 +8,7 @@ let serverOffset = 0; // the server's clock minus this browser's, in seconds
 let following = null; // the EventSource of the chosen child's events
 let refreshing = null; // the lists' refresh in flight, and whether another is due
 let refreshAgain = false;
+let followed = null; // the execution whose events and steps are shown: {conversationId, runId}
 
 function age(seconds) {
   let left = Math.max(0, Math.floor(seconds));
@@ -144,13 +145,51 @@ function filterLease(leaseId) {
   refresh();
 }
 
+// --- one child's steps (name, size, when; never a value) ------------------------------
+
+function byteSize(size) {
+  if (size < 1024) return size + " B";
+  if (size < 1024 * 1024) return (size / 1024).toFixed(1) + " KiB";
+  return (size / (1024 * 1024)).toFixed(1) + " MiB";
+}
+
+async function loadSteps() {
+  const shown = followed;
+  if (!shown) return;
+  const query = shown.runId ? "?run=" + encodeURIComponent(shown.runId) : "";
+  let body;
+  try {
+    body = await getJSON(
+      "api/children/" + encodeURIComponent(shown.conversationId) + "/steps" + query);
+  } catch (error) {
+    return; // no such child: the events pane says so
+  }
+  if (shown !== followed) return; // another child was chosen meanwhile
+  const rows = $("steps").tBodies[0];
+  rows.replaceChildren();
+  for (const step of body.steps) {
+    const row = rows.insertRow();
+    row.dataset.ordinal = String(step.ordinal);
+    cell(row, step.ordinal, "number");
+    cell(row, step.name);
+    cell(row, byteSize(step.size), "number");
+    ageCell(row, step.recordedAt);
+    row.cells[3].title = new Date(step.recordedAt * 1000).toISOString();
+  }
+  const more = body.stepCount - body.steps.length;
+  $("steps-count").textContent = body.stepCount === 0 ? "(none recorded)"
+    : more > 0 ? "(the last " + body.steps.length + " of " + body.stepCount + ")"
+      : "(" + body.stepCount + ")";
+  $("steps-pane").hidden = false;
+}
+
 // Both lists again, one refresh at a time (a burst of commits is one more refresh).
 async function refresh() {
   if (refreshing) {
     refreshAgain = true;
     return;
   }
-  refreshing = Promise.all([loadLeases(), loadChildren()]);
+  refreshing = Promise.all([loadLeases(), loadChildren(), loadSteps()]);
   try {
     await refreshing;
   } catch (error) {
@@ -233,15 +272,27 @@ function follow(conversationId, runId) {
   if (following) following.close();
   $("events").replaceChildren();
   $("child-detail").replaceChildren();
+  $("steps").tBodies[0].replaceChildren();
+  $("steps-count").textContent = "";
   $("events-end").textContent = "following…";
+  followed = { conversationId, runId };
+  loadSteps();
   const query = runId ? "?run=" + encodeURIComponent(runId) : "";
   const source = new EventSource(
     "api/children/" + encodeURIComponent(conversationId) + "/events" + query);
   following = source;
-  source.addEventListener("child", (message) => showChild(JSON.parse(message.data)));
+  source.addEventListener("child", (message) => {
+    const child = JSON.parse(message.data);
+    // Opened without a run: the stream's execution is the newest one, and so are its steps.
+    if (followed && followed.conversationId === child.conversationId && !followed.runId) {
+      followed.runId = child.runId;
+    }
+    showChild(child);
+  });
   source.addEventListener("message", (message) => addEvent(JSON.parse(message.data)));
   source.addEventListener("end", (message) => {
     source.close();
+    loadSteps(); // the last ones, committed with the last events
     const child = JSON.parse(message.data);
     if (!child) {
       $("events-end").textContent = "this child is gone (purged)";
