@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from delegation import completion, errors, passwords
+from delegation.about import DISTRIBUTION
 from delegation.config import EngineConfig
 
 # The longest path a Unix socket address holds (sun_path, less its terminating NUL).
@@ -83,7 +84,7 @@ def version() -> str:
     from importlib.metadata import version as installed
 
     try:
-        return installed("delegation")
+        return installed(DISTRIBUTION)
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown"
 
@@ -219,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_db(db_action)
         _add_json(db_action)
 
-    web = commands.add_parser("web", help="a live, read-only page (needs delegation[web])")
+    web = commands.add_parser("web", help="a live, read-only page (needs durable-delegation[web])")
     _add_db(web)
     web.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     web.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free)")
@@ -464,7 +465,7 @@ def _web(args: argparse.Namespace) -> int:
             raise
         return _usage(
             f"`delegation web` needs the web extra ({missing} is missing):"
-            " pip install 'delegation[web]'"
+            " pip install 'durable-delegation[web]'"
         )
     return serve(args.url, args.host, args.port, token=not args.no_token)
 

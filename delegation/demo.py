@@ -269,7 +269,9 @@ def run_demo(db: str, *, fast: bool = False, runner: str = "scripted") -> int:
     if runner not in RUNNERS:
         raise ValueError(f"the demo runs {' or '.join(RUNNERS)}, not {runner!r}")
     if runner == "pydantic-ai" and importlib.util.find_spec("pydantic_ai") is None:
-        console.print("[bold red]demo failed:[/bold red] pip install 'delegation[pydantic-ai]'")
+        console.print(
+            "[bold red]demo failed:[/bold red] pip install 'durable-delegation[pydantic-ai]'"
+        )
         return 1
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "host.log"

@@ -1,6 +1,6 @@
 """OpenTelemetry for the engine (SPEC §13), and nothing at all without it.
 
-Whether OpenTelemetry's API is installed (the extra ``delegation[otel]``) is decided
+Whether OpenTelemetry's API is installed (the extra ``durable-delegation[otel]``) is decided
 once, when this module is imported: ``AVAILABLE``. Without it nothing of OpenTelemetry
 is imported, :func:`for_engine` gives None, and every hook of the engine is one ``is
 None`` test. With it, an engine records through the providers it was given, or the
@@ -48,6 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 from delegation import errors, machine
+from delegation.about import DISTRIBUTION
 from delegation.records import ChildRecord
 from delegation.wire import Params, Request, Result, SteerResult
 
@@ -242,7 +243,7 @@ class Telemetry:
 
 def _version() -> str:
     try:
-        return importlib.metadata.version("delegation")
+        return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return ""
 

@@ -509,3 +509,22 @@ def test_serve_never_replaces_a_file_that_is_not_a_socket(cli: Cli, db_path: Pat
     assert code == 2
     assert "exists and is not a socket" in err
     assert db_path.exists() and fingerprint(db_path) == before
+
+
+def test_the_distribution_has_a_name_of_its_own() -> None:
+    """The package index's "delegation" is another project: this one installs as
+    durable-delegation (issue 29), and --version reads that distribution."""
+    import importlib.metadata
+    import tomllib
+
+    from delegation.about import DISTRIBUTION
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == DISTRIBUTION == "durable-delegation"
+    assert importlib.metadata.version(DISTRIBUTION) == project["version"]
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("delegation")), "--version"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.stdout.strip() == f"delegation {project['version']}"

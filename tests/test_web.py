@@ -147,7 +147,7 @@ def test_without_the_web_extra_the_command_says_what_to_install(
     err = capsys.readouterr().err
     assert err == (
         "delegation: `delegation web` needs the web extra (starlette is missing):"
-        " pip install 'delegation[web]'\n"
+        " pip install 'durable-delegation[web]'\n"
     )
 
 

@@ -73,7 +73,7 @@ class Engine:
 
     Use as ``async with Engine(url, runner=...) as engine``.
 
-    With OpenTelemetry's API installed (``delegation[otel]``), spans and metrics go to
+    With OpenTelemetry's API installed (``durable-delegation[otel]``), spans and metrics go to
     ``tracer_provider`` and ``meter_provider``, or to the global providers when None
     (see :mod:`delegation.telemetry`); without it, both are ignored."""
 

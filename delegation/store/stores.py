@@ -2,7 +2,7 @@
 
 ``sqlite:///PATH`` is the SQLite store (:mod:`delegation.store.sqlite`);
 ``postgresql+psycopg://…`` (or plain ``postgresql://…``, which means psycopg 3 here)
-is the PostgreSQL one (:mod:`delegation.store.postgres`, extra ``delegation[postgres]``).
+is the PostgreSQL one (:mod:`delegation.store.postgres`, extra ``durable-delegation[postgres]``).
 Either is the one writer (:class:`delegation.store.database.Database`) composed with
 that store's dialect.
 Nothing outside ``store/`` looks at a URL's scheme.
@@ -69,7 +69,9 @@ def _need_psycopg() -> None:
     try:
         import psycopg  # noqa: F401
     except ImportError as exc:
-        raise ValueError("PostgreSQL needs psycopg 3: pip install 'delegation[postgres]'") from exc
+        raise ValueError(
+            "PostgreSQL needs psycopg 3: pip install 'durable-delegation[postgres]'"
+        ) from exc
 
 
 def open_store(url: str, *, synchronous: str, busy_timeout_ms: int) -> Store:
