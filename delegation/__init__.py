@@ -8,6 +8,8 @@ importable from here too (``from delegation import ResumeMismatch``).
 
 from __future__ import annotations
 
+import logging
+
 from delegation.codec import decode, encode
 from delegation.config import EngineConfig
 from delegation.engine import Engine
@@ -104,6 +106,10 @@ from delegation.wire import (
     SteerResult,
     valid_id,
 )
+
+# A library prints nothing unless its host set up logging (the logging HOWTO's rule):
+# without this, Python's last-resort handler wrote the engine's warnings to stderr.
+logging.getLogger("delegation").addHandler(logging.NullHandler())
 
 __all__ = [
     "CANCEL_METHOD",

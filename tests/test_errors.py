@@ -118,3 +118,20 @@ def test_every_error_class_is_importable_from_delegation_itself() -> None:
     for name in classes:
         assert getattr(delegation, name) is getattr(errors, name), name
     assert classes <= set(delegation.__all__)
+
+
+def test_the_library_prints_nothing_when_its_host_set_up_no_logging() -> None:
+    """Issue 29: a warning of the engine's reaches the host's logging, if any; with none
+    set up, nothing is printed (a NullHandler, not Python's last-resort handler)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, delegation\n"
+        "logging.getLogger('delegation.engine').warning('a warning of the engine')\n"
+        "logging.basicConfig()\n"
+        "logging.getLogger('delegation.engine').warning('now the host shows it')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "WARNING:delegation.engine:now the host shows it\n"
