@@ -35,6 +35,9 @@ class EngineConfig:
     # and one without a heartbeat for host_timeout_s (the database's clock) is dead.
     host_heartbeat_s: float = 2.0
     host_timeout_s: float = 10.0
+    # A child running longer than this since its admission is cancelled with "child
+    # deadline exceeded" (None: no limit; a resumed child counts from its first admission).
+    max_run_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
@@ -57,6 +60,8 @@ class EngineConfig:
             self.host_heartbeat_s,
             self.host_timeout_s,
         )
+        if self.max_run_s is not None and not 0 < self.max_run_s < 10**9:
+            raise ValueError("max_run_s must be positive (seconds), or None for no limit")
         if any(n <= 0 for n in numbers) or self.max_recovery_attempts < 0:
             raise ValueError("engine limits and timings must be positive")
         if self.host_timeout_s <= 2 * self.host_heartbeat_s:

@@ -23,6 +23,9 @@ from delegation.records import ChildRecord, RunnerConnection
 from delegation.runs import ChildContext, NotResumable, Recovery, Runner
 from delegation.wire import Params, Result
 
+# The error of a child cancelled for running past EngineConfig.max_run_s.
+DEADLINE_EXCEEDED = "child deadline exceeded"
+
 log = logging.getLogger("delegation.engine")
 
 # Without news of a child another host runs, its end is looked for this often.
@@ -166,6 +169,7 @@ class Supervisor:
     ) -> None:
         error = ""
         ctx: ChildContext | None = None
+        deadline: asyncio.Task[None] | None = None
         ended: ChildRecord | None = None  # its terminal record, once recorded
         tel = self._rt.telemetry
         traced = tel.begin(child, recovery.attempt if recovery else 0) if tel else None
@@ -201,6 +205,8 @@ class Supervisor:
             ctx.bind()
             for steer_id, message in steers:  # queued before a restart
                 ctx.deliver(steer_id, message)
+            if self._rt.config.max_run_s is not None:
+                deadline = asyncio.create_task(self._deadline(child, recovery is not None))
             await run(ctx)
         except NotResumable:
             error = maintenance.INTERRUPTED
@@ -213,6 +219,8 @@ class Supervisor:
         except Exception as exc:
             error = str(exc) or type(exc).__name__
         finally:
+            if deadline is not None:
+                deadline.cancel()
             local.finishing()
             if ctx is not None:
                 ctx.close()
@@ -233,6 +241,23 @@ class Supervisor:
                 local.end()
                 if tel is not None:
                     tel.end(traced, ended)
+
+    async def _deadline(self, child: ChildRecord, resumed: bool) -> None:
+        """Cancel the child once it has run ``max_run_s`` since its admission (a resumed
+        one counts from its first admission), as the host's own cancel would."""
+        rt = self._rt
+        assert rt.config.max_run_s is not None
+        now = rt.clock.now()
+        since = child.admitted_at if resumed and child.admitted_at is not None else now
+        await asyncio.sleep(max(0.0, since + rt.config.max_run_s - now))
+        use = Use(service.cancel_exact, child.conversation_id, child.run_id, DEADLINE_EXCEEDED)
+        try:
+            cancelled = await rt.write(use)
+        except errors.DelegationError as exc:  # ended meanwhile, or the database away
+            log.warning("child deadline not recorded: %s", exc, extra={"run_id": child.run_id})
+            return
+        if not cancelled.terminal:
+            await self.stop([child.id])  # cancels the run, and this task with it
 
     async def _finish(self, local: LocalRun, error: str) -> ChildRecord | None:
         """Record the end of a run (unless the engine is closing): its terminal record,
