@@ -153,7 +153,7 @@ class World:
         if self.seed is None:
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
+        deadline = loop.time() + 60
         while True:
             record = await self.engine.get_child(self.seed.conversation_id, self.seed.run_id)
             assert record is not None

@@ -227,7 +227,7 @@ async def test_twenty_calls_in_flight_are_matched_by_id(opener: Opener, workspac
 def settled_threads(before: set[threading.Thread]) -> set[threading.Thread]:
     """Threads not in ``before`` that are still alive after a short grace (asyncio's
     waitpid threads end just after the exit they report)."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while (extra := set(threading.enumerate()) - before) and time.monotonic() < deadline:
         time.sleep(0.01)
     return extra

@@ -65,7 +65,7 @@ async def texts(h: Harness, conversation_id: str) -> list[str]:
 
 async def until_text(h: Harness, conversation_id: str, prefix: str) -> str:
     """The first text event starting with ``prefix``, waiting up to 5 s for it."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while True:
         for text in await texts(h, conversation_id):
             if text.startswith(prefix):

@@ -162,7 +162,7 @@ def route(**scripts: Script) -> Script:
     return run
 
 
-async def until(predicate: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
+async def until(predicate: Callable[[], Awaitable[bool]], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not await predicate():
         if time.monotonic() > deadline:

@@ -87,7 +87,7 @@ async def state_of(engine: Engine, conversation_id: str) -> ChildRecord:
     return record
 
 
-async def wait_for(event: asyncio.Event, timeout: float = 5.0) -> None:
+async def wait_for(event: asyncio.Event, timeout: float = 60.0) -> None:
     await asyncio.wait_for(event.wait(), timeout)
 
 

@@ -31,7 +31,7 @@ OTHER_PRESET = Preset(name="other", extension_id=PRESET.extension_id, generation
 # --- helpers -------------------------------------------------------------------------
 
 
-async def within(awaitable: Awaitable[Any], timeout: float = 5.0) -> Any:
+async def within(awaitable: Awaitable[Any], timeout: float = 60.0) -> Any:
     return await asyncio.wait_for(awaitable, timeout)
 
 

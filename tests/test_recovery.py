@@ -89,7 +89,7 @@ async def child(engine: Engine, conversation_id: str) -> ChildRecord:
 
 async def until_state(engine: Engine, conversation_id: str, state: str) -> ChildRecord:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 5
+    deadline = loop.time() + 60
     while True:
         record = await child(engine, conversation_id)
         if record.state == state:
@@ -101,7 +101,7 @@ async def until_state(engine: Engine, conversation_id: str, state: str) -> Child
 
 async def until_event(engine: Engine, conversation_id: str, text: str) -> None:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 5
+    deadline = loop.time() + 60
     while text not in [e.text for e in await engine.events(conversation_id)]:
         if loop.time() > deadline:
             raise AssertionError(f"event {text!r} never committed")

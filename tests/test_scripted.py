@@ -57,3 +57,16 @@ async def test_a_resumed_scripted_child_continues_from_its_last_finished_step(
     assert [r[0] for r in db.rows(db_url, sql, {"c": record.id})] == [
         f"step {n}" for n in range(1, 9)
     ]
+
+
+def test_the_steps_a_message_asks_for() -> None:
+    """Issue 29: "task 0 in 30 steps" ran 0 steps (the first number was taken)."""
+    from delegation.runners.scripted import steps_asked
+
+    assert steps_asked("task 0 in 30 steps", 6) == 30
+    assert steps_asked("review the diff in 8 steps", 6) == 8
+    assert steps_asked("count to 12", 6) == 12
+    assert steps_asked("compare 3 files with 4 others", 6) == 6
+    assert steps_asked("no number here", 6) == 6
+    assert steps_asked("do it in 0 steps", 6) == 1
+    assert steps_asked("in 99999999 steps", 6) == 1000

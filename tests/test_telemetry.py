@@ -65,7 +65,7 @@ class Otel:
         """The first ``count`` ended spans named ``name``, once they are exported (an
         execution's span ends just after its terminal state commits)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5
+        deadline = loop.time() + 60
         while len(found := self.finished(name)) < count:
             if loop.time() > deadline:
                 raise AssertionError(f"{count} spans {name!r} never ended: {found}")
@@ -276,7 +276,7 @@ async def test_metrics_count_children_events_and_commits(traced: Harness, otel: 
     first = await traced.start("q1")
     await traced.start("q2")
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + 5
+    deadline = loop.time() + 60
     while otel.total(telemetry.EVENTS) < 10:  # counted once committed
         assert loop.time() < deadline, otel.metrics()
         await asyncio.sleep(0.01)

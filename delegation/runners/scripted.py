@@ -17,7 +17,8 @@ DELAY_ENV = "DELEGATION_SCRIPTED_DELAY"
 
 
 class ScriptedRunner:
-    """``steps`` steps of ``delay`` seconds each; a number in the message overrides ``steps``."""
+    """``steps`` steps of ``delay`` seconds each; a message asking for a number of steps
+    ("in 8 steps") overrides ``steps`` (see :func:`steps_asked`)."""
 
     def __init__(self, steps: int = 6, delay: float | None = None) -> None:
         self.steps = steps
@@ -34,8 +35,7 @@ class ScriptedRunner:
     async def prepare(
         self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
     ) -> Run:
-        number = re.search(r"\d+", request.message)
-        steps = int(number.group()) if number else self.steps
+        steps = steps_asked(request.message, self.steps)
         delay = self.delay
 
         async def run(ctx: ChildContext) -> None:
@@ -58,6 +58,20 @@ class ScriptedRunner:
             ctx.emit(Event(kind="result", text=f"finished {steps} steps on {heading}"))
 
         return run
+
+
+def steps_asked(message: str, default: int) -> int:
+    """How many steps a message asks for: the number before "step(s)" ("task 0 in 30
+    steps" is 30), else its only number, else ``default``; at least one, at most 1,000."""
+    asked = re.search(r"(\d+)\s*steps?\b", message)
+    numbers = re.findall(r"\d+", message)
+    if asked is not None:
+        wanted = int(asked.group(1))
+    elif len(numbers) == 1:
+        wanted = int(numbers[0])
+    else:
+        wanted = default
+    return min(max(wanted, 1), 1000)
 
 
 async def _think(ctx: ChildContext, step: int, steps: int, heading: str, delay: float) -> str:
