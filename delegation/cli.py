@@ -256,6 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`delegation events --json | head`): quiet, as a filter
+        # is. What is still buffered for stdout goes nowhere, not into a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 def _why(exc: errors.DelegationError) -> str:

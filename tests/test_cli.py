@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -528,3 +529,21 @@ def test_the_distribution_has_a_name_of_its_own() -> None:
         text=True,
     )
     assert proc.stdout.strip() == f"delegation {project['version']}"
+
+
+def test_a_reader_that_goes_away_gets_no_traceback() -> None:
+    """Issue 28/29: `delegation events --json | head` printed an 18-line BrokenPipeError.
+    The reader here is gone before the command writes (the pipe's read end is closed)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run(
+            [str(Path(sys.executable).with_name("delegation")), "completion", "bash"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(write)
+    assert proc.stderr == ""
+    assert proc.returncode == 1
