@@ -38,25 +38,35 @@ def db_url(where: str) -> str:
     return f"sqlite:///{Path(where).expanduser().resolve()}"
 
 
+# What a number given on the command line may be at most: past this a lifetime
+# overflows the scheduler's datetimes and a count the platform's sizes.
+MAX_SECONDS = 10**9  # about 31 years
+MAX_COUNT = 10**9
+
+
 def positive_seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds above zero."""
+    """An argparse type: a finite number of seconds above zero, at most ``MAX_SECONDS``."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_SECONDS} seconds")
     return value
 
 
 def positive_int(text: str) -> int:
-    """An argparse type: a whole number above zero."""
+    """An argparse type: a whole number above zero, at most ``MAX_COUNT``."""
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_COUNT}")
     return value
 
 
@@ -161,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     children.add_argument("--state", help="prepared, admitted, running, done or cancelled")
     children.add_argument("--lease", help="only children under this leaseId (or its prefix)")
     children.add_argument("--parent", help="only children of this parent runId (or its prefix)")
-    children.add_argument("--limit", type=int, default=50)
+    children.add_argument("--limit", type=positive_int, default=50)
     _add_json(children)
     _add_wide(children)
 
@@ -415,6 +425,8 @@ def _serve_paths(args: argparse.Namespace) -> str | None:
         return f"--db {shown} is a directory"
     if args.socket is None:
         return None
+    if not args.socket:
+        return "--socket: an empty path"
     where = Path(args.socket)
     if not where.parent.is_dir():
         return f"--socket {args.socket}: no directory {where.parent}"

@@ -107,3 +107,31 @@ def test_an_unknown_log_level_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert done.stderr.startswith(b"delegation: DELEGATION_LOG=loud")
     assert done.stderr.count(b"\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["serve", "--socket", ""], "--socket: an empty path"),
+        (["serve", "--stdio", "--lease-lifetime", "1e300"], "is more than 1000000000 seconds"),
+        (["serve", "--stdio", "--max-inflight", str(10**30)], "is more than 1000000000"),
+        (["children", "--limit", str(10**20)], "is more than 1000000000"),
+        (["serve", "--stdio", "--runner", "sys:exit"], "is not a runner"),
+    ],
+)
+def test_a_bad_argument_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
+    """Issue 28's last tracebacks and silent acceptances: each is one error line (after
+    argparse's usage, where it gives one), exit 2, and no database created."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "never.db"
+    command = [str(Path(sys.executable).with_name("delegation")), *args, "--db", f"sqlite:///{db}"]
+    proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    errors_said = [
+        line for line in proc.stderr.splitlines() if not line.startswith(("usage:", " "))
+    ]
+    assert len(errors_said) == 1 and says in errors_said[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -8,6 +8,7 @@ zero-argument factory of one.
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,14 @@ def load_runner(spec: str, config: Path | None = None) -> Runner:
         except TypeError as exc:  # an unknown or misspelt setting
             raise ValueError(f"{config}: {exc}") from exc
     is_runner = hasattr(found, "prepare") and not isinstance(found, type)
-    if not is_runner and not callable(found):
+    if not is_runner and (not callable(found) or inspect.isbuiltin(found)):
         raise ValueError(f"{spec!r} is not a runner: it has no prepare()")
     try:
         runner = found if is_runner else found()
     except TypeError as exc:
         raise ValueError(f"runner {spec!r} needs settings: give --runner-config ({exc})") from exc
+    except SystemExit:
+        raise ValueError(f"{spec!r} is not a runner factory: calling it exited") from None
     if not callable(getattr(runner, "prepare", None)):
         raise ValueError(f"{spec!r} is not a runner: it has no prepare()")
     return runner  # type: ignore[no-any-return]
