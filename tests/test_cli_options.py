@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from delegation import cli
+from delegation.about import DISTRIBUTION
 
 
 def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         cli.main(["--version"])
     assert done.value.code == 0
-    assert capsys.readouterr().out == f"delegation {version('delegation')}\n"
+    assert capsys.readouterr().out == f"delegation {version(DISTRIBUTION)}\n"
 
 
 @pytest.mark.parametrize("where", ["before", "after", "environment"])
