@@ -30,6 +30,11 @@ from tests.support import Harness, ScriptRunner, open_harness
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
+        "serial: hosts raced against heartbeat timeouts (soaks, several hosts, failover):"
+        " run alone, after the rest (`pytest -n 0 -m serial`), never beside other tests",
+    )
+    config.addinivalue_line(
+        "markers",
         "sqlite_only: uses SQLite itself (its files, locks, PRAGMAs or stdlib driver), not"
         " the store's interface, so it runs on SQLite only",
     )

@@ -29,6 +29,9 @@ from tests import failover, resume_times, rows
 from tests.failover import Formation
 from tests.failover_host import Host
 
+# Hosts race heartbeat timeouts here: run alone, after the rest (see conftest).
+pytestmark = pytest.mark.serial
+
 STREAMERS = 3  # leased children streaming on each host
 EVENTS = 5  # events of each child started every 0.2 s, before it ends
 BOUND_S = 20.0  # how long a host is given to write again (SPEC §19: about a second)

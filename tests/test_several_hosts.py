@@ -26,6 +26,9 @@ from delegation import ChildContext, Engine, EngineConfig, Params, Preset, Reque
 from delegation.clock import ManualClock, ServerClock
 from tests import rows
 
+# Hosts race heartbeat timeouts here: run alone, after the rest (see conftest).
+pytestmark = pytest.mark.serial
+
 HOST = Path(__file__).with_name("multi_host.py")
 ROOT = Path(__file__).resolve().parent.parent
 

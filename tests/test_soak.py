@@ -23,6 +23,9 @@ from delegation.tools.soak.journal import Acks
 from tests import rows
 from tests.support import Harness
 
+# Hosts race heartbeat timeouts here: run alone, after the rest (see conftest).
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = {"ops", "violations", "restarts", "errors_by_reason", "p99_ms", "rss_mb"}
 
