@@ -35,7 +35,7 @@ class EngineConfig:
     # and one without a heartbeat for host_timeout_s (the database's clock) is dead.
     host_heartbeat_s: float = 2.0
     host_timeout_s: float = 10.0
-    # A child running longer than this since its admission is cancelled with "child
+    # A child running longer than this since its run was prepared is cancelled with "child
     # deadline exceeded" (None: no limit; a resumed child counts from its first admission).
     max_run_s: float | None = None
 

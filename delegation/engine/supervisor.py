@@ -243,8 +243,8 @@ class Supervisor:
                     tel.end(traced, ended)
 
     async def _deadline(self, child: ChildRecord, resumed: bool) -> None:
-        """Cancel the child once it has run ``max_run_s`` since its admission (a resumed
-        one counts from its first admission), as the host's own cancel would."""
+        """Cancel the child once it has run ``max_run_s`` since its run was prepared (a
+        resumed one counts from its first admission), as the host's own cancel would."""
         rt = self._rt
         assert rt.config.max_run_s is not None
         now = rt.clock.now()
