@@ -331,3 +331,31 @@ def loop_until(check: object, tries: int = 400) -> None:
             return
         threading.Event().wait(0.025)
     raise AssertionError("timed out")
+
+
+async def test_a_claim_whose_lock_session_ended_takes_the_lock_again(away_url: str) -> None:
+    """A host booting while the server restarts: the lock's session ends between opening
+    and claiming. The claim does not fail with the driver's own error; the lock is taken
+    again before the first heartbeat, on a new session."""
+    from delegation.store.stores import open_store
+
+    store = open_store(away_url, synchronous="NORMAL", busy_timeout_ms=5000)
+    store.open(asyncio.get_running_loop())
+    try:
+        assert _terminate(away_url, "delegation-host") == 1
+        instance = f"h-{uuid.uuid4().hex}"
+        store.claim(instance)  # used to raise psycopg's AdminShutdown
+        assert _advisory_locks(away_url) == 0, "the ended session held nothing"
+        store.keep_lock()
+        assert _advisory_locks(away_url) == 1, "the lock is held again"
+    finally:
+        await store.aclose()
+
+
+def _advisory_locks(url: str) -> int:
+    with psycopg.connect(libpq(url), autocommit=True) as admin:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+            " WHERE l.locktype = 'advisory' AND a.application_name = 'delegation-host'"
+        ).fetchone()
+    return int(row[0]) if row else 0

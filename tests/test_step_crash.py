@@ -105,7 +105,13 @@ def check(url: str, log: Path, first: Host, in_flight: int | None) -> None:
             assert 1 <= ran[n] <= 2, f"step {n} in flight at the kill ran {ran[n]} times"
         else:
             assert ran[n] == 1, f"step s{n} ran {ran[n]} times"
-    (child,) = rows.rows(url, "SELECT id, state, output FROM children", {})
+    # DONE is printed when the run returns; the finish commits just after it.
+    deadline = time.monotonic() + 30
+    while True:
+        (child,) = rows.rows(url, "SELECT id, state, output FROM children", {})
+        if child[1] != "running" or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert (child[1], child[2]) == ("done", "six steps")
     names = rows.rows(
         url, "SELECT name FROM steps WHERE child_id = :c ORDER BY ordinal", {"c": child[0]}

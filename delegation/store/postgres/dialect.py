@@ -144,11 +144,28 @@ class PostgresDialect:
                 raise errors.StoreUnavailable() from exc
 
     def hold(self, previous: str | None, instance_id: str) -> None:
+        """Hold ``instance_id``'s lock (and no longer ``previous``'s). A session lost
+        meanwhile (a server restart) held neither: its lock is then taken again before
+        the first heartbeat (:meth:`keep_lock`), which commits only while it is held.
+
+        Raises:
+            errors.StoreError: the server refused the lock for another reason.
+        """
         lock = self._lock_conn
-        self._claimed = instance_id
-        if previous is not None:
-            lock.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (INSTANCE_LOCKS, previous))
-        lock.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance_id))
+        self._claimed, self._lock_held = instance_id, False
+        try:
+            if previous is not None:
+                lock.execute(
+                    "SELECT pg_advisory_unlock(%s, hashtext(%s))", (INSTANCE_LOCKS, previous)
+                )
+            lock.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance_id))
+        except Exception as exc:
+            if not unavailable(exc):
+                raise translate(exc) from exc
+            with contextlib.suppress(Exception):
+                lock.close()
+            self._lock_conn = None
+            return
         self._lock_held = True
 
     def keep_lock(self, instance_id: str | None) -> None:

@@ -55,6 +55,8 @@ WORKERS_PER_RUNNER = 3
 # Several hosts writing the same rows wait for each other's locks, a paused one's until
 # the server ends its idle transaction: a lock timeout or a deadlock is then an answer
 # (database_busy), journaled as contention. Their SQLSTATEs:
+# How long a host keeps trying to open while the server is away (the driver waits longer).
+BOOT_PATIENCE_S = 20.0
 CONTENTION = frozenset({"55P03", "40P01", "40001"})
 
 
@@ -153,8 +155,18 @@ async def serve(opts: HostOptions) -> None:
     config = dataclasses.replace(
         CONFIG, host_heartbeat_s=opts.heartbeat_s, host_timeout_s=opts.timeout_s
     )
-    engine = Engine(opts.url, runner=runner, config=config)
-    await engine.open()
+    # A host started while the server restarts is told so (StoreUnavailable, nothing
+    # taken) and, like a deployment's supervisor, tries again.
+    deadline = time.monotonic() + BOOT_PATIENCE_S
+    while True:
+        engine = Engine(opts.url, runner=runner, config=config)
+        try:
+            await engine.open()
+            break
+        except errors.StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
     offset = float(getattr(engine.clock, "offset", 0.0))
     journal.write("boot", instance=engine.instance_id, epoch=opts.epoch, off=offset)
     print("READY", flush=True)
