@@ -35,6 +35,7 @@ def out(text: str, **how: Any) -> None:
     (a command it suggests, with its long id and path, stays one line to copy)."""
     console.print(text, soft_wrap=not console.is_terminal, **how)
 
+
 # The old per-call guard was 20 s; the whole tour takes well under a minute.
 TOUR_TIMEOUT_S = 300
 STYLE = {
@@ -87,9 +88,7 @@ def show(label: str, events: list[Event]) -> None:
         elif event.kind == "tool-result":
             body = f"{event.tool_name} -> {event.tool_output}"
         style = STYLE.get(event.kind, "white")
-        out(
-            f"   [dim]{label} #{event.sequence:<3}[/dim] [{style}]{event.kind:8}[/] {body}"
-        )
+        out(f"   [dim]{label} #{event.sequence:<3}[/dim] [{style}]{event.kind:8}[/] {body}")
 
 
 async def follow(
@@ -276,9 +275,7 @@ def run_demo(db: str, *, fast: bool = False, runner: str = "scripted") -> int:
     if runner not in RUNNERS:
         raise ValueError(f"the demo runs {' or '.join(RUNNERS)}, not {runner!r}")
     if runner == "pydantic-ai" and importlib.util.find_spec("pydantic_ai") is None:
-        out(
-            "[bold red]demo failed:[/bold red] pip install 'durable-delegation[pydantic-ai]'"
-        )
+        out("[bold red]demo failed:[/bold red] pip install 'durable-delegation[pydantic-ai]'")
         return 1
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "host.log"

@@ -40,7 +40,8 @@ def test_demo_runs_and_the_leased_child_survives_the_crash(
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # Issue 29: piped, the closing hint was wrapped at 80 columns, mid-path.
-    ((leased,),) = rows.rows(db, "SELECT conversation_id FROM children WHERE request_id LIKE 'bg-%'")
+    leased_id = "SELECT conversation_id FROM children WHERE request_id LIKE 'bg-%'"
+    ((leased,),) = rows.rows(db, leased_id)
     where = "" if passwords.in_url(db) else f" --db {db.removeprefix('sqlite:///')}"
     assert f"\n» look around: delegation children{where}, delegation events {leased}{where}\n" in (
         proc.stdout
