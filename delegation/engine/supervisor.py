@@ -245,8 +245,9 @@ class Supervisor:
                 ended = await self._finish(local, error)
             except errors.DelegationError as exc:
                 # A run stopped with its host meanwhile was not to record its end: its
-                # child resumes at the next boot or on the host that took it over.
-                level = logging.WARNING if local.suspended else logging.ERROR
+                # child resumes at the next boot or on the host that took it over (the
+                # host says so once: host_fenced or host_cut_off).
+                level = logging.INFO if local.suspended else logging.ERROR
                 log.log(
                     level,
                     "child finish not recorded: %s",
