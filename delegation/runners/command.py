@@ -322,6 +322,14 @@ class CommandRun:
                     self.values["profile"],
                     extra={"action": "steers_not_delivered", "run_id": ctx.identity.run_id},
                 )
+        reach = self.containment.refused_reach(stderr, ctx.cwd, tmpdir)
+        if reach is not None:  # a bare "Permission denied" is all the child was told
+            log.warning(
+                "command child %s: %s",
+                ctx.identity.conversation_id,
+                reach,
+                extra={"action": "child_access_refused", "run_id": ctx.identity.run_id},
+            )
         if code != 0:
             refused = refusal(code, stderr)
             if refused is not None:
