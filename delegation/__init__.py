@@ -8,11 +8,10 @@ importable from here too (``from delegation import ResumeMismatch``).
 
 from __future__ import annotations
 
+import importlib
 import logging
+from typing import TYPE_CHECKING, Any
 
-from delegation.codec import decode, encode
-from delegation.config import EngineConfig
-from delegation.engine import Engine
 from delegation.errors import (
     ActiveSubmission,
     AdmissionFailed,
@@ -86,25 +85,80 @@ from delegation.errors import (
     ToolsWidened,
     TurnLimitWidened,
 )
-from delegation.options import ExecutionOptions, effective_options
-from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
-from delegation.runs import ChildContext, NotResumable, Recovery, Run, Runner, admit
-from delegation.wire import (
-    CANCEL_METHOD,
-    READ_METHOD,
-    RELEASE_METHOD,
-    START_METHOD,
-    STEER_METHOD,
-    Event,
-    Identity,
-    Params,
-    Preset,
-    Profile,
-    Request,
-    Result,
-    SteerResult,
-    valid_id,
-)
+
+if TYPE_CHECKING:
+    from delegation.codec import decode, encode
+    from delegation.config import EngineConfig
+    from delegation.engine import Engine
+    from delegation.options import ExecutionOptions, effective_options
+    from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
+    from delegation.runs import ChildContext, NotResumable, Recovery, Run, Runner, admit
+    from delegation.wire import (
+        CANCEL_METHOD,
+        READ_METHOD,
+        RELEASE_METHOD,
+        START_METHOD,
+        STEER_METHOD,
+        Event,
+        Identity,
+        Params,
+        Preset,
+        Profile,
+        Request,
+        Result,
+        SteerResult,
+        valid_id,
+    )
+
+# Where each name is, imported when first used (PEP 562): the engine brings SQLAlchemy,
+# Alembic and APScheduler, the wire types msgspec and asyncio; `delegation --version`
+# and `delegation --help` need none of them.
+_LAZY: dict[str, str] = {
+    "decode": "delegation.codec",
+    "encode": "delegation.codec",
+    "EngineConfig": "delegation.config",
+    "Engine": "delegation.engine",
+    "ExecutionOptions": "delegation.options",
+    "effective_options": "delegation.options",
+    "ChildRecord": "delegation.records",
+    "LeaseRecord": "delegation.records",
+    "RunnerConnection": "delegation.records",
+    "ToolHandle": "delegation.records",
+    "ChildContext": "delegation.runs",
+    "NotResumable": "delegation.runs",
+    "Recovery": "delegation.runs",
+    "Run": "delegation.runs",
+    "Runner": "delegation.runs",
+    "admit": "delegation.runs",
+    "CANCEL_METHOD": "delegation.wire",
+    "READ_METHOD": "delegation.wire",
+    "RELEASE_METHOD": "delegation.wire",
+    "START_METHOD": "delegation.wire",
+    "STEER_METHOD": "delegation.wire",
+    "Event": "delegation.wire",
+    "Identity": "delegation.wire",
+    "Params": "delegation.wire",
+    "Preset": "delegation.wire",
+    "Profile": "delegation.wire",
+    "Request": "delegation.wire",
+    "Result": "delegation.wire",
+    "SteerResult": "delegation.wire",
+    "valid_id": "delegation.wire",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # found once: the next use is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 # A library prints nothing unless its host set up logging (the logging HOWTO's rule):
 # without this, Python's last-resort handler wrote the engine's warnings to stderr.

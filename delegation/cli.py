@@ -8,7 +8,6 @@ It calls the same API users call: ``serve`` runs an :class:`Engine` host,
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import math
 import os
@@ -18,7 +17,9 @@ from pathlib import Path
 
 from delegation import completion, errors, passwords
 from delegation.about import DISTRIBUTION
-from delegation.config import EngineConfig
+
+# Each command imports what it needs when it runs: `delegation --version` and `--help`
+# load no engine, store or wire types (README: "Startup").
 
 # The longest path a Unix socket address holds (sun_path, less its terminating NUL).
 MAX_SOCKET_PATH = 107
@@ -357,6 +358,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from delegation.config import EngineConfig
     from delegation.engine import Engine
     from delegation.runners import load_runner
     from delegation.serve import MAX_INFLIGHT, serve

@@ -28,6 +28,14 @@ from delegation.errors import DelegationError
 from delegation.wire import Event, Preset, Result
 
 console = Console(highlight=False)
+
+
+def out(text: str, **how: Any) -> None:
+    """Print a line of the tour: wrapped at a terminal's width; piped, each line whole
+    (a command it suggests, with its long id and path, stays one line to copy)."""
+    console.print(text, soft_wrap=not console.is_terminal, **how)
+
+
 # The old per-call guard was 20 s; the whole tour takes well under a minute.
 TOUR_TIMEOUT_S = 300
 STYLE = {
@@ -69,7 +77,7 @@ async def kill(host: Client) -> None:
 
 
 def say(text: str) -> None:
-    console.print(f"[bold]»[/bold] {text}")
+    out(f"[bold]»[/bold] {text}")
 
 
 def show(label: str, events: list[Event]) -> None:
@@ -80,9 +88,7 @@ def show(label: str, events: list[Event]) -> None:
         elif event.kind == "tool-result":
             body = f"{event.tool_name} -> {event.tool_output}"
         style = STYLE.get(event.kind, "white")
-        console.print(
-            f"   [dim]{label} #{event.sequence:<3}[/dim] [{style}]{event.kind:8}[/] {body}"
-        )
+        out(f"   [dim]{label} #{event.sequence:<3}[/dim] [{style}]{event.kind:8}[/] {body}")
 
 
 async def follow(
@@ -144,7 +150,7 @@ async def tour(db: str, log: Path, fast: bool) -> None:
         lease_read = {"runId": run, "extensionId": ext, "generation": 1, "leaseId": lease,
                       "childId": bg.conversation_id}  # fmt: skip
         await follow(host, lease_read, "bg", until=time.monotonic() + 6 * delay)
-        console.print("[bold red]» kill -9 the host, mid-stream[/bold red]")
+        out("[bold red]» kill -9 the host, mid-stream[/bold red]")
         await kill(host)
 
     say("starting a new host on the same file")
@@ -210,7 +216,7 @@ async def agent_tour(db: str, scratch: Path, fast: bool) -> None:
         before = tally(counts)
         say(f"before the crash: {before['model']} model requests answered, "
             f"{before['tool']} tool calls finished")  # fmt: skip
-        console.print("[bold red]» kill -9 the host, mid-run[/bold red]")
+        out("[bold red]» kill -9 the host, mid-run[/bold red]")
         await kill(host)
 
     say("starting a new host on the same file")
@@ -269,9 +275,7 @@ def run_demo(db: str, *, fast: bool = False, runner: str = "scripted") -> int:
     if runner not in RUNNERS:
         raise ValueError(f"the demo runs {' or '.join(RUNNERS)}, not {runner!r}")
     if runner == "pydantic-ai" and importlib.util.find_spec("pydantic_ai") is None:
-        console.print(
-            "[bold red]demo failed:[/bold red] pip install 'durable-delegation[pydantic-ai]'"
-        )
+        out("[bold red]demo failed:[/bold red] pip install 'durable-delegation[pydantic-ai]'")
         return 1
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "host.log"
@@ -282,9 +286,9 @@ def run_demo(db: str, *, fast: bool = False, runner: str = "scripted") -> int:
         try:
             asyncio.run(asyncio.wait_for(chosen, TOUR_TIMEOUT_S))
         except (DemoFailed, DelegationError, TimeoutError) as exc:
-            console.print(f"[bold red]demo failed:[/bold red] {exc}")
+            out(f"[bold red]demo failed:[/bold red] {exc}")
             with contextlib.suppress(OSError):
-                console.print(log.read_text()[-4000:], markup=False)
+                out(log.read_text()[-4000:], markup=False)
             return 1
-        console.print(f"[dim]done in {time.monotonic() - started:.1f} s[/dim]")
+        out(f"[dim]done in {time.monotonic() - started:.1f} s[/dim]")
         return 0

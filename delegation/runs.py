@@ -5,6 +5,9 @@ validates and freezes configuration without side effects; the returned
 ``Run`` is ``async (ctx) -> None`` and calls ``await ctx.admit()`` (or the
 module-level :func:`admit`) before its first effect. Cancellation arrives as
 ``asyncio.CancelledError``; a run that raises ends ``done`` with the message as error.
+A run may carry a ``max_run_s`` attribute (seconds, or None): the engine cancels its
+child past it as past ``EngineConfig.max_run_s`` ("child deadline exceeded"); the
+smaller of the two applies.
 """
 
 from __future__ import annotations
@@ -254,6 +257,11 @@ class ChildContext:
         with the run. Start the process's real work only after this returns.
         """
         await self._hooks.record_process(pid)
+
+    @property
+    def steers_waiting(self) -> int:
+        """How many steers were delivered to this run and not yet taken."""
+        return len(self._steers)
 
     def take_steers(self) -> list[str]:
         """Every steer delivered so far and not yet taken, oldest first."""

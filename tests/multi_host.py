@@ -14,11 +14,17 @@ are printed as ``STARTED <conversation> <leaseId>``, then ``READY``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 
 from delegation import ChildContext, Engine, EngineConfig, Event, Params, Preset, Request
 
 PRESET = Preset(name="worker", extension_id="ext", generation=7)
+
+
+def _with_action(record: logging.LogRecord) -> bool:
+    record.action = getattr(record, "action", "-")
+    return True
 
 
 def say(line: str) -> None:
@@ -91,5 +97,10 @@ async def main(url: str, name: str, count: int, heartbeat: float, timeout: float
 
 
 if __name__ == "__main__":
+    # As a host would: warnings and above on stderr, with each record's action key.
+    logging.basicConfig(
+        level=logging.WARNING, format="%(levelname)s %(name)s %(message)s action=%(action)s"
+    )
+    logging.getLogger().handlers[0].addFilter(_with_action)
     url, name, count, heartbeat, timeout = sys.argv[1:6]
     asyncio.run(main(url, name, int(count), float(heartbeat), float(timeout)))

@@ -34,7 +34,7 @@ import pytest
 from delegation import Engine, EngineConfig
 from delegation.runners import child_launcher
 from delegation.runners.command import CommandConfigError, CommandRunner
-from delegation.runners.containment import landlock_abi, namespace_mode
+from delegation.runners.containment import Containment, landlock_abi, namespace_mode
 from tests.support import PRESET, Harness, open_harness
 from tests.trees import alive, child_tree, wait_for
 
@@ -277,6 +277,87 @@ async def test_what_this_machine_cannot_enforce_is_said_once(
     actions = [getattr(r, "action", "") for r in caplog.records]
     assert actions.count("landlock_network_unavailable") == 1
     assert actions.count("namespaces_unavailable") == 1
+
+
+# --- a refusal is named in the host's log -----------------------------------------------
+
+needs_landlock = pytest.mark.skipif(landlock_abi() < 1, reason="Landlock needed")
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    found = [r for r in caplog.records if getattr(r, "action", "") == "child_access_refused"]
+    return [record.getMessage() for record in found]
+
+
+@needs_landlock
+async def test_a_path_outside_a_childs_reach_is_named_in_the_hosts_log_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 29: the child hears a bare "Permission denied"; the host's log now says
+    which path was beyond its reach, once for the child, however often it tried."""
+    (tmp_path / "outside").mkdir()
+    secret = tmp_path / "outside" / "secret.txt"
+    secret.write_text("not for the child")
+    argv = ["sh", "-c", 'cat "$0"; cat "$0"; exit 3', str(secret)]
+    caplog.set_level(logging.WARNING, logger="delegation.runners.command")
+    async with hosted(tmp_path, CommandRunner({"worker": argv})) as h:
+        started = await h.start()
+        error = await ended(h, started.conversation_id)
+    assert f"cat: {secret}: Permission denied" in error, error
+    (said,) = refusals(caplog)
+    assert f"its confinement refused what its stderr names: {secret} (outside it)" in said
+    assert said.startswith(f"command child {started.conversation_id}: ")
+
+
+@needs_landlock
+async def test_a_refusal_naming_no_path_gets_the_childs_roots_in_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where it stops: a path the program names relative to its cwd is not resolved; the
+    log lists what the child may reach instead."""
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text("not for the child")
+    argv = ["sh", "-c", "cat ../outside/secret.txt"]
+    caplog.set_level(logging.WARNING, logger="delegation.runners.command")
+    async with hosted(tmp_path, CommandRunner({"worker": argv})) as h:
+        started = await h.start()
+        assert "Permission denied" in await ended(h, started.conversation_id)
+    (said,) = refusals(caplog)
+    assert "names no path beyond its reach: it may write beneath " in said, said
+    assert str((tmp_path / "ws").resolve()) in said and "read beneath /usr" in said
+
+
+async def test_a_child_that_reports_no_refusal_leaves_no_such_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    argv = ["sh", "-c", "echo something else went wrong >&2; exit 1"]
+    caplog.set_level(logging.WARNING, logger="delegation.runners.command")
+    async with hosted(tmp_path, CommandRunner({"worker": argv})) as h:
+        started = await h.start()
+        assert "something else went wrong" in await ended(h, started.conversation_id)
+    assert refusals(caplog) == []
+
+
+def test_a_refused_path_is_placed_against_the_childs_roots(tmp_path: Path) -> None:
+    contained = Containment(read_only=("/usr",), read_write=(), landlock=7, socket_filter=True)
+    cwd, tmp = str(tmp_path / "ws"), str(tmp_path / "tmp")
+    stderr = (
+        "sh: 1: cannot create /usr/x: Permission denied\n"
+        f"cat: {cwd}/mode000: Permission denied\n"  # its file mode, not Landlock
+        "PermissionError: [Errno 13] Permission denied: '/srv/elsewhere/y'\n"
+        "cat: /srv/\x1b[31mred: Permission denied\n"
+    )
+    said = contained.refused_reach(stderr, cwd, tmp)
+    assert said == (
+        "its confinement refused what its stderr names: /usr/x (read-only for it),"
+        " /srv/elsewhere/y (outside it), /srv/ (outside it)"
+    )
+    only_mode = contained.refused_reach(f"cat: {cwd}/f: Permission denied", cwd, tmp)
+    assert only_mode is not None and only_mode.startswith("its stderr says")
+    assert only_mode.endswith("connect to TCP ports 443; open no Unix socket")
+    assert contained.refused_reach("cat: /x: No such file or directory", cwd, tmp) is None
+    contained.landlock = 0  # nothing confined it: nothing to explain
+    assert contained.refused_reach("cat: /x: Permission denied", cwd, tmp) is None
 
 
 # --- an ordinary user's host ---------------------------------------------------------

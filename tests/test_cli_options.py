@@ -23,6 +23,39 @@ def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]
     assert capsys.readouterr().out == f"delegation {version(DISTRIBUTION)}\n"
 
 
+# What --version has no use for: the store, the scheduler, the migrations, msgspec's types.
+HEAVY = ("sqlalchemy", "alembic", "apscheduler", "msgspec", "delegation.engine", "delegation.wire")
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"]])
+def test_version_and_help_import_no_engine_store_or_wire(argv: list[str]) -> None:
+    """Issue 29: `delegation --version` took 0.8 s idle, importing the whole engine (the
+    package's __init__ imported it); now each name is imported when first used."""
+    code = (
+        "import sys\nfrom delegation.cli import main\ntry:\n    main(%r)\nexcept SystemExit:\n"
+        "    pass\nprint(sorted(m for m in sys.modules if m.startswith(%r)), file=sys.stderr)"
+        % (argv, HEAVY)
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stderr.strip() == "[]", done.stderr
+
+
+def test_every_name_the_package_exports_is_there_when_first_used() -> None:
+    """The package's names are imported lazily (PEP 562): each of __all__ resolves, in a
+    fresh interpreter, and `import *` brings them all."""
+    code = (
+        "import delegation\nnames = {n: getattr(delegation, n) for n in delegation.__all__}\n"
+        "assert all(v is not None for v in names.values())\n"
+        "assert set(delegation.__all__) <= set(dir(delegation))\n"
+        "scope = {}\nexec('from delegation import *', scope)\n"
+        "assert set(delegation.__all__) <= set(scope)\n"
+        "assert delegation.Engine is __import__('delegation.engine').engine.Engine"
+    )
+    subprocess.run([sys.executable, "-c", code], timeout=60, check=True)
+
+
 @pytest.mark.parametrize("where", ["before", "after", "environment"])
 def test_db_comes_before_or_after_the_command_or_from_the_environment(
     where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -515,7 +515,7 @@ def test_from_file_reads_the_command_table(tmp_path: Path) -> None:
         ("[command.profiles.a]\nargv = ['x', 'a}b']", "bad template"),
         ("[command.profiles.a]\nargv = []", "argv must be a nonempty list"),
         ("[command.profiles.a]\nargv = 'x {message}'", "argv must be a nonempty list"),
-        ("[command.profiles.a]\nargv = ['x']\nshell = true", "must set argv and nothing else"),
+        ("[command.profiles.a]\nargv = ['x']\nshell = true", "may set only argv, close_stdin"),
         ("[command]\nshell = true\n[command.profiles.a]\nargv = ['x']", "unknown [command]"),
         ("[command]\ngrace_s = -1\n[command.profiles.a]\nargv = ['x']", "grace_s must be"),
         ("[command]\nenv_allow = 'PATH'\n[command.profiles.a]\nargv = ['x']", "env_allow must"),

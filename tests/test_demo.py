@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from delegation import passwords
 from tests import rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,9 +35,17 @@ def test_demo_runs_and_the_leased_child_survives_the_crash(
         text=True,
         timeout=120,
         check=False,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+        # Piped, with a terminal's width in COLUMNS: no line is wrapped all the same.
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "COLUMNS": "60"},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Issue 29: piped, the closing hint was wrapped at 80 columns, mid-path.
+    leased_id = "SELECT conversation_id FROM children WHERE request_id LIKE 'bg-%'"
+    ((leased,),) = rows.rows(db, leased_id)
+    where = "" if passwords.in_url(db) else f" --db {db.removeprefix('sqlite:///')}"
+    assert f"\n» look around: delegation children{where}, delegation events {leased}{where}\n" in (
+        proc.stdout
+    )
     assert "kill -9 the host" in proc.stdout
     assert "finished after the crash" in proc.stdout
     # The heading it was steered to before the kill survives the resume (Recovery's

@@ -23,9 +23,11 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
+from delegation import Engine
 from delegation.cli import main
 from delegation.store import migrate
 from tests import rows
+from tests.support import ScriptRunner
 from tests.test_serve import OWNER, Client, host, start_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,6 +192,19 @@ def test_a_db_url_of_no_store_is_refused_by_the_real_command(url: str, tmp_path:
         if "postgresql" in url:
             assert "psycopg 3: postgresql+psycopg://" in line, line
     assert not list(tmp_path.iterdir()), "nothing was created"
+
+
+@pytest.mark.parametrize("url", ["mysql://user@db.example/app", "sqlite://", "postgres://u@h/app"])
+def test_a_db_url_of_no_store_names_both_forms_delegation_takes(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29: the refusal said only "a SQLite file URL such as sqlite:///…", as if
+    PostgreSQL were not an answer."""
+    assert main(["children", "--db", url]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "sqlite:///PATH" in line and "postgresql://USER@HOST/DB" in line, line
+    with pytest.raises(ValueError, match="or a PostgreSQL URL"):
+        Engine(url, runner=ScriptRunner())
 
 
 def _closed_port() -> int:

@@ -85,6 +85,15 @@ class Host:
         self.wait(lambda lines: any(p.startswith(line) for p in lines), timeout, line)
         return next(at for at, printed in self.lines if printed.startswith(line))
 
+    def logged(self, action: str, timeout: float) -> str:
+        """The line the host logged with ``action`` (waiting up to ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while not (found := [line for line in self.stderr if f"action={action}" in line]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: no {action} in\n{''.join(self.stderr)}")
+            time.sleep(0.05)
+        return found[0]
+
     def words(self, first: str) -> list[list[str]]:
         return [line.split(" ") for _, line in list(self.lines) if line.startswith(first + " ")]
 
@@ -257,6 +266,12 @@ def test_a_paused_host_is_fenced_and_stops_the_runs_it_lost(
     instances = rows.rows(postgres_db, "SELECT id, taken_by FROM engine_instances")
     taken = {str(i): t for i, t in instances}
     assert taken[a.instance] == b.instance
+    # Issue 29: the fenced host printed a traceback for each batch the fence refused, an
+    # expected event; it says it in one line now (its log: warnings and up, as a host's).
+    fenced = a.logged("host_fenced", 60)
+    assert fenced.startswith("ERROR delegation.engine this host was taken over"), fenced
+    assert not any("Traceback" in line for line in a.stderr), "".join(a.stderr)
+    assert [line for line in a.stderr if "fence" in line or "taken over" in line] == [fenced]
 
 
 class Holding:

@@ -32,6 +32,22 @@ log = logging.getLogger("delegation.engine")
 _ELSEWHERE_FALLBACK_S = 0.5
 
 
+def run_limit(engine_limit: float | None, run: object) -> float | None:
+    """The seconds a child may run: ``EngineConfig.max_run_s`` or the run's own
+    ``max_run_s`` (e.g. a command profile's ``timeout_s``), whichever is smaller.
+
+    Raises:
+        ValueError: the run's ``max_run_s`` is not a positive number of seconds (the
+            run then ends with that error, before it starts).
+    """
+    own = getattr(run, "max_run_s", None)
+    if own is None:
+        return engine_limit
+    if isinstance(own, bool) or not isinstance(own, int | float) or not 0 < own < 10**9:
+        raise ValueError(f"a run's max_run_s must be a positive number of seconds, not {own!r}")
+    return float(own) if engine_limit is None else min(engine_limit, float(own))
+
+
 class Supervisor:
     """The local runs of one engine (see the module's docstring)."""
 
@@ -205,8 +221,9 @@ class Supervisor:
             ctx.bind()
             for steer_id, message in steers:  # queued before a restart
                 ctx.deliver(steer_id, message)
-            if self._rt.config.max_run_s is not None:
-                deadline = asyncio.create_task(self._deadline(child, recovery is not None))
+            limit = run_limit(self._rt.config.max_run_s, run)
+            if limit is not None:
+                deadline = asyncio.create_task(self._deadline(child, recovery is not None, limit))
             await run(ctx)
         except NotResumable:
             error = maintenance.INTERRUPTED
@@ -228,8 +245,9 @@ class Supervisor:
                 ended = await self._finish(local, error)
             except errors.DelegationError as exc:
                 # A run stopped with its host meanwhile was not to record its end: its
-                # child resumes at the next boot or on the host that took it over.
-                level = logging.WARNING if local.suspended else logging.ERROR
+                # child resumes at the next boot or on the host that took it over (the
+                # host says so once: host_fenced or host_cut_off).
+                level = logging.INFO if local.suspended else logging.ERROR
                 log.log(
                     level,
                     "child finish not recorded: %s",
@@ -242,14 +260,13 @@ class Supervisor:
                 if tel is not None:
                     tel.end(traced, ended)
 
-    async def _deadline(self, child: ChildRecord, resumed: bool) -> None:
-        """Cancel the child once it has run ``max_run_s`` since its run was prepared (a
-        resumed one counts from its first admission), as the host's own cancel would."""
+    async def _deadline(self, child: ChildRecord, resumed: bool, limit: float) -> None:
+        """Cancel the child once it has run ``limit`` seconds since its run was prepared
+        (a resumed one counts from its first admission), as the host's own cancel would."""
         rt = self._rt
-        assert rt.config.max_run_s is not None
         now = rt.clock.now()
         since = child.admitted_at if resumed and child.admitted_at is not None else now
-        await asyncio.sleep(max(0.0, since + rt.config.max_run_s - now))
+        await asyncio.sleep(max(0.0, since + limit - now))
         use = Use(service.cancel_exact, child.conversation_id, child.run_id, DEADLINE_EXCEEDED)
         try:
             cancelled = await rt.write(use)

@@ -12,7 +12,12 @@ Every run guarantees:
 * **stdin** gets the message, then each steer as one line (its line breaks become
   spaces); it stays open until stdout ends. A resumed child gets the steers earlier
   attempts were handed first, in order, right after the message (SPEC §11's
-  ``Recovery.delivered_steers``): it keeps the heading it was steered to.
+  ``Recovery.delivered_steers``): it keeps the heading it was steered to. A profile
+  with ``close_stdin`` gets the message and then the end of stdin: its steers stay
+  queued, never written (logged ``steers_not_delivered`` when the run ends).
+* **A profile's ``timeout_s``** is the run's ``max_run_s``: the engine cancels a child
+  running longer with "child deadline exceeded" (``EngineConfig.max_run_s``, if smaller,
+  applies instead).
 * **stdout**: a JSON object line that decodes as an :class:`Event` is that event (the
   engine assigns its sequence; a ``result`` event is the output); any other non-blank
   line is a ``text`` event.
@@ -41,11 +46,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
+import logging
 import os
 import shutil
 import signal
-import string
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +60,16 @@ from typing import Any
 from delegation import errors, tmpdirs
 from delegation import os_processes as processes
 from delegation.codec import decode
+from delegation.runners.command_config import (
+    DATABASE_CREDENTIALS,
+    PLACEHOLDERS,
+    CommandConfigError,
+    ProfileOptions,
+    check_env_names,
+    check_grace,
+    check_profile,
+    settings,
+)
 from delegation.runners.containment import (
     DEFAULT_NET_CONNECT,
     DEFAULT_READ_ONLY,
@@ -69,12 +83,24 @@ from delegation.runners.containment import (
 from delegation.runs import ChildContext, Recovery
 from delegation.wire import Event, Identity, Preset, Request
 
+__all__ = [
+    "DATABASE_CREDENTIALS",
+    "DEFAULT_ENV_ALLOW",
+    "PLACEHOLDERS",
+    "CommandConfigError",
+    "CommandFailed",
+    "CommandRun",
+    "CommandRunner",
+    "ProfileOptions",
+    "UnknownProfile",
+    "child_env",
+    "parse_line",
+    "steer_line",
+]
+
+log = logging.getLogger("delegation.runners.command")
+
 DEFAULT_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
-# Where the host's database URL or its password may be: never a child's (SPEC §17).
-DATABASE_CREDENTIALS = frozenset(
-    {"DELEGATION_DB", "PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE", "PGSERVICE", "PGSYSCONFDIR"}
-)
-PLACEHOLDERS = frozenset({"message", "profile", "conversation_id", "run_id", "cwd"})
 DEFAULT_GRACE_S = 5.0
 STDERR_TAIL_BYTES = 64 * 1024
 ERROR_TAIL_CHARS = 4096
@@ -83,13 +109,6 @@ FLUSH_EVERY = 256  # events between commits awaited, so a chatty command cannot 
 _CHUNK = 64 * 1024
 _POLL_S = 0.01
 _PIPES_S = 1.0
-_SETTINGS = frozenset(
-    {"profiles", "env_allow", "grace_s", "read_only", "read_write", "net_connect"}
-)
-
-
-class CommandConfigError(ValueError):
-    """The command runner's configuration is invalid (raised at construction)."""
 
 
 class UnknownProfile(LookupError):
@@ -107,18 +126,20 @@ class CommandFailed(RuntimeError):
 class CommandRunner:
     """Runs each profile's argv template as a subprocess (see the module docstring).
 
-    ``profiles`` maps a preset name to its argv template; ``env_allow`` adds names to
+    ``profiles`` maps a preset name to its argv template, or to a mapping of ``argv``
+    and the profile's options, ``timeout_s`` and ``close_stdin``
+    (:mod:`delegation.runners.command_config`); ``env_allow`` adds names to
     :data:`DEFAULT_ENV_ALLOW`; ``grace_s`` is the wait between SIGTERM and SIGKILL;
     ``read_only`` and ``read_write`` add directories (or files) a child may read, or
     read and write, to the defaults of :mod:`delegation.runners.containment`;
     ``net_connect`` replaces the TCP ports a child may connect to (default ``[443]``).
-    Everything is checked and frozen here: a bad template, name or grace raises
+    Everything is checked and frozen here: a bad template, name, option or grace raises
     :class:`CommandConfigError` now, never at run time.
     """
 
     def __init__(
         self,
-        profiles: Mapping[str, Sequence[str]],
+        profiles: Mapping[str, Sequence[str] | Mapping[str, Any]],
         *,
         env_allow: Iterable[str] = (),
         grace_s: float = DEFAULT_GRACE_S,
@@ -128,12 +149,17 @@ class CommandRunner:
     ) -> None:
         if not isinstance(profiles, Mapping) or not profiles:
             raise CommandConfigError("the command runner needs at least one profile")
-        checked = {name: _check_template(name, argv) for name, argv in profiles.items()}
-        self.profiles: Mapping[str, tuple[str, ...]] = MappingProxyType(checked)
-        self.env_allow: tuple[str, ...] = tuple(
-            dict.fromkeys([*DEFAULT_ENV_ALLOW, *_check_env_names(env_allow)])
+        checked = {name: check_profile(name, value) for name, value in profiles.items()}
+        self.profiles: Mapping[str, tuple[str, ...]] = MappingProxyType(
+            {name: argv for name, (argv, _) in checked.items()}
         )
-        self.grace_s = _check_grace(grace_s)
+        self.options: Mapping[str, ProfileOptions] = MappingProxyType(
+            {name: options for name, (_, options) in checked.items()}
+        )
+        self.env_allow: tuple[str, ...] = tuple(
+            dict.fromkeys([*DEFAULT_ENV_ALLOW, *check_env_names(env_allow)])
+        )
+        self.grace_s = check_grace(grace_s)
         try:
             extra_ro, extra_rw, ports = (
                 check_paths(read_only, "read_only"),
@@ -165,7 +191,7 @@ class CommandRunner:
         path = Path(path)
         try:
             document = tomllib.loads(path.read_text(encoding="utf-8"))
-            runner = cls(**_settings(document))
+            runner = cls(**settings(document))
         except (tomllib.TOMLDecodeError, CommandConfigError) as exc:
             raise CommandConfigError(f"{path}: {exc}") from exc
         runner.containment.protect_host([str(path)])
@@ -192,6 +218,7 @@ class CommandRunner:
         message = request.message if request.message.endswith("\n") else request.message + "\n"
         if recovery is not None:
             message += "".join(steer_line(steer) for steer in recovery.delivered_steers)
+        options = self.options[preset.name]
         return CommandRun(
             template,
             MappingProxyType(values),
@@ -199,6 +226,8 @@ class CommandRunner:
             message,
             self.grace_s,
             self.containment,
+            max_run_s=options.timeout_s,
+            close_stdin=options.close_stdin,
         )
 
 
@@ -231,6 +260,10 @@ class CommandRun:
     message: str  # the request's message line, and on a resume the delivered steers' lines
     grace_s: float
     containment: Containment
+    # The profile's timeout_s: the engine cancels the child past it, or past
+    # EngineConfig.max_run_s if that is smaller (the Run protocol's ``max_run_s``).
+    max_run_s: float | None = None
+    close_stdin: bool = False  # stdin ends after the message: no steer reaches the command
 
     def argv(self, cwd: str) -> list[str]:
         """The template filled in; it cannot fail, the template was checked."""
@@ -275,11 +308,28 @@ class CommandRun:
                 pass  # the launcher refused already; its exit says why
             finally:
                 os.close(go_write)
-            code, stderr = await _converse(process, ctx, self.message.encode())
+            code, stderr = await _converse(
+                process, ctx, self.message.encode(), close=self.close_stdin
+            )
             finished = True
         finally:
             if not finished:
                 await _stop(process, self.grace_s)
+            if self.close_stdin and ctx.steers_waiting:
+                log.warning(
+                    "%d steer(s) not delivered: profile %r closes the command's stdin",
+                    ctx.steers_waiting,
+                    self.values["profile"],
+                    extra={"action": "steers_not_delivered", "run_id": ctx.identity.run_id},
+                )
+        reach = self.containment.refused_reach(stderr, ctx.cwd, tmpdir)
+        if reach is not None:  # a bare "Permission denied" is all the child was told
+            log.warning(
+                "command child %s: %s",
+                ctx.identity.conversation_id,
+                reach,
+                extra={"action": "child_access_refused", "run_id": ctx.identity.run_id},
+            )
         if code != 0:
             refused = refusal(code, stderr)
             if refused is not None:
@@ -308,16 +358,17 @@ async def _spawn(argv: list[str], env: Mapping[str, str], go_fd: int) -> asyncio
 
 
 async def _converse(
-    process: asyncio.subprocess.Process, ctx: ChildContext, message: bytes
+    process: asyncio.subprocess.Process, ctx: ChildContext, message: bytes, *, close: bool
 ) -> tuple[int, str]:
-    """Feed stdin and read stdout and stderr until the command exits; its code and stderr.
+    """Feed stdin (the message, then steers; or, ``close``, the message and its end) and
+    read stdout and stderr until the command exits; its code and stderr.
 
     The command's end is its process's exit: a descendant that left its process group
     (where no PID namespace ends it) may hold stdout open for ever, so once the process
     has exited its pipes get :data:`_PIPES_S` to drain, and its group is killed."""
     stdin, stdout, stderr = _pipes(process)
     tail = bytearray()
-    feeder = asyncio.create_task(_feed(stdin, ctx, message))
+    feeder = asyncio.create_task(_feed(stdin, ctx, message, close))
     collector = asyncio.create_task(_collect(stderr, tail))
     reader = asyncio.create_task(_read_events(stdout, ctx))
     exited = asyncio.create_task(_exited(process))
@@ -404,13 +455,19 @@ def parse_line(line: bytes) -> Event | None:
     return Event(kind="text", text=text)
 
 
-async def _feed(stdin: asyncio.StreamWriter, ctx: ChildContext, message: bytes) -> None:
-    """Write the message, then every steer as one line, until stdin breaks."""
+async def _feed(
+    stdin: asyncio.StreamWriter, ctx: ChildContext, message: bytes, close: bool
+) -> None:
+    """Write the message, then every steer as one line, until stdin breaks; or, with
+    ``close``, the message and then the end of stdin (steers stay queued, untaken)."""
     line = message
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         while not stdin.is_closing():  # closing: the command stopped reading
             stdin.write(line)
             await stdin.drain()
+            if close:
+                stdin.close()  # the command reads to its end: give it one
+                return
             steer = await ctx.wait_steer(None)  # no timeout: never None
             line = steer_line(str(steer)).encode()
 
@@ -479,72 +536,3 @@ def _failure(program: str, code: int, stderr: str) -> str:
             how += f" (killed by {signal.Signals(-code).name})"
     quoted = stderr[-ERROR_TAIL_CHARS:].strip()
     return f"command {program!r} {how}" + (f": {quoted}" if quoted else "")
-
-
-# --- configuration ----------------------------------------------------------------
-
-
-def _check_template(profile: object, argv: object) -> tuple[str, ...]:
-    if not isinstance(profile, str) or not profile.strip():
-        raise CommandConfigError(f"a profile name must be a nonempty string, not {profile!r}")
-    if isinstance(argv, str | bytes) or not isinstance(argv, Sequence) or not argv:
-        raise CommandConfigError(f"profile {profile!r}: argv must be a nonempty list of strings")
-    for item in argv:
-        if not isinstance(item, str) or "\0" in item:
-            raise CommandConfigError(f"profile {profile!r}: argv item {item!r} is not a string")
-        _check_placeholders(profile, item)
-    if not argv[0].strip():
-        raise CommandConfigError(f"profile {profile!r}: argv[0] must name a program")
-    return tuple(argv)
-
-
-def _check_placeholders(profile: str, item: str) -> None:
-    try:
-        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(item)]
-    except ValueError as exc:
-        raise CommandConfigError(f"profile {profile!r}: bad template {item!r}: {exc}") from exc
-    known = ", ".join(f"{{{name}}}" for name in sorted(PLACEHOLDERS))
-    for name, spec, conversion in fields:
-        if name is not None and (name not in PLACEHOLDERS or spec or conversion):
-            raise CommandConfigError(
-                f"profile {profile!r}: unknown placeholder {{{name}}} in {item!r}"
-                f" (known: {known}; use {{{{ and }}}} for literal braces)"
-            )
-
-
-def _check_env_names(names: Iterable[str]) -> list[str]:
-    checked = list(names)
-    for name in checked:
-        if isinstance(names, str) or not isinstance(name, str) or not name.isidentifier():
-            raise CommandConfigError(f"env_allow must list variable names, not {names!r}")
-        if name in DATABASE_CREDENTIALS:
-            raise CommandConfigError(
-                f"env_allow may not name {name}: it gives the host's database to a child"
-            )
-    return checked
-
-
-def _check_grace(grace_s: object) -> float:
-    if (
-        isinstance(grace_s, bool)
-        or not isinstance(grace_s, int | float)
-        or not math.isfinite(grace_s)
-        or grace_s < 0
-    ):
-        raise CommandConfigError(f"grace_s must be a finite number >= 0, not {grace_s!r}")
-    return float(grace_s)
-
-
-def _settings(document: Mapping[str, Any]) -> dict[str, Any]:
-    """The constructor's arguments from a parsed TOML document; unknown keys refused."""
-    section = document.get("command")
-    if not isinstance(section, dict) or not isinstance(section.get("profiles"), dict):
-        raise CommandConfigError("a [command] table with [command.profiles.NAME] is required")
-    if unknown := sorted(set(section) - _SETTINGS):
-        raise CommandConfigError(f"unknown [command] settings: {', '.join(unknown)}")
-    profiles: dict[str, Any] = {}
-    for name, table in section["profiles"].items():
-        if not isinstance(table, dict) or set(table) != {"argv"}:
-            raise CommandConfigError(f"[command.profiles.{name}] must set argv and nothing else")
-        profiles[name] = table["argv"]
-    return {**section, "profiles": profiles}

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
@@ -165,6 +166,38 @@ class Containment:
         """The host's own files (its configuration): no child may write them."""
         self.protected |= Protected.of(host=paths)
 
+    def refused_reach(self, stderr: str, cwd: str, tmpdir: str) -> str | None:
+        """What the host's log says of a child (run in ``cwd`` with ``tmpdir``) whose
+        stderr reports an access refused (:data:`DENIED`); None when it reports none,
+        or where Landlock confines nothing.
+
+        The paths its stderr names beside the refusal are placed against what Landlock
+        let the child reach: outside every root, or beneath a read-only one. A path
+        beneath a writable root was refused by its file mode, not Landlock: not named.
+        Where no path beyond its reach is named, the message lists its roots instead.
+        """
+        lines = [line for line in stderr.splitlines() if DENIED in line]
+        if not lines or not self.landlock:
+            return None
+        writable = [cwd, tmpdir, *self.read_write]
+        rw = [os.path.realpath(root) for root in writable]
+        ro = [os.path.realpath(root) for root in self.read_only]
+        named: dict[str, str] = {}
+        for path in (path for line in lines for path in _PATH.findall(line)):
+            real = os.path.realpath(path)
+            if not _beneath(real, rw) and len(named) < _NAMED_AT_MOST:
+                named.setdefault(path, "read-only for it" if _beneath(real, ro) else "outside it")
+        if named:
+            said = ", ".join(f"{path} ({where})" for path, where in named.items())
+            return f"its confinement refused what its stderr names: {said}"
+        ports = ", ".join(map(str, self.net_connect)) if self.landlock >= 4 else "any"
+        return (
+            f"its stderr says {DENIED!r} and names no path beyond its reach: it may write"
+            f" beneath {', '.join(writable)}; read beneath {', '.join(self.read_only)};"
+            f" connect to TCP ports {ports or 'none'}"
+            + ("; open no Unix socket" if self.socket_filter else "")
+        )
+
     def launcher(
         self,
         argv: Sequence[str],
@@ -206,6 +239,20 @@ def refusal(code: int, stderr: str) -> str | None:
         if line.startswith(child_launcher.MARKER):
             return line[len(child_launcher.MARKER) :]
     return "child process ended before its program started"
+
+
+# What a refusal by Landlock (or the socket filter) reads as in a program's message:
+# strerror(EACCES). The kernel tells the program no more than that, and nothing of it
+# reaches the host: Landlock's own audit records (ABI 7) need the audit subsystem on
+# and a reader of it with CAP_AUDIT_READ, which a host cannot count on.
+DENIED = "Permission denied"
+# An absolute path in a message: up to a blank, a quote, a colon or a bracket.
+_PATH = re.compile(r"(?<![\w.~-])/[^\s\x00-\x1f\x7f'\"`:,;()\[\]{}<>]{0,4095}")
+_NAMED_AT_MOST = 5
+
+
+def _beneath(path: str, roots: Sequence[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def check_paths(paths: object, name: str) -> tuple[str, ...]:

@@ -187,7 +187,11 @@ class Outage:
     def failed(self, exc: Exception) -> errors.DelegationError:
         """A batch failed with ``exc``: the domain error its jobs get (logged)."""
         failure = translate(exc)
-        if not isinstance(failure, errors.StoreUnavailable):
+        if isinstance(failure, errors.HostFenced):
+            # Expected once another host took this one over: the host says so once
+            # (``host_fenced``, engine.membership) and its runs stop; no traceback.
+            log.debug("write batch fenced: %s", failure, extra={"action": "write_batch_fenced"})
+        elif not isinstance(failure, errors.StoreUnavailable):
             log.error("write batch failed", extra={"action": "write_batch_failed"}, exc_info=exc)
         elif not self._away:
             self._away = True

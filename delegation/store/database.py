@@ -207,7 +207,7 @@ class Database:
         for pending in left.jobs:
             pending.ok, pending.value = False, fenced
         self._deliver(left.jobs, inline=False)
-        log.warning(
+        log.info(  # what host_fenced (engine.membership) already says: its runs were lost
             "writes of a taken-over instance dropped",
             extra={"action": "fenced_writes_dropped", "events": len(left.events)},
         )
@@ -547,7 +547,14 @@ class Database:
         waiting = [p for p in jobs if p.future is not None]
         for pending in jobs:
             if pending.future is None and not pending.ok:
-                log.warning("background write refused: %s", pending.value)
+                # Fenced: the host says so once (host_fenced); the write was its lost run's.
+                fenced = isinstance(pending.value, errors.HostFenced)
+                log.log(
+                    logging.DEBUG if fenced else logging.WARNING,
+                    "background write refused: %s",
+                    pending.value,
+                    extra={"action": "background_write_refused"},
+                )
         if not waiting:
             return
         if inline:

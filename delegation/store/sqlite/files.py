@@ -19,12 +19,19 @@ from delegation.store.sqlite.hostlock import HostLock
 
 T = TypeVar("T")
 
+# What --db and Engine(url) accept, said whenever a URL is neither.
+ACCEPTED_URLS = (
+    "a SQLite file (a path, or sqlite:///PATH) or a PostgreSQL URL (postgresql://USER@HOST/DB)"
+)
+
 
 def sqlite_path(url: str) -> Path:
     """The file behind a ``sqlite:///`` URL; in-memory databases are refused."""
     prefix = "sqlite:///"
-    if not url.startswith(prefix) or url[len(prefix) :] in ("", ":memory:"):
-        raise ValueError("delegation needs a SQLite file URL such as sqlite:///delegation.db")
+    if not url.startswith(prefix):
+        raise ValueError(f"delegation needs {ACCEPTED_URLS}")
+    if url[len(prefix) :] in ("", ":memory:"):
+        raise ValueError("delegation needs a SQLite file (sqlite:///PATH), not an in-memory one")
     path, _, query = url[len(prefix) :].partition("?")
     # With uri=true SQLite opens the file a "file:" URI names, not this path: the host
     # lock would be taken on another file (a second host on a live one).
