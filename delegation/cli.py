@@ -428,7 +428,7 @@ def _serve_paths(args: argparse.Namespace) -> str | None:
     if database is not None and database.is_dir():
         return f"--db {shown} is a directory"
     if args.socket is None:
-        return None
+        return None if _stdin_open() else "--stdio: standard input is closed"
     if not args.socket:
         return "--socket: an empty path"
     where = Path(args.socket)
@@ -437,6 +437,15 @@ def _serve_paths(args: argparse.Namespace) -> str | None:
     if len(os.fsencode(where)) > MAX_SOCKET_PATH:
         return f"--socket {args.socket}: longer than {MAX_SOCKET_PATH} bytes"
     return None
+
+
+def _stdin_open() -> bool:
+    """Whether file descriptor 0 is open (``serve <&-`` leaves ``sys.stdin`` None)."""
+    try:
+        os.fstat(0)
+    except OSError:
+        return False
+    return True
 
 
 def _usage(message: str) -> int:

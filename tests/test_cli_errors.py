@@ -135,3 +135,22 @@ def test_a_bad_argument_is_one_line_and_exit_2(tmp_path: Path, args: list[str], 
     assert len(errors_said) == 1 and says in errors_said[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_serve_on_a_closed_stdin_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """``serve --stdio <&-``: there is nothing to serve; it says so, creating nothing
+    (it used to open the database, then die with an AttributeError)."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "never.db"
+    command = [str(Path(sys.executable).with_name("delegation")), "serve", "--stdio"]
+    # The shell's <&-: descriptor 0 closed in the child before it runs.
+    proc = subprocess.run(
+        ["sh", "-c", 'exec "$0" "$@" <&-', *command, "--db", f"sqlite:///{db}"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "delegation: --stdio: standard input is closed\n"
+    assert list(tmp_path.iterdir()) == []
