@@ -203,19 +203,16 @@ class EventStream(Response):
                 return
             if producer.result():
                 outbox.close()  # the sender ends the response once all is taken
+                await asyncio.wait({sender, gone}, return_when=asyncio.FIRST_COMPLETED)
             else:
                 sender.cancel()
                 await asyncio.wait({sender})
-                outbox.clear()
-                self._streams.open -= 1
+                self._drop(outbox)
                 counted = False
-                log.warning(
-                    "dropped an event stream whose client fell more than %d bytes behind",
-                    self._limit,
-                    extra={"action": "web_stream_dropped"},
-                )
+                # Its end waits for the client to read what its connection holds, or
+                # to leave; a server that stops does not wait for it.
                 sender = asyncio.ensure_future(send(_END))
-            await asyncio.wait({sender, gone, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({sender, gone, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if counted:
                 self._streams.open -= 1
@@ -223,6 +220,16 @@ class EventStream(Response):
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _drop(self, outbox: Outbox) -> None:
+        """Free what the stream holds and give its place back."""
+        outbox.clear()
+        self._streams.open -= 1
+        log.warning(
+            "dropped an event stream whose client fell more than %d bytes behind",
+            self._limit,
+            extra={"action": "web_stream_dropped"},
+        )
 
     async def _produce(self, outbox: Outbox) -> bool:
         """Put every frame in ``outbox``: True once they ended, False at the first
