@@ -388,6 +388,14 @@ async def test_every_answer_carries_the_safe_headers_errors_too(
         status, headers, body = get(page.link("api/children"))
         assert (status, json.loads(body)) == (500, {"error": "internal error"})
         _safe(headers)
+        with sqlite3.connect(db_path) as spoil:  # a read the database refuses
+            spoil.execute("ALTER TABLE steps RENAME TO steps_gone")
+        status, headers, body = get(page.link(f"api/children/{child}/steps"))
+        assert status == 503 and "steps" in json.loads(body)["error"], body
+        _safe(headers)
+        assert page.stop() == 130
+    assert page.stderr.count("Traceback") == 1  # the fault's, and only it
+    assert "action=web_read_failed" in page.stderr
 
 
 # --- the page at 1280 px ------------------------------------------------------------------
