@@ -2,7 +2,8 @@
 ``Inspector.follow`` (``delegation events --follow``) and the web page's event stream.
 
 A follower reads a page of the child's events after the last sequence it gave, gives
-them, and reads again at once while pages come back full. Once a page is not full it
+them, and reads again at once while pages come back full (or say ``more``: a page cut
+at a byte bound before its count). Once a page is not full it
 ends if the child was terminal when that page was read (the state is read with the
 events, and a terminal state commits after the run's last event, so nothing is left
 behind), else it sleeps until its :class:`Wake` says something committed. The version
@@ -63,7 +64,7 @@ async def pages(
         yield page
         if page.events:
             after = page.events[-1].sequence
-        if len(page.events) >= limit:
+        if len(page.events) >= limit or getattr(page, "more", False):
             continue  # more are committed already
         if page.done or not await wake.moved(seen):
             return

@@ -14,8 +14,9 @@ from types import TracebackType
 from delegation import queries
 from delegation.follow import WatchWake, blocking
 from delegation.follow import events as events_of
-from delegation.records import ChildRecord, LeaseRecord, StepRow
-from delegation.store import Connection, controls, migrate, prefixes, stores
+from delegation.records import ChildRecord, ChildSummary, LeaseRecord, StepRow
+from delegation.store import Connection, children, controls, migrate, prefixes, stores
+from delegation.store import events as event_rows
 from delegation.store import steps as journal
 from delegation.store.controls import ControlRecord
 from delegation.store.prefixes import Kind
@@ -27,6 +28,9 @@ SHOWN = "…"  # what ends a shortened id; a prefix given with it is read withou
 CANDIDATES = 5  # ids an ambiguous prefix names
 _SCAN = 64
 PAGE = 128  # events one read returns at most
+# Stored JSON one read of events takes at most (the first event always comes): what a
+# follower holds of a child's events is bounded in bytes, not only in events.
+PAGE_BYTES = 256 * 1024
 WATCH_INTERVAL_S = 0.05  # a commit of another process is seen within this
 # Steps one read lists at most: an execution records at most EngineConfig.max_steps
 # (10,000 by default), each name at most 1 KiB, so a whole listing stays under 10 MiB.
@@ -35,10 +39,13 @@ MAX_STEPS_LISTED = 10_000
 
 @dataclass(frozen=True)
 class ChildPage:
-    """An execution as one read found it, and a page of its events."""
+    """An execution as one read found it (its columns, never its stored request), and a
+    page of its events; ``more``: the page stopped at its byte bound before its count,
+    with more committed already."""
 
-    child: ChildRecord | None
+    child: ChildSummary | None
     events: list[Event] = field(default_factory=list)
+    more: bool = False
 
     @property
     def done(self) -> bool:
@@ -51,7 +58,7 @@ class ChildSteps:
     """An execution as one read found it, and the steps it recorded (SPEC §15): each
     one's name, place, size and time, never its value."""
 
-    child: ChildRecord | None
+    child: ChildSummary | None
     steps: list[StepRow] = field(default_factory=list)
     count: int = 0  # steps the execution recorded: more than ``steps`` when cut
 
@@ -125,6 +132,10 @@ class Inspector:
     def get_child(self, conversation_id: str, run_id: str | None = None) -> ChildRecord | None:
         return self._db.read(lambda c: queries.find_child(c, conversation_id, run_id))
 
+    def summary(self, conversation_id: str, run_id: str | None = None) -> ChildSummary | None:
+        """:meth:`get_child` as a page shows it: its columns, never its stored request."""
+        return self._db.read(lambda c: children.summary(c, conversation_id, run_id))
+
     def list_children(
         self,
         *,
@@ -142,6 +153,20 @@ class Inspector:
             "limit": limit,
         }
         return self._db.read(lambda c: queries.list_children(c, **filters))
+
+    def summaries(
+        self,
+        *,
+        state: str | None = None,
+        lease_id: str | None = None,
+        limit: int = 100,
+        clip: int | None = None,
+    ) -> list[ChildSummary]:
+        """The children :meth:`list_children` finds, as a list shows them: their
+        columns only, error and output cut to ``clip`` characters by the query."""
+        return self._db.read(
+            lambda c: children.summaries(c, state=state, lease_id=lease_id, limit=limit, clip=clip)
+        )
 
     def events(
         self, conversation_id: str, run_id: str | None = None, after: int = 0, limit: int = PAGE
@@ -173,11 +198,22 @@ class Inspector:
         return self._db.read(lambda c: controls.get(c, control_id))
 
     def page(
-        self, conversation_id: str, run_id: str | None = None, after: int = 0, limit: int = PAGE
+        self,
+        conversation_id: str,
+        run_id: str | None = None,
+        after: int = 0,
+        limit: int = PAGE,
+        max_bytes: int = PAGE_BYTES,
     ) -> ChildPage:
         """An execution as it is now and up to ``limit`` of its events after ``after``,
-        read in one transaction (``child`` None: no such execution)."""
-        return self._db.read(lambda c: _page(c, conversation_id, run_id, after, limit))
+        no more than ``max_bytes`` of them (always one), read in one transaction
+        (``child`` None: no such execution)."""
+        return self._db.read(lambda c: _page(c, conversation_id, run_id, after, limit, max_bytes))
+
+    def event_sizes(self, child_id: int, after: int, limit: int = PAGE) -> list[tuple[int, int]]:
+        """The sequence and stored size of up to ``limit`` events of the execution
+        ``child_id`` (a summary's ``id``) after ``after``, oldest first (no body read)."""
+        return self._db.read(lambda c: event_rows.sizes(c, child_id, after, limit))
 
     def follow(
         self, conversation_id: str, run_id: str | None = None, after: int = 0
@@ -217,18 +253,24 @@ class Inspector:
 
 
 def _page(
-    conn: Connection, conversation_id: str, run_id: str | None, after: int, limit: int
+    conn: Connection,
+    conversation_id: str,
+    run_id: str | None,
+    after: int,
+    limit: int,
+    max_bytes: int,
 ) -> ChildPage:
-    child = queries.find_child(conn, conversation_id, run_id)
+    child = children.summary(conn, conversation_id, run_id)
     if child is None:
         return ChildPage(None)
-    return ChildPage(child, queries.child_events(conn, conversation_id, child.run_id, after, limit))
+    bodies, more = event_rows.page_within(conn, child.id, after, limit, max_bytes)
+    return ChildPage(child, queries.decode_events(bodies), more)
 
 
 def _steps(
     conn: Connection, conversation_id: str, run_id: str | None, limit: int, latest: bool
 ) -> ChildSteps:
-    child = queries.find_child(conn, conversation_id, run_id)
+    child = children.summary(conn, conversation_id, run_id)
     if child is None:
         return ChildSteps(None)
     read = journal.latest if latest else journal.listing

@@ -135,6 +135,34 @@ class ChildRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ChildSummary:
+    """An execution as a list or a page shows it: the columns of its row that people
+    read, never its stored request, preset or options (a request alone may be close to
+    a MiB); ``error`` and ``output`` as the query cut them, when it did."""
+
+    id: int
+    conversation_id: str
+    run_id: str
+    state: str
+    profile: str
+    lease_id: str | None
+    parent_conversation_id: str
+    parent_run_id: str
+    extension_id: str
+    runner_id: str
+    created_at: float
+    finished_at: float | None
+    cancel_reason: str | None
+    recovery_attempts: int
+    error: str
+    output: str
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in ("done", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseRecord:
     """A lease as the read models show it (live or a revoked tombstone)."""
 

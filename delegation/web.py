@@ -17,6 +17,12 @@ host and never writes.
 * **What a child wrote is text.** It reaches the page as JSON and is put in the page
   with ``textContent``, never as HTML; a Content-Security-Policy allows this server's
   own script only, so even a slip could not run a child's ``<script>``.
+* **Bounded.** Each event stream holds at most ``MAX_UNSENT_BYTES`` its client has not
+  taken, and one whose client stops taking what its child writes is dropped
+  (:mod:`delegation.web_stream`); lists read the columns they show, never a child's
+  stored request (:class:`~delegation.records.ChildSummary`).
+* **Every answer is safe to show.** Errors too carry the Content-Security-Policy and
+  ``nosniff``; a query value that is not a number in range is a one-line 400.
 * **Localhost.** It binds 127.0.0.1 by default and answers only requests whose
   ``Host`` names the address it was bound to (a web page elsewhere cannot reach it
   through DNS rebinding).
@@ -34,7 +40,7 @@ import logging
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import fields
 from importlib import resources
 from typing import Any, TypeVar
@@ -45,18 +51,27 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from delegation import errors, passwords
+from delegation._struct import I64_MAX
 from delegation.codec import encode
 from delegation.follow import pages
 from delegation.inspector import PAGE, WATCH_INTERVAL_S, ChildPage, Inspector
 from delegation.machine import State
-from delegation.records import ChildRecord, LeaseRecord
+from delegation.records import ChildSummary, LeaseRecord
 from delegation.show import lease_status, step_json
 from delegation.store import migrate, stores
+from delegation.web_stream import (
+    MAX_STREAMS,
+    MAX_UNSENT_BYTES,
+    EventStream,
+    Outbox,
+    Pace,
+    Streams,
+)
 from delegation.web_token import Token, TokenGate
 
 T = TypeVar("T")
@@ -64,8 +79,7 @@ log = logging.getLogger(__name__)
 
 PING_S = 15.0  # an idle stream says something this often (a gone client is noticed)
 CHANGES_EVERY_S = 0.5  # the page refreshes its lists at most twice a second
-MAX_STREAMS = 64  # open event streams at once; more are refused (503)
-MAX_LIST = 500
+MAX_LIST = 500  # children one list shows at most (?limit=, 200 unless said)
 CLIP = 200  # characters of an error or output in the children list
 STEPS_SHOWN = 200  # the last steps of a child the page lists (each name at most 1 KiB)
 WILDCARDS = ("", "0.0.0.0", "::")
@@ -96,6 +110,7 @@ class Commits:
     def __init__(self) -> None:
         self.count = 0
         self.stopped = False
+        self.stopping = asyncio.Event()
         self._moved = asyncio.Event()
 
     def bump(self) -> None:
@@ -107,6 +122,7 @@ class Commits:
         """The server is shutting down: every stream ends now (uvicorn's graceful
         shutdown would otherwise wait for open streams forever)."""
         self.stopped = True
+        self.stopping.set()
         self._moved.set()
 
     async def wait(self, seen: int, timeout: float) -> bool:
@@ -142,12 +158,12 @@ def _camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-def child_json(record: ChildRecord, clip: int | None = None) -> dict[str, Any]:
-    """What the page shows of a child: camelCase names; error and output cut to
-    ``clip`` characters when given (the list), whole otherwise (one child)."""
+def child_json(record: ChildSummary) -> dict[str, Any]:
+    """What the page shows of a child: camelCase names; error and output as read (cut
+    to ``CLIP`` characters by the list's query, whole for one child)."""
     values: dict[str, Any] = {_camel(name): getattr(record, name) for name in _CHILD_FIELDS}
-    values["error"] = record.error[:clip]
-    values["output"] = record.output[:clip]
+    values["error"] = record.error
+    values["output"] = record.output
     return values
 
 
@@ -168,8 +184,21 @@ def encode_json(value: Any) -> str:
     return encode(value).decode()
 
 
-def _whole(text: str | None, default: int) -> int:
-    return int(text) if text is not None and text.isdigit() else default
+def number(text: str | None, name: str, least: int, most: int, default: int) -> int:
+    """``text`` as a whole number from ``least`` to ``most``; ``default`` when absent
+    or empty. Only ASCII digits count (``"²".isdigit()`` is true), and no more of them
+    than ``most`` has, so nothing long is ever converted.
+
+    Raises:
+        errors.InputError: anything else, in one line naming ``name``.
+    """
+    if not text:
+        return default
+    if len(text) <= len(str(most)) and text.isascii() and text.isdigit():
+        value = int(text)
+        if least <= value <= most:
+            return value
+    raise errors.InputError(f"{name} must be a whole number from {least} to {most}")
 
 
 def _asset(name: str) -> bytes:
@@ -182,7 +211,7 @@ class Page:
     def __init__(self, inspector: Inspector, interval: float = WATCH_INTERVAL_S) -> None:
         self.inspector = inspector
         self.commits = Commits()
-        self.streams = 0
+        self.streams = Streams(MAX_STREAMS)
         self._interval = interval
         database = html.escape(passwords.redacted(inspector.url), quote=True)
         self._index = _asset("index.html").replace(b"{database}", database.encode())
@@ -202,11 +231,21 @@ class Page:
             Route("/api/changes", self.changes),
         ]
         middleware = [
+            Middleware(SecurityHeaders),  # on every refusal too, the Host check's first
             Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)),
-            Middleware(SecurityHeaders),  # on a refusal too
             *([] if token is None else [Middleware(TokenGate, token=token)]),
         ]
-        return Starlette(routes=routes, middleware=middleware, lifespan=self._lifespan)
+        handlers = {
+            errors.InputError: _refused,
+            errors.StoreError: _unavailable,
+            Exception: _failed,  # answered outside the middleware: its headers are its own
+        }
+        return Starlette(
+            routes=routes,
+            middleware=middleware,
+            exception_handlers=handlers,
+            lifespan=self._lifespan,
+        )
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
@@ -239,11 +278,11 @@ class Page:
         if state is not None and state not in set(State):
             return JSONResponse({"error": f"unknown state; use one of {', '.join(State)}"}, 400)
         lease_id = request.query_params.get("lease") or None
-        limit = min(_whole(request.query_params.get("limit"), 200), MAX_LIST)
+        limit = number(request.query_params.get("limit"), "?limit=", 1, MAX_LIST, 200)
         records = await self.read(
-            lambda: self.inspector.list_children(state=state, lease_id=lease_id, limit=limit)
+            lambda: self.inspector.summaries(state=state, lease_id=lease_id, limit=limit, clip=CLIP)
         )
-        listed = [child_json(record, CLIP) for record in records]
+        listed = [child_json(record) for record in records]
         return JSONResponse({"now": time.time(), "children": listed})
 
     async def leases(self, request: Request) -> Response:
@@ -258,13 +297,13 @@ class Page:
         ``end`` once it is terminal."""
         conversation_id = request.path_params["conversation_id"]
         run_id = request.query_params.get("run") or None
-        record = await self.read(self.inspector.get_child, conversation_id, run_id)
+        after = number(request.headers.get("last-event-id"), "Last-Event-ID", 0, I64_MAX, -1)
+        if after < 0:
+            after = number(request.query_params.get("after"), "?after=", 0, I64_MAX, 0)
+        record = await self.read(self.inspector.summary, conversation_id, run_id)
         if record is None:
             return JSONResponse({"error": "no such child"}, 404)
-        after = _whole(request.headers.get("last-event-id"), -1)
-        if after < 0:
-            after = _whole(request.query_params.get("after"), 0)
-        return self._stream(self._follow(record, after))
+        return self._stream(lambda outbox: self._follow(record, after, outbox))
 
     async def steps(self, request: Request) -> Response:
         """The steps one execution (``?run=``, default the newest) recorded: the last
@@ -290,32 +329,34 @@ class Page:
     async def changes(self, request: Request) -> Response:
         """A ``changed`` frame whenever the database moved (at most every
         ``CHANGES_EVERY_S``): the page then reads its lists again."""
-        return self._stream(self._changes())
+        return self._stream(lambda _outbox: self._changes())
 
-    def _stream(self, frames: AsyncIterator[str]) -> Response:
-        if self.streams >= MAX_STREAMS:
+    def _stream(self, frames: Callable[[Outbox], AsyncGenerator[str, None]]) -> Response:
+        if self.streams.full():
             return JSONResponse({"error": "too many open streams"}, 503)
+        return EventStream(frames, self.streams, self.commits.stopping, MAX_UNSENT_BYTES)
 
-        async def counted() -> AsyncIterator[str]:
-            self.streams += 1
-            try:
-                yield "retry: 2000\n\n"
-                async for item in frames:
-                    yield item
-            except errors.StoreError as exc:  # the client's EventSource comes back
-                log.warning("stream ended: %s", exc, extra={"action": "web_stream_failed"})
-            finally:
-                self.streams -= 1
-
-        return StreamingResponse(counted(), media_type="text/event-stream")
-
-    async def _follow(self, record: ChildRecord, after: int) -> AsyncIterator[str]:
+    async def _follow(
+        self, record: ChildSummary, after: int, outbox: Outbox
+    ) -> AsyncGenerator[str, None]:
         conversation_id, run_id = record.conversation_id, record.run_id
+        behind = False  # the last page was full: more is committed already
+
+        async def sizes(after: int) -> list[tuple[int, int]]:
+            return await self.read(self.inspector.event_sizes, record.id, after, PAGE)
+
+        pace = Pace(outbox, self.commits, sizes, PING_S)
 
         async def read(after: int, limit: int) -> ChildPage:
-            return await self.read(self.inspector.page, conversation_id, run_id, after, limit)
+            nonlocal behind
+            if behind:
+                await pace.room(after)  # raises Dropped: the client is not reading
+            page = await self.read(self.inspector.page, conversation_id, run_id, after, limit)
+            behind = len(page.events) >= limit or page.more
+            pace.read(behind)
+            return page
 
-        shown: ChildRecord | None = None
+        shown: ChildSummary | None = None
         last: ChildPage | None = None
         async for last in pages(read, self.commits, after, PAGE):
             if last.child is None:  # purged meanwhile
@@ -329,7 +370,7 @@ class Page:
         if last is not None and last.child is not None and last.done:
             yield frame(encode_json(child_json(last.child)), "end")
 
-    async def _changes(self) -> AsyncIterator[str]:
+    async def _changes(self) -> AsyncGenerator[str, None]:
         seen = self.commits.count
         while await self.commits.moved(seen):
             if self.commits.count != seen:
@@ -338,6 +379,21 @@ class Page:
                 await asyncio.sleep(CHANGES_EVERY_S)
             else:
                 yield ": ping\n\n"
+
+
+def _refused(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"error": str(exc)}, 400)
+
+
+def _unavailable(request: Request, exc: Exception) -> Response:
+    log.warning("a read failed: %s", exc, extra={"action": "web_read_failed"})
+    return JSONResponse({"error": str(exc)}, 503)
+
+
+def _failed(request: Request, exc: Exception) -> Response:
+    """A fault of ours (uvicorn logs it with its traceback): a bare 500, with the
+    headers every answer has."""
+    return JSONResponse({"error": "internal error"}, 500, headers=HEADERS)
 
 
 class SecurityHeaders:

@@ -141,7 +141,7 @@ def screenshot(target: Path) -> None:
         with SyncClient.spawn(["--db", db, "--runner", "scripted"]) as host:
             chosen = _start_two(host, where)
             time.sleep(3)  # a few steps each
-            with web(db) as page, chromium(1400, 720) as driver:
+            with web(db) as page, chromium(1280, 800) as driver:  # a laptop's screen
                 driver.get(page.link(f"?child={chosen}"))
                 time.sleep(2)  # the lists and the events arrive
                 driver.save_screenshot(str(target))

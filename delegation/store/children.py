@@ -11,7 +11,7 @@ from sqlalchemy import Connection, select, update
 
 from delegation import errors, machine
 from delegation.machine import State, Trigger
-from delegation.records import ChildRecord
+from delegation.records import ChildRecord, ChildSummary
 from delegation.store import Spelling, chunks, run, spelling_of
 from delegation.store.tables import children, purged
 
@@ -78,9 +78,13 @@ def get(conn: Connection, child_id: int) -> ChildRecord | None:
 
 def find(conn: Connection, conversation_id: str, run_id: str | None = None) -> ChildRecord | None:
     """One execution: by run id, or the newest of the conversation."""
+    return _one(conn, *_found(conversation_id, run_id))
+
+
+def _found(conversation_id: str, run_id: str | None) -> tuple[str, tuple[str, ...]]:
     if run_id:
-        return _one(conn, "conversation_id = ? AND run_id = ?", (conversation_id, run_id))
-    return _one(conn, "conversation_id = ? ORDER BY id DESC LIMIT 1", (conversation_id,))
+        return "conversation_id = ? AND run_id = ?", (conversation_id, run_id)
+    return "conversation_id = ? ORDER BY id DESC LIMIT 1", (conversation_id,)
 
 
 def by_run(conn: Connection, run_id: str) -> ChildRecord | None:
@@ -325,6 +329,44 @@ def listing(
     limit: int = 100,
 ) -> list[ChildRecord]:
     """Children newest first, filtered; an unfinished state reads only unfinished rows."""
+    active, where, params = _filtered(state, lease_id, parent_run_id, parent_conversation_id)
+    return _many(conn, where, (*params, limit), active=active, planned_each_time=True)
+
+
+def summaries(
+    conn: Connection,
+    *,
+    state: str | None = None,
+    lease_id: str | None = None,
+    limit: int = 100,
+    clip: int | None = None,
+) -> list[ChildSummary]:
+    """What a list shows of the children :func:`listing` finds: their columns, never a
+    stored request, preset or options, with error and output cut to ``clip``
+    characters by the query itself (SQLite's and PostgreSQL's ``substr``)."""
+    active, where, params = _filtered(state, lease_id, None, None)
+    source = spelling_of(conn).active if active else "children"
+    sql = f"{_summary_select(source, clip)} WHERE {where}"
+    rows = run(conn, sql, (*params, limit), planned_each_time=True)
+    return [ChildSummary(*row) for row in rows.fetchall()]
+
+
+def summary(conn: Connection, conversation_id: str, run_id: str | None) -> ChildSummary | None:
+    """One execution as :func:`find` finds it, as a page shows it (error and output
+    whole; nothing else stored beside them)."""
+    where, params = _found(conversation_id, run_id)
+    row = run(conn, f"{_summary_select('children', None)} WHERE {where}", params).fetchone()
+    return None if row is None else ChildSummary(*row)
+
+
+def _filtered(
+    state: str | None,
+    lease_id: str | None,
+    parent_run_id: str | None,
+    parent_conversation_id: str | None,
+) -> tuple[bool, str, list[Any]]:
+    """Whether the listing reads through the one-active index, its ``WHERE`` (newest
+    first, up to a bound ``LIMIT``) and the parameters before the limit's."""
     active = state in ACTIVE_STATES
     where, params = ([ACTIVE_TERM] if active else []), []
     for name, value in (
@@ -337,5 +379,17 @@ def listing(
             where.append(f"{name} = ?")
             params.append(value)
     conditions = " AND ".join(where) or "TRUE"  # no filter: every child
-    sql = f"{conditions} ORDER BY id DESC LIMIT ?"
-    return _many(conn, sql, (*params, limit), active=active, planned_each_time=True)
+    return active, f"{conditions} ORDER BY id DESC LIMIT ?", params
+
+
+# What a summary reads: its fields' columns (ChildSummary ends with error and output,
+# which a list reads cut).
+_SUMMARY = tuple(f.name for f in dataclasses.fields(ChildSummary))
+
+
+@cache
+def _summary_select(source: str, clip: int | None) -> str:
+    texts = ["error", "output"]
+    if clip is not None:
+        texts = [f"substr({name}, 1, {int(clip)})" for name in texts]
+    return f"SELECT {', '.join([*_SUMMARY[:-2], *texts])} FROM {source}"

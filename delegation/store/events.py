@@ -12,6 +12,15 @@ from delegation.store import run, run_many
 _INSERT = "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)"
 _OUTPUT = "UPDATE children SET output = ? WHERE id = ?"
 _PAGE = "SELECT body FROM events WHERE child_id = ? AND sequence > ? ORDER BY sequence LIMIT ?"
+# The sizes alone (SQLite's length() and PostgreSQL's of a TOASTed value read no body).
+_SIZES = (
+    "SELECT sequence, length(body) FROM events WHERE child_id = ? AND sequence > ?"
+    " ORDER BY sequence LIMIT ?"
+)
+_UP_TO = (
+    "SELECT body FROM events WHERE child_id = ? AND sequence > ? AND sequence <= ?"
+    " ORDER BY sequence"
+)
 
 
 class EventRow(NamedTuple):
@@ -34,3 +43,29 @@ def page(conn: Connection, child_id: int, after: int, limit: int) -> list[bytes]
     # ``after`` is a wire uint64; SQLite binds int64 only, and no sequence is larger.
     after = min(after, I64_MAX)
     return [body for (body,) in run(conn, _PAGE, (child_id, after, limit)).fetchall()]
+
+
+def sizes(conn: Connection, child_id: int, after: int, limit: int) -> list[tuple[int, int]]:
+    """The sequence and stored size of up to ``limit`` events after ``after``, oldest
+    first; no body is read."""
+    rows = run(conn, _SIZES, (child_id, min(after, I64_MAX), limit)).fetchall()
+    return [(int(sequence), int(size)) for sequence, size in rows]
+
+
+def page_within(
+    conn: Connection, child_id: int, after: int, limit: int, max_bytes: int
+) -> tuple[list[bytes], bool]:
+    """:func:`page`, also stopped before the body that would take the page past
+    ``max_bytes`` (the first always comes, whatever its size), and whether it stopped
+    there with more committed: no more bodies than that are ever read."""
+    after = min(after, I64_MAX)
+    last, total, count = after, 0, 0
+    found = sizes(conn, child_id, after, limit)
+    for sequence, size in found:
+        if count and total + size > max_bytes:
+            break
+        last, total, count = sequence, total + size, count + 1
+    if not count:
+        return [], False
+    bodies = [body for (body,) in run(conn, _UP_TO, (child_id, after, last)).fetchall()]
+    return bodies, count < len(found)

@@ -474,10 +474,18 @@ def leases_of_runner(conn: Connection, runner_id: str) -> list[str]:
     return live_leases(conn, grants.c.runner_id == runner_id)
 
 
+_LEASE_COLUMNS = (
+    *("lease_id", "runner_id", "extension_id", "run_id", "conversation_id", "created_at"),
+    *("expires_at", "activated_at", "revoked_at", "revoke_reason"),
+)
+
+
 def leases_with_counts(conn: Connection, runner_id: str | None = None) -> list[LeaseRecord]:
     """Live leases and tombstones, newest first, with how many children each holds."""
     count = select(func.count()).where(children_table.c.grant_id == grants.c.id).scalar_subquery()
-    query = select(grants, count.label("children")).where(grants.c.kind == "lease")
+    # The columns a lease shows, never the grant's stored presets or policy.
+    shown = [grants.c[name] for name in _LEASE_COLUMNS]
+    query = select(*shown, count.label("children")).where(grants.c.kind == "lease")
     if runner_id is not None:
         query = query.where(grants.c.runner_id == runner_id)
     rows = conn.execute(query.order_by(grants.c.created_at.desc()))
