@@ -5,15 +5,51 @@
   child's version to move. Nothing polls: a follower sleeps until the commit itself
   wakes it.
 * Across processes, each store has its watch (:class:`delegation.store.watch.Watch`).
+* :func:`keep_running`: what loops on a watch (the engine's control watcher, the web
+  page's) is run again after a pause when it fails, never left dead (SPEC §18).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 from delegation import errors
+
+log = logging.getLogger("delegation.watch")
+
+RESTART_PAUSE_S = 0.1  # the first pause before a failed loop runs again
+RESTART_PAUSE_MAX_S = 5.0  # doubling up to this while it keeps failing
+
+
+async def keep_running(
+    name: str, loop: Callable[[], Awaitable[None]], *, pause: float = RESTART_PAUSE_S
+) -> None:
+    """Run ``loop()`` until it returns, and again whenever it raises (cancelling this
+    is the way to stop it): each failure is logged with its traceback
+    (``watch_loop_restarted``, with the loop's ``name``) and the loop runs again after a
+    pause: ``pause`` at first, doubling up to ``RESTART_PAUSE_MAX_S`` while each run
+    fails within that long."""
+    wait = pause
+    while True:
+        began = asyncio.get_running_loop().time()
+        try:
+            await loop()
+            return
+        except Exception:
+            log.error(
+                "%s failed; running it again in %.1f s",
+                name,
+                wait,
+                exc_info=True,
+                extra={"action": "watch_loop_restarted", "loop": name},
+            )
+        ran = asyncio.get_running_loop().time() - began
+        wait = pause if ran > RESTART_PAUSE_MAX_S else wait
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, RESTART_PAUSE_MAX_S)
 
 
 class _Watch:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import html
 import logging
 import socket
@@ -64,6 +65,7 @@ from delegation.machine import State
 from delegation.records import ChildSummary, LeaseRecord
 from delegation.show import lease_status, step_json
 from delegation.store import migrate, stores
+from delegation.watch import keep_running
 from delegation.web_stream import (
     MAX_STREAMS,
     MAX_UNSENT_BYTES,
@@ -143,7 +145,8 @@ class Commits:
         return not self.stopped
 
     async def watch(self, url: str, interval: float) -> None:
-        """Move the version at every commit of another connection, until cancelled."""
+        """Move the version at every commit of another connection, until cancelled (a
+        failure, say the server away as it opens, is the caller's to run it again)."""
         watch = await run_in_threadpool(stores.open_watch, url, interval)
         try:
             while True:
@@ -249,8 +252,8 @@ class Page:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
-        watcher = asyncio.create_task(self.commits.watch(self.inspector.url, self._interval))
-        watcher.add_done_callback(_report)
+        watch = functools.partial(self.commits.watch, self.inspector.url, self._interval)
+        watcher = asyncio.create_task(keep_running("the web page's database watch", watch))
         try:
             yield
         finally:
@@ -415,16 +418,6 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
-
-
-def _report(watcher: asyncio.Task[None]) -> None:
-    if not watcher.cancelled() and watcher.exception() is not None:
-        # Streams still read again every PING_S; the page is only slower to move.
-        log.error(
-            "the database watch failed: %s",
-            watcher.exception(),
-            extra={"action": "web_watch_failed"},
-        )
 
 
 class _Server(uvicorn.Server):

@@ -7,6 +7,11 @@ database; the host that owns the file watches it (``PRAGMA data_version``, see
 running applies them at its next boot. Applying twice is harmless: a cancel of a
 finished child returns it unchanged, and a steer's request id makes it idempotent, so
 a host that dies between applying and recording does no harm by applying again.
+
+Nothing it meets stops it (SPEC §18): its watch never raises (a bad notice or a failed
+question is logged once and counts as "something may have moved"), a read that fails is
+logged once until one succeeds again, and a loop that fails anyway is logged and run
+again (:func:`delegation.watch.keep_running`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
 from delegation.store.controls import ControlRecord
 from delegation.store.watch import Watch
+from delegation.watch import keep_running
 from delegation.wire import Result, SteerResult
 
 # The engine's own cancel and steer of one execution (Engine.cancel_child, steer_child).
@@ -53,9 +59,11 @@ class ControlWatcher:
         self._task: asyncio.Task[None] | None = None
         self._applying: set[int] = set()
         self._running: set[asyncio.Task[None]] = set()
+        self._unread: set[str] = set()  # the reads failing now (each logged once)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="delegation-controls")
+        loop = keep_running("the control watcher", self._loop)
+        self._task = asyncio.create_task(loop, name="delegation-controls")
 
     async def stop(self) -> None:
         """Stop watching; requests being applied are cancelled (applied again at boot)."""
@@ -88,8 +96,9 @@ class ControlWatcher:
         try:
             steers = await self._rt.db.read(lambda c: maintenance.undelivered_steers(c, local))
         except errors.DelegationError as exc:
-            log.warning("steers not read: %s", exc, extra={"action": "steers_unread"})
+            self._unread_now("steers_unread", "steers", exc)
             return
+        self._read_again("steers_unread")
         for child_id, steer_id, message in steers:
             self._supervisor.deliver(child_id, steer_id, message)  # each steer id at most once
 
@@ -98,8 +107,9 @@ class ControlWatcher:
         try:
             pending = await self._rt.db.read(lambda c: maintenance.pending_controls(c, instance_id))
         except errors.DelegationError as exc:  # a busy or closing store: next change
-            log.warning("control requests not read: %s", exc, extra={"action": "controls_unread"})
+            self._unread_now("controls_unread", "control requests", exc)
             return
+        self._read_again("controls_unread")
         for control in pending:
             if control.id in self._applying:
                 continue
@@ -107,6 +117,18 @@ class ControlWatcher:
             task = asyncio.create_task(self._apply(control))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+
+    def _unread_now(self, action: str, what: str, exc: errors.DelegationError) -> None:
+        """A read failed: logged the first time of a run of failures (read again at
+        the next change or poll)."""
+        if action not in self._unread:
+            self._unread.add(action)
+            log.warning("%s not read: %s", what, exc, extra={"action": action})
+
+    def _read_again(self, action: str) -> None:
+        if action in self._unread:
+            self._unread.discard(action)
+            log.info("read again after failures", extra={"action": f"{action}_ended"})
 
     async def _apply(self, control: ControlRecord) -> None:
         try:
@@ -122,6 +144,8 @@ class ControlWatcher:
             )
         except errors.DelegationError as exc:
             log.warning("control request not applied: %s", exc, extra={"action": "control_failed"})
+        except Exception:  # not ours to end the watcher: tried again at the next change
+            log.exception("control request not applied", extra={"action": "control_failed"})
         finally:
             self._applying.discard(control.id)
 

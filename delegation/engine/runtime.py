@@ -144,10 +144,21 @@ class Runtime:
             log.warning("background write dropped: %s", exc, extra={"action": "write_dropped"})
 
     def background(self, work: Coroutine[Any, Any, Any]) -> None:
-        """Run ``work`` in a task of its own, cancelled at close."""
+        """Run ``work`` in a task of its own, cancelled at close; a failure nobody
+        awaits is logged (``background_failed``), never silent."""
         task = asyncio.create_task(work)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error(
+                "background task failed: %s",
+                exc,
+                exc_info=exc,
+                extra={"action": "background_failed"},
+            )
 
     async def stop_background(self) -> None:
         await cancelled(self._background)

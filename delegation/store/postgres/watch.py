@@ -1,8 +1,17 @@
-"""PostgreSQL's watch: ``LISTEN delegation``, with a slow poll as a fallback."""
+"""PostgreSQL's watch: ``LISTEN delegation``, with a slow poll as a fallback.
+
+Any login that may connect can ``NOTIFY delegation`` with any payload (it needs no
+privilege), so a payload is read strictly (SPEC §18): ``c`` (a control request or a
+steer), empty (anything may have moved), or child ids, each 1 to 19 ASCII digits,
+separated by commas. Anything else counts as "anything may have moved", and is logged
+once per watch (``watch_bad_notice``), however many come.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 import threading
 import time
 from typing import Any
@@ -12,7 +21,12 @@ from delegation.store.postgres.admin import CHANNEL
 from delegation.store.postgres.connect import connect_error, libpq
 from delegation.store.watch import Watch
 
+log = logging.getLogger("delegation.store")
+
 _WATCH_RETRY_S = 0.25
+# What our notices name: child ids, each a positive 64-bit integer (BIGINT's bound).
+_IDS = re.compile(r"[0-9]{1,19}(?:,[0-9]{1,19})*")
+_MAX_ID = 2**63 - 1
 
 
 class PostgresWatch(Watch):
@@ -37,6 +51,7 @@ class PostgresWatch(Watch):
         self._polled = time.monotonic()
         self._retry_at = 0.0  # while the server is away: when to connect again
         self._moved: set[int] | None = set()
+        self._told = False  # a bad notice was logged (once per watch)
 
     def _listen(self) -> Any:
         import psycopg
@@ -47,12 +62,13 @@ class PostgresWatch(Watch):
         conn.execute(f"LISTEN {CHANNEL}")
         return conn
 
-    def changed(self) -> bool:
+    def ask(self) -> bool:
         """Whether a notice came since the last call (or the fallback poll is due).
 
         A lost connection is opened again (and LISTENs again) at most every
         ``_WATCH_RETRY_S``; once it is, everything counts as moved: notices sent
-        meanwhile were lost."""
+        meanwhile were lost. One that failed otherwise is opened again at once, and
+        the failure raised (:meth:`Watch.changed` logs it)."""
         with self._lock:
             moved = False
             try:
@@ -60,9 +76,14 @@ class PostgresWatch(Watch):
                     moved = True
                     self._note(notice.payload)
             except Exception as exc:
-                if not unavailable(exc):
-                    raise
-                return self._again()
+                if unavailable(exc):
+                    return self._again()
+                # Not an outage (a notice the driver could not decode, say): the
+                # connection may be left unusable, so a new one LISTENs, and
+                # changed() logs what happened.
+                self._retry_at = 0.0
+                self._again()
+                raise
             now = time.monotonic()
             if moved or now - self._polled >= self._fallback:
                 self._polled = now
@@ -87,12 +108,28 @@ class PostgresWatch(Watch):
         return True
 
     def _note(self, payload: str) -> None:
+        """Take one notice's payload (see the module for what is read)."""
         if payload == "c":  # a control request or a steer: no child's events
             return
-        if not payload or self._moved is None:
-            self._moved = None  # too many to name: any child may have moved
+        ids = _ids(payload)
+        if ids is None:
+            self._bad(payload)
+        if not ids or self._moved is None:
+            self._moved = None  # too many to name, or not named: any child may have moved
             return
-        self._moved.update(int(i) for i in payload.split(",") if i.isdigit())
+        self._moved.update(ids)
+
+    def _bad(self, payload: str) -> None:
+        """Log a notice that is not ours, once per watch: anyone may flood the channel."""
+        if not self._told:
+            self._told = True
+            log.warning(
+                "a notice on %s that is not ours, skipped as if any child had moved"
+                " (logged once): %r",
+                CHANNEL,
+                payload[:40],
+                extra={"action": "watch_bad_notice"},
+            )
 
     def moved(self) -> set[int] | None:
         with self._lock:
@@ -102,3 +139,14 @@ class PostgresWatch(Watch):
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _ids(payload: str) -> list[int] | None:
+    """The child ids a payload names (none for the empty one: look at everything), or
+    None when it is not a payload of ours."""
+    if not payload:
+        return []
+    if _IDS.fullmatch(payload) is None:
+        return None
+    ids = [int(i) for i in payload.split(",")]
+    return ids if max(ids) <= _MAX_ID else None

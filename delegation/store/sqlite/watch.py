@@ -24,7 +24,7 @@ class FileWatch(Watch):
         (version,) = self._conn.execute("PRAGMA data_version").fetchone()
         return int(version)
 
-    def changed(self) -> bool:
+    def ask(self) -> bool:
         version = self._read()
         moved, self._version = version != self._version, version
         return moved
