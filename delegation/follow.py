@@ -14,15 +14,32 @@ What reads the pages and what wakes the follower is the caller's: the engine rea
 through its store and is woken by its own commits (:class:`ChildWake` over its
 notices); the inspector and the web page read through an :class:`Inspector` and are
 woken by a database watch (:class:`WatchWake`).
+
+Nothing lost or failed can hang a follower or end it early (SPEC §18): without a wake-up
+for ``RECHECK_S`` it reads again anyway, so a lost notice (or a state change that sent
+none) only delays its end; a read that fails because the database is busy or away is
+logged once (``follow_read_failed``) and tried again, with pauses growing to
+``READ_PAUSE_MAX_S``. Any other failure of a read ends the follow with it (a purged
+child's :class:`errors.ChildPurged`, a closed store).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Protocol, TypeVar
 
+from delegation import errors
 from delegation.wire import Event
+
+log = logging.getLogger("delegation.follow")
+
+RECHECK_S = 1.0  # with no wake-up for this long, a follower reads its child again
+READ_PAUSE_S = 0.1  # after a read the database could not answer: the first pause
+READ_PAUSE_MAX_S = 2.0  # doubling up to this while reads keep failing
+# What a read may meet that another read may not: retried, never the follow's end.
+PASSING = (errors.StoreUnavailable, errors.DatabaseBusy)
 
 
 class Page(Protocol):
@@ -53,21 +70,49 @@ class Wake(Protocol):
 
 
 async def pages(
-    read: Callable[[int, int], Awaitable[P]], wake: Wake, after: int, limit: int
+    read: Callable[[int, int], Awaitable[P]],
+    wake: Wake,
+    after: int,
+    limit: int,
+    *,
+    recheck: float = RECHECK_S,
 ) -> AsyncIterator[P]:
     """Every page ``read(after, limit)`` gives, each ``after`` the last event of the one
     before, until a page that is not full finds the child terminal (or ``wake`` says
-    stop). ``read`` returns at most ``limit`` events, oldest first."""
+    stop). ``read`` returns at most ``limit`` events, oldest first. Without a wake-up
+    for ``recheck`` seconds it reads again anyway; a read the database could not answer
+    (:data:`PASSING`) is logged once and tried again."""
+    pause = 0.0  # > 0: reads are failing (and this was the last pause)
     while True:
         seen = wake.version()
-        page = await read(after, limit)
+        try:
+            page = await read(after, limit)
+        except PASSING as exc:
+            if not pause:
+                log.warning(
+                    "following a child: a read failed, trying again: %s",
+                    exc,
+                    extra={"action": "follow_read_failed"},
+                )
+            pause = min(max(pause * 2, READ_PAUSE_S), READ_PAUSE_MAX_S)
+            await asyncio.sleep(pause)
+            continue
+        pause = 0.0
         yield page
         if page.events:
             after = page.events[-1].sequence
         if len(page.events) >= limit or getattr(page, "more", False):
             continue  # more are committed already
-        if page.done or not await wake.moved(seen):
+        if page.done or not await _moved(wake, seen, recheck):
             return
+
+
+async def _moved(wake: Wake, since: int, timeout: float) -> bool:
+    """``wake.moved(since)``, or True (read again) once ``timeout`` passed without it."""
+    try:
+        return await asyncio.wait_for(wake.moved(since), timeout)
+    except TimeoutError:
+        return True
 
 
 async def events(

@@ -1,14 +1,18 @@
 """The one follow loop (delegation.follow) that the engine, the CLI and the web page share:
 full pages are read again at once, a page that is not full ends the follow only when the
 child was terminal then, a commit during a read is not slept past, and a wake that says
-stop ends it without the end."""
+stop ends it without the end; a follower never woken still reads again and ends, and a
+read the database could not answer is tried again."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 
-from delegation import follow
+import pytest
+
+from delegation import errors, follow
 from delegation.wire import Event
 
 
@@ -85,3 +89,65 @@ async def test_a_wake_that_says_stop_ends_the_follow_on_the_last_page() -> None:
     child.commit(1)
     got = [page async for page in follow.pages(child.read, child, 0, 128)]
     assert [len(p.events) for p in got] == [1] and not got[-1].done
+
+
+class Silent:
+    """A wake that never moves: every notice is lost."""
+
+    def version(self) -> int:
+        return 0
+
+    async def moved(self, since: int) -> bool:
+        await asyncio.Event().wait()
+        return True
+
+
+async def test_a_follower_never_woken_reads_again_and_ends_with_the_child() -> None:
+    """A lost notice (or an end that sent none) delays the end, never hangs it."""
+    child = Child()
+    child.commit(2)
+    got: list[int] = []
+
+    async def follower() -> None:
+        async for event in follow.events(child.read, Silent(), 0, 128):
+            got.append(event.sequence)
+
+    task = asyncio.create_task(follower())
+    while len(child.reads) < 2:  # it read again with no wake-up
+        await asyncio.sleep(0.01)
+    child.commit(1, end=True)
+    await asyncio.wait_for(task, 60)
+    assert got == [1, 2, 3]
+
+
+async def test_a_read_the_database_could_not_answer_is_logged_once_and_tried_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="delegation")
+    child = Child()
+    child.commit(3, end=True)
+    failures = [errors.StoreUnavailable(), errors.DatabaseBusy(), errors.StoreUnavailable()]
+
+    async def read(after: int, limit: int) -> Page:
+        if failures:
+            raise failures.pop(0)
+        return await child.read(after, limit)
+
+    got = [e.sequence async for e in follow.events(read, child, 0, 128)]
+    assert got == [1, 2, 3] and not failures
+    failed = [r for r in caplog.records if getattr(r, "action", "") == "follow_read_failed"]
+    assert len(failed) == 1, "a run of failures is logged once"
+
+
+async def test_a_read_that_fails_otherwise_ends_the_follow_with_its_error() -> None:
+    child = Child()
+    child.commit(1)
+
+    async def read(after: int, limit: int) -> Page:
+        if child.reads:
+            raise errors.ChildPurged()
+        return await child.read(after, limit)
+
+    with pytest.raises(errors.ChildPurged):
+        async for _ in follow.events(read, Silent(), 0, 128):
+            pass

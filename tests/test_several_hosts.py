@@ -8,6 +8,7 @@ acknowledged is what it printed after its flush returned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ import pytest
 import sqlalchemy
 from sqlalchemy.pool import NullPool
 
-from delegation import ChildContext, Engine, EngineConfig, Params, Preset, Request
+from delegation import ChildContext, Engine, EngineConfig, Params, Preset, Request, errors
 from delegation.clock import ManualClock, ServerClock
 from tests import rows
 
@@ -343,6 +344,45 @@ async def test_cancel_steer_release_read_and_follow_reach_the_host_running_the_c
         done = await b.call(conn, "child.read", Params(**owner_of, lease_id=l1, child_id=c1))
         assert done.done and done.cancelled
         assert owner(postgres_db, c0) == ("running", a.instance), "A keeps its own child"
+    finally:
+        await b.close()
+
+
+@pytest.mark.timeout(240)
+async def test_a_follow_on_the_taking_host_ends_when_its_takeover_ends_the_child(
+    postgres_db: str, hosts: list[Host]
+) -> None:
+    """Host A is paused (its lock held, its heartbeat stale) after B was asked to cancel
+    its child; B takes A over and the takeover ends the child, writing no event: B's
+    own ``follow`` of it ends all the same (SPEC §18)."""
+    a = await asyncio.to_thread(launch, hosts, postgres_db, "A", 1, 0.5, 3.0)
+    await asyncio.to_thread(streaming, a)
+    ((conversation, _),) = a.started().items()
+    config = EngineConfig(host_heartbeat_s=0.5, host_timeout_s=3.0, release_drain_s=1.0)
+    b = Engine(postgres_db, runner=Holding(), config=config)
+    await b.open()
+    try:
+        seen: list[str] = []
+
+        async def follow() -> None:
+            async for event in b.follow(conversation):
+                seen.append(event.text)
+
+        follower = asyncio.create_task(follow())
+        for _ in range(6000):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen and not follower.done()
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        with contextlib.suppress(errors.CancelUnconfirmed):  # A cannot answer
+            await b.cancel_child(conversation)
+        await asyncio.wait_for(follower, 60)
+        assert owner(postgres_db, conversation)[0] == "cancelled"
+        taken = rows.scalar(
+            postgres_db, "SELECT taken_by FROM engine_instances WHERE id = :a", {"a": a.instance}
+        )
+        assert taken == b.instance_id, "B's takeover ended it"
     finally:
         await b.close()
 

@@ -536,10 +536,14 @@ class Engine:
     ) -> AsyncIterator[Event]:
         """Every committed event of an execution after ``after``, each once, in order,
         as it commits; the iterator ends once the execution is terminal and its last
-        event was given. Woken by the commit itself: nothing polls.
+        event was given, whoever ended it (this host, another one, a takeover). Woken by
+        the commit itself (another host's by its ``NOTIFY``); with no wake-up for a
+        second it reads again anyway, so a lost notice only delays the end. A read the
+        database could not answer is tried again (see :mod:`delegation.follow`).
 
         Raises:
             errors.ChildNotFound: no such execution.
+            errors.ChildPurged: the execution was purged before its end was read.
             errors.HostClosing: the engine closed while following.
         """
         self._require_open()
