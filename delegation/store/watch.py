@@ -62,8 +62,8 @@ class Watch:
         raise NotImplementedError
 
     def moved(self) -> set[int] | None:
-        """The children whose events other processes committed since the last call,
-        when the store tells (PostgreSQL); None: not known, any may have moved."""
+        """The children whose events or end other processes committed since the last
+        call, when the store tells (PostgreSQL); None: not known, any may have moved."""
         return None
 
     def wait_sync(self, timeout: float | None = None) -> bool:

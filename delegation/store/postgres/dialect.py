@@ -28,8 +28,9 @@ this dialect holds is only what PostgreSQL does differently:
   lock, so two hosts starting together never migrate at once.
 * **Notices** across processes: a batch that committed events, and an operator's
   control request, send ``NOTIFY delegation`` in their own transaction (delivered at
-  commit); :class:`delegation.store.postgres.watch.PostgresWatch` listens, with a slow
-  poll as a fallback.
+  commit), and so does a child's end, whoever writes it (a trigger, migration 0012);
+  :class:`delegation.store.postgres.watch.PostgresWatch` listens, with a slow poll as
+  a fallback.
 
 Where it stops: reads and inline commits run on the event loop's thread, so a server
 that is slow to answer slows the loop (as a slow disk does on SQLite); run the server

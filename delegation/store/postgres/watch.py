@@ -33,8 +33,8 @@ class PostgresWatch(Watch):
     """Notices of commits by other connections: ``LISTEN delegation``, with a poll.
 
     Only writes that send ``NOTIFY delegation`` are seen at once (events, control
-    requests); anything else within ``fallback`` seconds, when :meth:`changed` says
-    so anyway and the watcher reads its tables again.
+    requests, a child's end); anything else within ``fallback`` seconds, when
+    :meth:`changed` says so anyway and the watcher reads its tables again.
     """
 
     def __init__(self, url: str, interval: float = 0.05, fallback: float = 1.0) -> None:
