@@ -19,7 +19,7 @@ import functools
 import gc
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +29,7 @@ from delegation import errors, follow, maintenance, queries, service, telemetry
 from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
+from delegation.engine import following
 from delegation.engine.membership import Membership
 from delegation.engine.operators import WATCH_INTERVAL_S, ControlWatcher
 from delegation.engine.runtime import Runtime, Use
@@ -560,6 +561,16 @@ class Engine:
                 read, follow.ChildWake(notices, child_id), after, limit
             ):
                 yield event
+
+    def follow_read(self, conn: RunnerConnection, params: ParamsLike) -> AsyncGenerator[Result]:
+        """``child.follow``: the pages ``child.read`` answers from ``params.after`` on,
+        each read as the child's commits land, until the one that finds it terminal.
+        Every page is a read: its authority and refusals (see ``owned_pages``)."""
+        self._require_open()
+        read = functools.partial(self._read, conn)
+        limit = self.config.events_per_read  # the most events _read puts in a page
+        notices, owned = self._rt.notices, self._params(params)
+        return following.owned_pages(read, self.get_child, notices, owned, limit)
 
     async def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
         """Leases and tombstones, newest first."""

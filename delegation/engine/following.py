@@ -1,0 +1,55 @@
+"""``child.follow``: ``child.read`` pushed, for a runner over ``delegation serve``.
+
+:meth:`Engine.follow <delegation.engine.Engine.follow>` is the host's own view: it
+follows any child. A runner follows only what it may read, so here every page is a
+``child.read`` (its authority, its wait for admission, its page bound and its
+refusals), read again each time the child's commits move its version (the engine's
+notices, as :meth:`Engine.follow` is woken). The loop is :func:`delegation.follow.pages`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Awaitable, Callable
+
+import msgspec
+
+from delegation import errors, follow
+from delegation.records import ChildRecord
+from delegation.watch import Notices
+from delegation.wire import Params, Result
+
+
+async def owned_pages(
+    read: Callable[[Params], Awaitable[Result]],
+    locate: Callable[[str, str], Awaitable[ChildRecord | None]],
+    notices: Notices,
+    params: Params,
+    limit: int,
+) -> AsyncGenerator[Result, None]:
+    """Every page ``read`` (``child.read`` with the caller's authority) gives from
+    ``params.after`` on, each after the last event of the one before, until a page that
+    finds the child terminal has given its last event.
+
+    ``locate(conversation_id, run_id)`` names the child the first page read, whose
+    commits wake the follower; ``limit`` is the most events ``read`` puts in a page.
+
+    Raises:
+        errors.DelegationError: whatever ``child.read`` refuses, on any page (a lease
+            released or a connection superseded meanwhile ends the follow so).
+        errors.HostClosing: the engine closed while following.
+    """
+    first = await read(params)  # the authority, and the wait for the admission
+    yield first
+    child = await locate(first.conversation_id, first.run_id)
+    if child is None:
+        raise errors.ChildPurged()
+    after = first.events[-1].sequence if first.events else params.after
+
+    async def page(after: int, _limit: int) -> Result:
+        return await read(msgspec.structs.replace(params, after=after))
+
+    # Watched before the next read: a commit since the first one is read, not slept past.
+    with notices.following(child.id):
+        wake = follow.ChildWake(notices, child.id)
+        async for result in follow.pages(page, wake, after, limit):
+            yield result
