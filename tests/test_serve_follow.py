@@ -10,11 +10,14 @@ import itertools
 import json
 import socket
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from delegation import ChildContext, Engine, Event
+from delegation import ChildContext, Engine, Event, Params, Result
+from delegation.engine.following import owned_pages
 from delegation.serve import Session
 from delegation.serve_io import MAX_BACKLOG, SocketOutbox
+from delegation.watch import Notices
 from tests.support import PRESET, ScriptRunner, hold
 
 OWNER = {"runId": "run-1", "toolCallId": "call-1", "extensionId": "ext", "generation": 7}
@@ -256,3 +259,26 @@ async def test_a_follow_whose_client_stops_reading_waits_within_the_bound(
         peer_end.close()
         await asyncio.wait_for(serving, 60)
         writer.close()
+
+
+async def test_a_page_cut_before_its_count_is_not_taken_for_the_last() -> None:
+    """A read may cut a page before ``events_per_read`` (by bytes, where reads are bounded
+    so) and a Result does not say so: a follow of a terminal child whose reads give two
+    events at a time still gives all of them."""
+    committed = [Event(kind="text", text=str(n), sequence=n) for n in range(1, 8)]
+    identity = {
+        "conversation_id": "c1", "run_id": "r1", "parent_conversation_id": "p",
+        "parent_run_id": "pr", "extension_id": "ext", "profile": "worker",
+    }  # fmt: skip
+
+    async def read(params: Params) -> Result:
+        page = [event for event in committed if event.sequence > params.after][:2]
+        return Result(**identity, done=True, events=page)
+
+    async def locate(conversation_id: str, run_id: str) -> Any:
+        return SimpleNamespace(id=1)  # the id its commits are announced by
+
+    params = Params(run_id="pr", extension_id="ext", generation=7, child_id="c1")
+    pages = owned_pages(read, locate, Notices(), params, limit=128)
+    got = [event.sequence async for page in pages for event in page.events]
+    assert got == list(range(1, 8))

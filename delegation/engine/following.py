@@ -5,18 +5,42 @@ follows any child. A runner follows only what it may read, so here every page is
 ``child.read`` (its authority, its wait for admission, its page bound and its
 refusals), read again each time the child's commits move its version (the engine's
 notices, as :meth:`Engine.follow` is woken). The loop is :func:`delegation.follow.pages`.
+
+A ``Result`` does not say whether its page was cut (by count, or by bytes where reads
+are bounded so), so a page that held events counts as cut: the follower reads again at
+once, and only an empty page lets it sleep. One read more per wake is the price of
+never taking a cut page for the last one.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import NamedTuple
 
 import msgspec
 
 from delegation import errors, follow
 from delegation.records import ChildRecord
 from delegation.watch import Notices
-from delegation.wire import Params, Result
+from delegation.wire import Event, Params, Result
+
+
+class _Page(NamedTuple):
+    """A read's Result as :func:`delegation.follow.pages` sees a page."""
+
+    result: Result
+
+    @property
+    def events(self) -> list[Event]:
+        return self.result.events
+
+    @property
+    def done(self) -> bool:
+        return self.result.done
+
+    @property
+    def more(self) -> bool:
+        return bool(self.result.events)  # perhaps cut: only an empty page is the last
 
 
 async def owned_pages(
@@ -45,11 +69,11 @@ async def owned_pages(
         raise errors.ChildPurged()
     after = first.events[-1].sequence if first.events else params.after
 
-    async def page(after: int, _limit: int) -> Result:
-        return await read(msgspec.structs.replace(params, after=after))
+    async def page(after: int, _limit: int) -> _Page:
+        return _Page(await read(msgspec.structs.replace(params, after=after)))
 
     # Watched before the next read: a commit since the first one is read, not slept past.
     with notices.following(child.id):
         wake = follow.ChildWake(notices, child.id)
-        async for result in follow.pages(page, wake, after, limit):
-            yield result
+        async for cut in follow.pages(page, wake, after, limit):
+            yield cut.result
