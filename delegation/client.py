@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
 import msgspec
@@ -35,6 +35,9 @@ from delegation.codec import decode
 from delegation.options import ExecutionOptions
 from delegation.protocol import (
     CANCEL,
+    EVENTS,
+    FOLLOW,
+    FOLLOW_STOP,
     READ,
     REGISTER,
     RELEASE,
@@ -43,6 +46,7 @@ from delegation.protocol import (
     STEER,
     TOOL_BEGIN,
     TOOL_END,
+    FollowStop,
     Method,
     Register,
     Registration,
@@ -50,7 +54,7 @@ from delegation.protocol import (
     ToolBegin,
     ToolEnd,
 )
-from delegation.wire import Params, Preset, Result, SteerResult
+from delegation.wire import Event, Params, Preset, Result, SteerResult
 
 __all__ = ["Client", "ParamsLike", "Registration", "SyncClient"]
 
@@ -83,7 +87,13 @@ class _Answer(_Id, frozen=True):
     error: _Failure | msgspec.UnsetType = msgspec.UNSET
 
 
+class _Notice(msgspec.Struct, frozen=True):
+    method: str = ""
+    params: msgspec.Raw = msgspec.Raw(b"{}")
+
+
 _answers = msgspec.json.Decoder(_Answer)
+_notices = msgspec.json.Decoder(_Notice)
 _ids = msgspec.json.Decoder(_Id)
 _json_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encoder = msgspec.json.Encoder()
@@ -125,6 +135,8 @@ class Client:
         self._process = process
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[msgspec.Raw]] = {}
+        # Each follow's pages of events as the host pushes them; None: its answer came.
+        self._follows: dict[int, asyncio.Queue[list[Event] | None]] = {}
         self._sending = asyncio.Lock()
         self._ended: errors.DelegationError | None = None
         self._closing = False
@@ -249,6 +261,35 @@ class Client:
         """``child.lease.release``: release a lease and stop its children."""
         return await self._ask(RELEASE, _wire_params(params))
 
+    async def follow(self, params: ParamsLike) -> AsyncGenerator[Event]:
+        """``child.follow``: every event of the child after ``params.after``, each once,
+        in order, as it commits (the host pushes them: nothing polls); ends once the
+        child is terminal and its last event was given. The host reads each page as a
+        ``child.read``: a refusal raises what ``read`` raises, on the first page or later.
+
+        Closing the iterator early (``aclose()``, or leaving ``contextlib.aclosing``)
+        stops the follow on the host and returns once the host has answered it. Events
+        are read off the connection as they arrive (other calls' answers never wait
+        behind them) and wait here until taken.
+        """
+        wire = _wire_params(params)
+        request_id = next(self._ids)
+        pages: asyncio.Queue[list[Event] | None] = asyncio.Queue()
+        self._follows[request_id] = pages
+        answer = asyncio.ensure_future(self._call(request_id, FOLLOW.name, wire))
+        answer.add_done_callback(lambda _: pages.put_nowait(None))  # after every page
+        try:
+            while (page := await pages.get()) is not None:
+                for event in page:
+                    yield event
+            decode(answer.result(), FOLLOW.result)  # a refusal raises here
+        finally:
+            del self._follows[request_id]
+            if not answer.done():
+                with contextlib.suppress(OSError, errors.DelegationError):
+                    await self._notify(FOLLOW_STOP.name, FollowStop(request_id))
+                await asyncio.gather(answer, return_exceptions=True)
+
     # --- JSON-RPC -----------------------------------------------------------------------
 
     async def _ask(self, method: Method[Any, W], params: Any) -> W:
@@ -258,9 +299,11 @@ class Client:
     async def call(self, method: str, params: Any) -> msgspec.Raw:
         """Send one request (``params``: anything msgspec encodes) and wait for its
         answer: the raw JSON of its result."""
+        return await self._call(next(self._ids), method, params)
+
+    async def _call(self, request_id: int, method: str, params: Any) -> msgspec.Raw:
         if self._ended is not None or self._closing:
             raise errors.HostClosing(str(self._ended or "the client is closed"))
-        request_id = next(self._ids)
         envelope = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         try:
             frame = _encoder.encode(envelope)
@@ -279,6 +322,15 @@ class Client:
             raise errors.HostClosing(f"the connection to the host failed: {exc}") from exc
         finally:
             self._pending.pop(request_id, None)
+
+    async def _notify(self, method: str, params: Any) -> None:
+        """Send a notification (no answer comes); nothing once the connection ended."""
+        if self._ended is not None or self._closing:
+            return
+        frame = _encoder.encode({"jsonrpc": "2.0", "method": method, "params": params})
+        async with self._sending:
+            self._writer.write(frame + b"\n")
+            await self._writer.drain()
 
     async def _listen(self) -> None:
         ended: errors.DelegationError = errors.HostClosing("the host closed the connection")
@@ -311,6 +363,8 @@ class Client:
             data = answer.error.data or {}
             error = rpc.error_from_wire(answer.error.code, answer.error.message, data.get("reason"))
         if answer.id is None:
+            if error is None:
+                self._notified(line)
             return error  # for no call: why the stream ends
         future = self._pending.pop(answer.id, None) if isinstance(answer.id, int) else None
         if future is None or future.done():
@@ -322,6 +376,20 @@ class Client:
         else:
             future.set_result(answer.result)
         return None
+
+    def _notified(self, line: bytes) -> None:
+        """A message of the host's own: a follow's next events (others are ignored)."""
+        try:
+            notice = _notices.decode(line)
+            if notice.method != EVENTS.name:
+                return
+            page = decode(notice.params, EVENTS.params)
+        except (msgspec.MsgspecError, ValueError, errors.DelegationError) as exc:
+            log.warning("unreadable notice: %s", exc, extra={"action": "client_bad_notice"})
+            return
+        pages = self._follows.get(page.follow) if isinstance(page.follow, int) else None
+        if pages is not None:  # else a follow its caller stopped: nobody's business
+            pages.put_nowait(page.events)
 
 
 def _unreadable(line: bytes, exc: Exception) -> _Answer:
@@ -335,6 +403,15 @@ def _unreadable(line: bytes, exc: Exception) -> _Answer:
 
 
 P = ParamSpec("P")
+E = TypeVar("E")
+
+
+async def _next(iterator: AsyncGenerator[E]) -> E:
+    return await anext(iterator)
+
+
+async def _close(iterator: AsyncGenerator[E]) -> None:
+    await iterator.aclose()
 
 
 def _blocking(
@@ -420,6 +497,21 @@ class SyncClient:
         except BaseException:
             future.cancel()  # an interrupted caller leaves no call behind
             raise
+
+    def follow(self, params: ParamsLike) -> Iterator[Event]:
+        """:meth:`Client.follow`, blocking: a generator of the child's events as they
+        commit. Closing it early (``close()``, or leaving ``contextlib.closing``) stops
+        the follow on the host."""
+        follower = self._client.follow(params)
+        try:
+            while True:
+                try:
+                    yield self._run(_next(follower))
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                self._run(_close(follower))
 
     def _end_loop(self) -> None:
         if self._loop is not None and self._stop is not None:

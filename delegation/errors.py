@@ -64,6 +64,7 @@ by clients: keep them exactly as written.
     │   ├── SteerLimit
     │   ├── PresetLimit
     │   ├── NestingLimit
+    │   ├── FollowLimit                      follows of one serve connection
     │   ├── StepTooLarge                     a step's result (SPEC §15)
     │   └── StepLimit                        steps per execution (SPEC §15)
     ├── ProtocolError                        JSON-RPC framing
@@ -460,6 +461,12 @@ class NestingLimit(LimitError):
     """child nesting limit exceeded"""
 
     reason = "nesting_limit"
+
+
+class FollowLimit(LimitError):
+    """too many follows on this connection"""
+
+    reason = "follow_limit"
 
 
 # --- JSON-RPC framing and faults --------------------------------------------------

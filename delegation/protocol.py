@@ -10,8 +10,21 @@ again.
   CHILD_METHODS`) run concurrently; their params are :class:`~delegation.wire.Params`,
   decoded with the host's providers, and they answer a :class:`~delegation.wire.Result`
   (``child.steer``: a :class:`~delegation.wire.SteerResult`).
-* **Notifications**: a request without an id is served and never answered; the host
-  sends none of its own.
+* **Follows** (``child.follow``, :data:`FOLLOW`): ``child.read`` pushed. Its params are
+  a :class:`~delegation.wire.Params`, checked like a read's on every page it reads (the
+  same refusals); it is answered only when it ends, with :class:`Followed`: ``done``
+  true once the child is terminal and every event after ``after`` was given, false when
+  the client stopped it. Until then the host sends :data:`EVENTS` notifications, one
+  per page of new events (``{follow: <the request's id>, events: [...]}``, each event
+  once, in order, a page bounded like a read's). A follow holds one of the stream's
+  in-flight slots while it runs, at most :data:`~delegation.serve_follow.MAX_FOLLOWS`
+  per stream (one slot always stays free for other calls; past it: ``follow_limit``),
+  and waits, like every answer, while the stream's unread answers are over their bound.
+  The client ends one early with :data:`FOLLOW_STOP` (``{follow: <id>}``); the end of
+  the stream's input ends them all.
+* **Notifications**: a request without an id is served and never answered (a follow
+  without an id is refused: its events would name nothing); the host's own are the
+  :data:`EVENTS` of a follow.
 * **Errors**: every refusal is one JSON-RPC error with the
   :class:`~delegation.errors.DelegationError`'s ``rpc_code`` and ``data.reason``;
   :func:`delegation.rpc.error_frame` writes it and :func:`delegation.rpc.error_from_wire`
@@ -33,6 +46,7 @@ from delegation.wire import (
     RELEASE_METHOD,
     START_METHOD,
     STEER_METHOD,
+    Event,
     Params,
     Preset,
     Result,
@@ -80,6 +94,28 @@ class Empty(WireStruct, frozen=True):
     """The ``{}`` answer of the lifecycle methods but ``runner.register``."""
 
 
+class Followed(WireStruct, frozen=True):
+    """The answer to ``child.follow``: true once the child ended and every event was
+    given, false when the client stopped the follow first."""
+
+    done: bool
+
+
+class FollowEvents(WireStruct, frozen=True):
+    """A ``child.events`` notification: the next events of the follow whose request id
+    is ``follow``, oldest first."""
+
+    follow: int | str
+    events: list[Event]
+
+
+class FollowStop(WireStruct, frozen=True):
+    """``child.follow.stop``: end the follow whose request id is ``follow`` (one that
+    already ended is no error)."""
+
+    follow: int | str
+
+
 @dataclass(frozen=True)
 class Method(Generic[P, R]):
     """One method: its wire name, what its params decode into, what it answers."""
@@ -101,6 +137,13 @@ CANCEL = Method(CANCEL_METHOD, Params, Result)
 STEER = Method(STEER_METHOD, Params, SteerResult)
 RELEASE = Method(RELEASE_METHOD, Params, Result)
 
+FOLLOW = Method("child.follow", Params, Followed)
+FOLLOW_STOP = Method("child.follow.stop", FollowStop, Empty)
+# Sent by the host, never to it: a follow's next page of events.
+EVENTS = Method("child.events", FollowEvents, Empty)
+
 LIFECYCLE: tuple[Method[Any, Any], ...] = (REGISTER, TOOL_BEGIN, TOOL_END, RUN_FINISH)
 CHILD: tuple[Method[Params, Any], ...] = (START, READ, CANCEL, STEER, RELEASE)
-METHODS: dict[str, Method[Any, Any]] = {m.name: m for m in (*LIFECYCLE, *CHILD)}
+METHODS: dict[str, Method[Any, Any]] = {
+    m.name: m for m in (*LIFECYCLE, *CHILD, FOLLOW, FOLLOW_STOP)
+}

@@ -48,6 +48,12 @@ class Response(msgspec.Struct, frozen=True):
     jsonrpc: str = "2.0"
 
 
+class Notification(msgspec.Struct, frozen=True):
+    method: str
+    params: Any
+    jsonrpc: str = "2.0"
+
+
 class _Head(msgspec.Struct):
     """A message's id, kept raw; everything else is only skipped (and so checked)."""
 
@@ -97,6 +103,11 @@ def error_from_wire(code: int, message: str, reason: object = None) -> errors.De
 
 def result_frame(result: Any, request_id: Id) -> bytes:
     return _encoder.encode(Response(result, request_id)) + b"\n"
+
+
+def notification_frame(method: str, params: Any) -> bytes:
+    """A message of the host's own (a follow's events): no id, never answered."""
+    return _encoder.encode(Notification(method, params)) + b"\n"
 
 
 def parse(line: bytes) -> tuple[Envelope | None, bytes | None]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -30,6 +31,7 @@ from delegation import errors, protocol, rpc
 from delegation.codec import decode
 from delegation.engine import Engine
 from delegation.records import RunnerConnection, ToolHandle
+from delegation.serve_follow import Follows, follow_limit
 from delegation.serve_io import CHUNK as CHUNK  # the read size, for peers in tests
 from delegation.serve_io import (
     Read,
@@ -87,6 +89,8 @@ class Session:
         }
         for method in protocol.CHILD:
             self._methods[method.name] = self._child(method.name)
+        self._follows = Follows(engine, write, follow_limit(max_inflight))
+        self._methods[protocol.FOLLOW_STOP.name] = self._follows.stop
 
     async def run(self, read: Read) -> None:
         """Serve until end of input (or :meth:`stop`), then settle in-flight requests
@@ -104,6 +108,7 @@ class Session:
                     "in_flight": len(self._tasks),
                 }
                 log.info("runner connection ended by the peer", extra=extra)
+                self._follows.stop_all()  # no child.follow.stop can come any more
             await self._settle()
         if not reading.cancelled():
             reading.result()  # a fault of ours while reading surfaces here
@@ -180,7 +185,7 @@ class Session:
             # arrived, before anything sent after them; child methods run concurrently.
             if barrier is not None:
                 await asyncio.wait({barrier})
-            frame = failure if envelope is None else await rpc.dispatch(envelope, self._methods)
+            frame = failure if envelope is None else await self._dispatch(envelope)
         except asyncio.CancelledError:
             if not self._stopped.is_set():
                 raise
@@ -188,6 +193,16 @@ class Session:
             frame = failure if envelope is None else rpc.refusal(envelope, closing)
         if frame is not None:
             await self._write(frame)
+
+    def _dispatch(self, envelope: rpc.Envelope) -> Awaitable[bytes | None]:
+        """Serve ``envelope``; a follow's handler is told its request's id."""
+        methods = self._methods
+        if envelope.method == protocol.FOLLOW.name:
+            methods = {envelope.method: functools.partial(self._follow, envelope.id)}
+        return rpc.dispatch(envelope, methods)
+
+    async def _follow(self, request_id: object, raw: bytes) -> protocol.Followed:
+        return await self._follows.follow(self._connection(), request_id, raw)
 
     def _connection(self) -> RunnerConnection:
         if self.conn is None:
@@ -241,11 +256,27 @@ class Session:
 
 
 _LIFECYCLE = tuple(f'"{method.name}"'.encode() for method in protocol.LIFECYCLE)
+_LIFECYCLE_NAMES = frozenset(method.name for method in protocol.LIFECYCLE)
+
+
+class _Method(msgspec.Struct):
+    method: str = ""  # anything else is an invalid request, answered so
+
+
+_method = msgspec.json.Decoder(_Method)
 
 
 def _is_lifecycle(line: bytes) -> bool:
-    """A cheap look for a lifecycle method name; a false positive only orders more."""
-    return any(name in line for name in _LIFECYCLE)
+    """Whether ``line`` is a lifecycle request: a cheap look for a lifecycle method name,
+    then, when one is there, the method read. An id that spells one (``"runId":
+    "tool.end"``) must not order the stream behind a follow, which may run for hours;
+    a line that does not decode is answered with an error, and ordering it costs nothing."""
+    if not any(name in line for name in _LIFECYCLE):
+        return False
+    try:
+        return _method.decode(line).method in _LIFECYCLE_NAMES
+    except (msgspec.MsgspecError, ValueError, RecursionError):
+        return True
 
 
 class Streams:

@@ -25,3 +25,22 @@ class SlowAdmit:
             ctx.emit(Event(kind="result", text=f"admitted after {delay}"))
 
         return run
+
+
+class Echo:
+    """Each child says ``ready``, then ``heard: <steer>`` for each steer it is handed,
+    and ends after the steer ``bye``: a child that emits exactly when its test steers it."""
+
+    async def prepare(
+        self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
+    ) -> Run:
+        async def run(ctx: ChildContext) -> None:
+            await ctx.admit()
+            ctx.emit(Event(kind="text", text="ready"))
+            heard = ""
+            while heard != "bye":
+                heard = await ctx.wait_steer() or ""
+                ctx.emit(Event(kind="text", text=f"heard: {heard}"))
+            ctx.emit(Event(kind="result", text="bye"))
+
+        return run

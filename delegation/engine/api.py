@@ -19,16 +19,17 @@ import functools
 import gc
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from delegation import errors, follow, maintenance, queries, service, telemetry
+from delegation import errors, maintenance, queries, service, telemetry
 from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
+from delegation.engine import following
 from delegation.engine.membership import Membership
 from delegation.engine.operators import WATCH_INTERVAL_S, ControlWatcher
 from delegation.engine.runtime import Runtime, Use
@@ -550,20 +551,19 @@ class Engine:
         child = await self.get_child(conversation_id, run_id)
         if child is None:
             raise errors.ChildNotFound(f"child not found: {conversation_id}")
-        child_id, limit = child.id, self.config.events_per_read
+        pages = following.any_pages(self._db, self._rt.notices, child.id)
+        async for event in pages(after, self.config.events_per_read):
+            yield event
 
-        async def read(after: int, limit: int) -> Result:
-            page = functools.partial(
-                queries.page, child_id=child_id, after=after, limit=limit, strict=False
-            )
-            return await self._db.read(page)
-
-        notices = self._rt.notices
-        with notices.following(child_id):
-            async for event in follow.events(
-                read, follow.ChildWake(notices, child_id), after, limit
-            ):
-                yield event
+    def follow_read(self, conn: RunnerConnection, params: ParamsLike) -> AsyncGenerator[Result]:
+        """``child.follow``: the pages ``child.read`` answers from ``params.after`` on,
+        each read as the child's commits land, until the one that finds it terminal.
+        Every page is a read: its authority and refusals (see ``owned_pages``)."""
+        self._require_open()
+        read = functools.partial(self._read, conn)
+        limit = self.config.events_per_read  # the most events _read puts in a page
+        notices, owned = self._rt.notices, self._params(params)
+        return following.owned_pages(read, self.get_child, notices, owned, limit)
 
     async def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
         """Leases and tombstones, newest first."""
