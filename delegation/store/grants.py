@@ -323,29 +323,32 @@ def count_leases(conn: Connection, runner_id: str) -> int:
     return int(conn.execute(query).scalar_one())
 
 
-def trim_tombstones(conn: Connection, runner_ids: Iterable[str], keep: int) -> None:
-    """Keep the ``keep`` newest tombstones of each runner; drop the older ones.
+def trim_tombstones(conn: Connection, owners: Iterable[tuple[str, str]], keep: int) -> None:
+    """Keep the ``keep`` newest tombstones of each (runner, extension) of ``owners``; drop
+    the older ones. Each extension has its own: one extension's releases never drop
+    another's tombstone (SPEC §18).
 
     A dropped tombstone no longer fences its leaseId, and the records of children
     that were under it keep their rows (``grant_id`` becomes NULL).
     """
-    for runner_id in set(runner_ids):
+    for runner_id, extension_id in set(owners):
         run(
             conn,
             "DELETE FROM grants WHERE id IN (SELECT id FROM grants WHERE kind = 'lease'"
-            " AND runner_id = ? AND revoked_at IS NOT NULL"
+            " AND runner_id = ? AND extension_id = ? AND revoked_at IS NOT NULL"
             f" ORDER BY revoked_at DESC, created_at DESC, id DESC LIMIT {I64_MAX} OFFSET ?)",
-            (runner_id, keep),
+            (runner_id, extension_id, keep),
         )
 
 
-def runners_of(conn: Connection, grant_ids: Iterable[str]) -> set[str]:
+def owners_of(conn: Connection, grant_ids: Iterable[str]) -> set[tuple[str, str]]:
+    """The (runner, extension) pairs the grants ``grant_ids`` belong to."""
     return {
-        runner_id
+        (runner_id, extension_id)
         for ids in chunks(grant_ids)
-        for runner_id in conn.execute(
-            select(grants.c.runner_id).where(grants.c.id.in_(ids)).distinct()
-        ).scalars()
+        for runner_id, extension_id in conn.execute(
+            select(grants.c.runner_id, grants.c.extension_id).where(grants.c.id.in_(ids)).distinct()
+        )
     }
 
 
