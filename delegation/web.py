@@ -55,7 +55,7 @@ from delegation.follow import pages
 from delegation.inspector import PAGE, WATCH_INTERVAL_S, ChildPage, Inspector
 from delegation.machine import State
 from delegation.records import ChildRecord, LeaseRecord
-from delegation.show import lease_status, step_json
+from delegation.show import json_safe, lease_status, step_json
 from delegation.store import migrate, stores
 from delegation.web_token import Token, TokenGate
 
@@ -148,13 +148,13 @@ def child_json(record: ChildRecord, clip: int | None = None) -> dict[str, Any]:
     values: dict[str, Any] = {_camel(name): getattr(record, name) for name in _CHILD_FIELDS}
     values["error"] = record.error[:clip]
     values["output"] = record.output[:clip]
-    return values
+    return json_safe(values)  # a time stored unreadable (NaN) is null
 
 
 def lease_json(record: LeaseRecord, now: float) -> dict[str, Any]:
     values = {_camel(field.name): getattr(record, field.name) for field in fields(record)}
     values["status"] = lease_status(record, now)
-    return values
+    return json_safe(values)
 
 
 def frame(data: str, kind: str | None = None, event_id: int | None = None) -> str:

@@ -158,37 +158,48 @@ class Engine:
 
             opening.add_done_callback(give_back)
             raise
+        try:
+            with _collector_paused():
+                await self._boot(loop)
+        except BaseException:
+            # A boot that fails gives everything back, the host lock first: the process
+            # may exit or try again, and the next host may open (SPEC §18).
+            await self._give_back()
+            raise
+
+    async def _boot(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take over, arm the timers, resume what this host owns (see :meth:`open`)."""
         # Every run is handed this set: no runner that wraps another can forget it.
         self._supervisor.protected = Protected.of(self._db.protected_paths(), host_code())
         protect = getattr(self._runner, "protect_paths", None)
         if callable(protect):  # the v2 way, kept for runners written for it
             protect(self._db.protected_paths())
-        with _collector_paused():
-            try:
-                takeover = await self._membership.boot()
-                deadline = await self._db.read(maintenance.next_deadline)
-            except BaseException:
-                # Give the file back (the writer thread, the connections): a host may retry.
+        takeover = await self._membership.boot()
+        deadline = await self._db.read(maintenance.next_deadline)
+        self._open = self._membership.open = True
+        self.timers.start(loop)
+        self.timers.arm(deadline)
+        self._supervisor.resume(takeover)
+        self._controls = ControlWatcher(
+            self._rt,
+            self._supervisor,
+            self.cancel_child,
+            self.steer_child,
+            self._db.watch(WATCH_INTERVAL_S),
+        )
+        self._controls.start()  # operators' requests: those left while down first
+        self._membership.start()
+        await asyncio.sleep(0)  # each resumed run takes its first step
+
+    async def _give_back(self) -> None:
+        """After a failed boot: stop what it started, close the database and its lock."""
+        try:
+            if self._open:
+                await self.close()  # its last step closes the database, come what may
+            else:
                 await self._db.aclose()
-                raise
-            self._open = self._membership.open = True
-            self.timers.start(loop)
-            self.timers.arm(deadline)
-            self._supervisor.resume(takeover)
-            self._controls = ControlWatcher(
-                self._rt,
-                self._supervisor,
-                self.cancel_child,
-                self.steer_child,
-                self._db.watch(WATCH_INTERVAL_S),
-            )
-            self._controls.start()  # operators' requests: those left while down first
-            self._membership.start()
-            try:
-                await asyncio.sleep(0)  # each resumed run takes its first step
-            except BaseException:  # cancelled here, the caller would never close it
-                await self.close()
-                raise
+        except Exception:
+            log.exception("a failed open left things to close", extra={"action": "open_abandoned"})
 
     async def expire_due(self) -> None:
         """Expire every lease past its deadline now, then re-arm at the next deadline

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Mapping, Sequence
 
 from delegation import authority, errors, machine, maintenance, queries, reservation, service
@@ -146,6 +147,12 @@ class Supervisor:
         self._resuming.update(item.child.id for item in takeover.resumable)
 
     def resume(self, takeover: maintenance.Takeover) -> None:
+        for run_id in takeover.unreadable:
+            log.error(
+                "child ended: %s",
+                maintenance.UNREADABLE,
+                extra={"action": "child_unreadable", "run_id": run_id},
+            )
         for item in takeover.resumable:
             recovery = Recovery(item.attempt, item.last_sequence, item.delivered, item.steps)
             plan = reservation.plan_of(item.child, item.policy)
@@ -248,7 +255,8 @@ class Supervisor:
         rt = self._rt
         assert rt.config.max_run_s is not None
         now = rt.clock.now()
-        since = child.admitted_at if resumed and child.admitted_at is not None else now
+        admitted = child.admitted_at  # NaN: stored unreadable (see store.stored_time)
+        since = admitted if resumed and admitted is not None and math.isfinite(admitted) else now
         await asyncio.sleep(max(0.0, since + rt.config.max_run_s - now))
         use = Use(service.cancel_exact, child.conversation_id, child.run_id, DEADLINE_EXCEEDED)
         try:

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, select, update
 from delegation import errors, machine
 from delegation.machine import State, Trigger
 from delegation.records import ChildRecord
-from delegation.store import Spelling, chunks, run, spelling_of
+from delegation.store import Spelling, chunks, run, spelling_of, stored_times
 from delegation.store.tables import children, purged
 
 ACTIVE_STATES = [s.value for s in machine.ACTIVE]
@@ -29,6 +29,10 @@ ACTIVE_TERM = "state IN ('prepared', 'admitted', 'running')"
 FIELDS = tuple(f.name for f in dataclasses.fields(ChildRecord))
 _SELECT = f"SELECT {', '.join(FIELDS)} FROM children"
 _FOLLOWUP = FIELDS.index("followup")
+_TIMES = tuple(
+    FIELDS.index(name)
+    for name in ("cancel_requested_at", "created_at", "updated_at", "admitted_at", "finished_at")
+)
 _COLUMNS = [children.c[name] for name in FIELDS]  # the same order, for Core queries
 
 
@@ -60,6 +64,7 @@ def _select_active(spelling: Spelling) -> str:
 def from_row(row: tuple[Any, ...]) -> ChildRecord:
     values = list(row)
     values[_FOLLOWUP] = bool(values[_FOLLOWUP])
+    stored_times(values, _TIMES)
     return ChildRecord(*values)
 
 
