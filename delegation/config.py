@@ -18,7 +18,8 @@ class EngineConfig:
     # Caps (SPEC §3.8).
     max_children_per_grant: int = 64
     max_leases_per_runner: int = 1024  # live leases; tombstones do not count
-    max_tombstones_per_runner: int = 1024  # the newest are kept, the oldest dropped
+    # Per (runner, extension): the newest are kept, the oldest dropped (SPEC §18).
+    max_tombstones_per_extension: int = 1024
     max_steers_per_child: int = 128
     max_presets_per_extension: int = 32
     max_depth: int = 8
@@ -50,7 +51,7 @@ class EngineConfig:
             self.events_per_read,
             self.max_children_per_grant,
             self.max_leases_per_runner,
-            self.max_tombstones_per_runner,
+            self.max_tombstones_per_extension,
             self.max_steers_per_child,
             self.max_presets_per_extension,
             self.max_depth,

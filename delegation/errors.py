@@ -78,7 +78,8 @@ by clients: keep them exactly as written.
     │   ├── SchemaMismatch                   not a delegation database, or a newer one
     │   ├── HostConflict                     another live host holds the SQLite file
     │   │   └── HostFenced                   this host was declared dead and taken over
-    │   └── ChildPurged                      (-32602) the record is past retention
+    │   ├── ChildPurged                      (-32602) the record is past retention
+    │   └── ChildUnreadable                  (-32602) its stored record no longer decodes
     └── InternalError                        (-32603) a fault of ours, no detail on the wire
 """
 
@@ -547,6 +548,13 @@ class ChildPurged(StoreError):
     """child record was purged after its retention period"""
 
     reason = "child_purged"
+    rpc_code = -32602
+
+
+class ChildUnreadable(StoreError):
+    """stored child record is unreadable"""
+
+    reason = "child_unreadable"
     rpc_code = -32602
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from delegation import authority, errors
+from delegation import authority, errors, stored
 from delegation.options import ExecutionOptions, effective_options
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection
 from delegation.store import Connection, children
@@ -21,10 +21,6 @@ from delegation.wire import Preset, Request
 # What picks the model: a follow-up that names another value than the snapshot's is a
 # different task, not a narrower one.
 _FIXED = ("provider", "model", "reasoning_effort", "use_weak_model")
-
-_preset = msgspec.json.Decoder(Preset)
-_request = msgspec.json.Decoder(Request)
-_options = msgspec.json.Decoder(ExecutionOptions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +67,14 @@ def freeze(
             effort or weak-model choice than the snapshot's.
         errors.OptionsWidened: the subclass naming how the request widens the snapshot,
             or how what it asks widens the new call's policy.
+        errors.ChildUnreadable: the first execution's stored snapshot no longer decodes.
     """
     first, last = executions[0], executions[-1]
-    preset = _preset.decode(first.preset)
-    first_request = _request.decode(first.request)
+    first_stored = stored.of(first)
+    preset, first_request = first_stored.preset, first_stored.request
     snapshot = (
-        _options.decode(first.options)
-        if first.options is not None
+        first_stored.options
+        if first_stored.options is not None
         else effective_options(None, preset, first_request)
     )
     system_prompt = first_request.system_prompt or preset.system_prompt

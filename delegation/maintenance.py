@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from delegation import errors, service
+from delegation import errors, service, stored
 from delegation.config import EngineConfig
 from delegation.machine import Outcome
 from delegation.os_processes import ProcessId
@@ -27,6 +27,7 @@ HOST_RESTARTED = "cancelled: host restarted"
 ADMISSION_INTERRUPTED = "child admission interrupted by host restart"
 INTERRUPTED = "child interrupted by host restart"
 RECOVERY_TEXT = "resumed after host restart"
+UNREADABLE = errors.ChildUnreadable.default_message()
 OPERATOR_CANCELLED = "cancelled by operator"
 
 
@@ -102,6 +103,8 @@ class Takeover:
     processes: list[ProcessId]
     server_now: float = 0.0  # the database's time of the heartbeat (0: none taken)
     ended: Mapping[Outcome, int] = dataclasses.field(default_factory=dict)  # what it ended
+    # The run ids of the children it ended because what they stored no longer decodes.
+    unreadable: list[str] = dataclasses.field(default_factory=list)
 
 
 NOTHING = Takeover([], [], [], [])
@@ -175,8 +178,9 @@ def take_over(
     Marks the instances (exactly one host takes each); ends their connections and tool
     grants (their foreground children are cancelled); expires overdue leases; ends their
     children never admitted; finishes those whose cancellation was requested; suspends
-    their running children; and for every admitted child of a live lease, within the
-    attempt limit, commits a ``recovery`` event and sets it running under this instance.
+    their running children; ends those whose stored record no longer decodes; and for
+    every other admitted child of a live lease, within the attempt limit, commits a
+    ``recovery`` event and sets it running under this instance.
     """
     if not everyone and not lifecycle.first_to(conn, lifecycle.TAKEOVER_LOCK):
         return NOTHING  # another host is taking over right now; the next beat looks again
@@ -209,15 +213,29 @@ def take_over(
     expired, _ = expire_due(conn, now)
     stopping += expired
     ended.update(
-        lifecycle.settle_for_resume(
-            conn, instance_id, cfg.max_recovery_attempts, INTERRUPTED, RECOVERY_TEXT, now
-        )
+        lifecycle.settle_for_resume(conn, instance_id, cfg.max_recovery_attempts, INTERRUPTED, now)
     )
+    # A child whose stored record no longer decodes cannot run again: it ends here, and
+    # the rest resume (SPEC §18).
+    unreadable = [row for row in lifecycle.stored_to_resume(conn, instance_id) if _unreadable(row)]
+    if unreadable:
+        ids = [row.id for row in unreadable]
+        ended[Outcome.FAILED] += lifecycle.end_lost(conn, instance_id, ids, UNREADABLE, now)
+    lifecycle.begin_resume(conn, instance_id, RECOVERY_TEXT)
     for control_id, child_id in cancelled:  # what the cancels came to
         if (child := children.get(conn, child_id)) is not None:
             controls.set_outcome(conn, control_id, json.dumps(_cancel_outcome(child)))
     resumable = lifecycle.resumables(conn, instance_id, now)
-    return Takeover(taken, stopping, resumable, lost, ended=dict(ended))
+    unread = [row.run_id for row in unreadable]
+    return Takeover(taken, stopping, resumable, lost, ended=dict(ended), unreadable=unread)
+
+
+def _unreadable(row: lifecycle.Stored) -> bool:
+    try:
+        stored.for_run(row.request, row.preset, row.options, row.policy)
+    except errors.ChildUnreadable:
+        return True
+    return False
 
 
 def _lost(conn: Connection, control: ControlRecord, me: str) -> bool:

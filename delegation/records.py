@@ -188,7 +188,7 @@ class Resumable:
     attempt: int
     last_sequence: int
     steers: tuple[tuple[int, str], ...] = ()
-    policy: ExecutionOptions | None = None  # its grant's: the ceiling of its options
+    policy: bytes | None = None  # its grant's, as stored: the ceiling of its options
     delivered: tuple[str, ...] = ()  # steers handed to earlier attempts, oldest first
     steps: int = 0  # steps its execution recorded (SPEC §15)
 

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from delegation import authority, errors, followups
+from delegation import authority, errors, followups, stored
 from delegation.codec import encode
 from delegation.config import EngineConfig
 from delegation.options import ExecutionOptions, effective_options
@@ -324,22 +324,15 @@ def with_options(request: Request, effective: ExecutionOptions) -> Request:
     return msgspec.structs.replace(request, options=effective)
 
 
-def plan_of(child: ChildRecord, policy: ExecutionOptions | None = None) -> StartPlan:
-    """The plan to run a stored child again (after a restart), under its grant's policy.
+def plan_of(child: ChildRecord, policy: bytes | None = None) -> StartPlan:
+    """The plan to run a stored child again (after a restart), under its grant's policy
+    (as stored; see :func:`delegation.stored.for_run`).
 
     The stored request and preset were validated (and their options checked against
     the policy) when the child was reserved; they are read back without validating.
+
+    Raises:
+        errors.ChildUnreadable: what it stored no longer decodes.
     """
-    request = _stored_request.decode(child.request)
-    preset = _stored_preset.decode(child.preset)
-    effective = (
-        _stored_options.decode(child.options)
-        if child.options is not None
-        else effective_options(policy, preset, request)
-    )
+    request, preset, effective = stored.for_run(child.request, child.preset, child.options, policy)
     return StartPlan(child, True, with_options(request, effective), preset, identity_of(child))
-
-
-_stored_request = msgspec.json.Decoder(Request)
-_stored_preset = msgspec.json.Decoder(Preset)
-_stored_options = msgspec.json.Decoder(ExecutionOptions)

@@ -272,18 +272,20 @@ def release(
 
     Returns the unfinished children under the lease. Releasing an unknown lease
     leaves a tombstone too, so a later start with that leaseId is fenced (the newest
-    ``max_tombstones_per_runner`` tombstones of a runner are kept).
+    ``max_tombstones_per_extension`` tombstones of each extension of a runner are kept).
     """
     authority.check_connection(runners.get_runner(conn, rconn.runner_id), rconn)
     lease = grants.get_lease(conn, rconn.runner_id, params.lease_id)
     authority.check_release_owner(lease, params)
     if lease is None:
-        # Tombstones are outside the lease capacity and trimmed to the newest few, so
-        # releases of unknown leases can neither lock the runner out nor grow the file.
+        # Tombstones are outside the lease capacity and trimmed to the newest few of the
+        # extension, so releases of unknown leases can neither lock the runner out nor
+        # grow the file without bound, nor drop another extension's tombstones.
         grants.insert_tombstone(
             conn, rconn.runner_id, params.lease_id, params.extension_id, params.generation, now
         )
-        grants.trim_tombstones(conn, [rconn.runner_id], cfg.max_tombstones_per_runner)
+        owner = (rconn.runner_id, params.extension_id)
+        grants.trim_tombstones(conn, [owner], cfg.max_tombstones_per_extension)
         return []
     return _revoke(conn, cfg, [lease.id], now, "released", LEASE_RELEASED)
 
@@ -485,7 +487,8 @@ def _revoke(
     affected = children.request_cancel(
         conn, children.active_of_grants(conn, lease_ids), now, reason
     )
-    grants.trim_tombstones(conn, grants.runners_of(conn, lease_ids), cfg.max_tombstones_per_runner)
+    owners = grants.owners_of(conn, lease_ids)
+    grants.trim_tombstones(conn, owners, cfg.max_tombstones_per_extension)
     return affected
 
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from rich.table import Table
 from rich.text import Text
@@ -36,7 +37,9 @@ from delegation.store.prefixes import Kind
 from delegation.terminal import cells, line_console, printable, printable_json, table_console
 from delegation.wire import Event
 
+T = TypeVar("T")
 RECENT_EVENTS = 5
+UNREADABLE = "unreadable"  # what a table shows for a time stored as no number
 RECENT_STEPS = 10  # the last steps `show` lists; `steps` lists them all
 _FIELDS = ("text", "tool_name", "input", "tool_output", "error")
 # The arguments that name ids, with the kind of id each names: a unique prefix will do.
@@ -328,7 +331,7 @@ def step_json(step: StepRow) -> dict[str, Any]:
         "name": step.name,
         "ordinal": step.ordinal,
         "size": step.size,
-        "recordedAt": step.recorded_at,
+        "recordedAt": json_safe(step.recorded_at),
     }
 
 
@@ -379,12 +382,16 @@ def lease_status(lease: LeaseRecord, now: float) -> str:
         return f"revoked ({lease.revoke_reason})" if lease.revoke_reason else "revoked"
     if lease.expires_at is None:
         return "live"
+    if not math.isfinite(lease.expires_at):
+        return f"expiry {UNREADABLE}"
     left = lease.expires_at - now
     return "overdue" if left <= 0 else f"expires in {duration(left)}"
 
 
 def age(seconds: float) -> str:
     """How long ago, in its largest unit: ``42s``, ``5m``, ``3h``, ``12d``."""
+    if not math.isfinite(seconds):  # from a time stored unreadable
+        return UNREADABLE
     seconds = max(0, int(seconds))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
@@ -393,6 +400,8 @@ def age(seconds: float) -> str:
 
 
 def duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return UNREADABLE
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     days, hours = divmod(hours, 24)
@@ -407,7 +416,10 @@ def duration(seconds: float) -> str:
 def local_time(timestamp: float | None) -> str:
     if timestamp is None:
         return ""
-    return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="seconds")
+    try:
+        return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="seconds")
+    except (ValueError, OverflowError, OSError):  # NaN (stored unreadable), or no date
+        return UNREADABLE
 
 
 def shorten(text: str, width: int = 60) -> str:
@@ -416,7 +428,20 @@ def shorten(text: str, width: int = 60) -> str:
 
 
 def _print_json(document: Any) -> None:
-    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    sys.stdout.write(json.dumps(json_safe(document), indent=2) + "\n")
+
+
+def json_safe(value: T) -> T:
+    """``value`` with every float JSON has no number for (NaN: a time stored unreadable;
+    infinities) as null: ``json.dumps`` would write ``NaN``, which no JSON parser reads."""
+    safe: Any = value
+    if isinstance(value, float) and not math.isfinite(value):
+        safe = None
+    elif isinstance(value, dict):
+        safe = {key: json_safe(item) for key, item in value.items()}
+    elif isinstance(value, list):
+        safe = [json_safe(item) for item in value]
+    return cast(T, safe)
 
 
 def _missing(args: argparse.Namespace) -> int:

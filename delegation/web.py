@@ -63,7 +63,7 @@ from delegation.follow import pages
 from delegation.inspector import PAGE, WATCH_INTERVAL_S, ChildPage, Inspector
 from delegation.machine import State
 from delegation.records import ChildSummary, LeaseRecord
-from delegation.show import lease_status, step_json
+from delegation.show import json_safe, lease_status, step_json
 from delegation.store import migrate, stores
 from delegation.watch import keep_running
 from delegation.web_stream import (
@@ -167,13 +167,13 @@ def child_json(record: ChildSummary) -> dict[str, Any]:
     values: dict[str, Any] = {_camel(name): getattr(record, name) for name in _CHILD_FIELDS}
     values["error"] = record.error
     values["output"] = record.output
-    return values
+    return json_safe(values)  # a time stored unreadable (NaN) is null
 
 
 def lease_json(record: LeaseRecord, now: float) -> dict[str, Any]:
     values = {_camel(field.name): getattr(record, field.name) for field in fields(record)}
     values["status"] = lease_status(record, now)
-    return values
+    return json_safe(values)
 
 
 def frame(data: str, kind: str | None = None, event_id: int | None = None) -> str:

@@ -138,6 +138,17 @@ class Harness:
             await asyncio.sleep(0.01)
 
 
+async def wait_terminal(engine: Engine, conversation_id: str, timeout: float = 60.0) -> Any:
+    """The newest execution of the conversation once it is terminal (up to ``timeout``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (record := await engine.get_child(conversation_id)) is None or not record.terminal:
+        if loop.time() > deadline:
+            raise AssertionError(f"child {conversation_id} did not end: {record}")
+        await asyncio.sleep(0.01)
+    return record
+
+
 # JSON numbers no wire integer or float holds, and their edges (decode fuzzing).
 HUGE_NUMBERS = [
     b"18446744073709551615",

@@ -22,6 +22,7 @@ import pytest
 from delegation import ChildContext, Engine, EngineConfig, Event, Params, Preset, Request, errors
 from tests.crash_host import CRASH, LEASE, REQUEST
 from tests.rows import is_sqlite, rows
+from tests.support import wait_terminal
 
 HOST = Path(__file__).with_name("crash_host.py")
 ROOT = HOST.parent.parent
@@ -98,15 +99,6 @@ async def replay(engine: Engine) -> Any:
         run_id="parent-run", extension_id="ext", generation=7, lease_id=LEASE, request=REQUEST
     )
     return await engine.call(conn, "child.start", params)
-
-
-async def wait_terminal(engine: Engine, conversation_id: str) -> Any:
-    for _ in range(500):
-        child = await engine.get_child(conversation_id)
-        if child is not None and child.terminal:
-            return child
-        await asyncio.sleep(0.01)
-    raise AssertionError("the resumed child did not finish")
 
 
 @pytest.mark.parametrize("fault", ["after_prepared_commit", "inside_prepare"])

@@ -890,7 +890,7 @@ async def test_lease_capacity_per_runner(harness: Harness) -> None:
 
 @pytest.mark.parametrize(
     "config",
-    [EngineConfig(max_leases_per_runner=2, max_tombstones_per_runner=3)],
+    [EngineConfig(max_leases_per_runner=2, max_tombstones_per_extension=3)],
     ids=["cap2-keep3"],
 )
 async def test_tombstones_are_outside_the_lease_cap_and_trimmed(

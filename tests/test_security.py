@@ -589,7 +589,7 @@ async def test_1024_live_leases_per_runner_and_tombstones_never_lock_it_out(
     harness: Harness,
 ) -> None:
     config = harness.engine.config
-    assert (config.max_leases_per_runner, config.max_tombstones_per_runner) == (1024, 1024)
+    assert (config.max_leases_per_runner, config.max_tombstones_per_extension) == (1024, 1024)
     live = await harness.start("q-live", lease_id="L-live")
     # SPEC §9: releases of unknown leases need no grant; 2,000 of them used to fill the
     # lease capacity for a week. They are outside it, and only the newest 1024 are kept.

@@ -384,7 +384,7 @@ async def test_every_answer_carries_the_safe_headers_errors_too(
             assert (status, json.loads(body)) == (503, {"error": "too many open streams"})
             _safe(headers)
         with sqlite3.connect(db_path) as spoil:
-            spoil.execute("UPDATE children SET created_at = X'00'")
+            spoil.execute("UPDATE children SET profile = X'00'")  # bytes: no JSON
         status, headers, body = get(page.link("api/children"))
         assert (status, json.loads(body)) == (500, {"error": "internal error"})
         _safe(headers)

@@ -14,12 +14,10 @@ run) happens here, after the commit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import gc
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -33,7 +31,7 @@ from delegation.engine import following
 from delegation.engine.membership import Membership
 from delegation.engine.operators import WATCH_INTERVAL_S, ControlWatcher
 from delegation.engine.runtime import Runtime, Use
-from delegation.engine.supervisor import Supervisor
+from delegation.engine.supervisor import Supervisor, collector_paused
 from delegation.engine.timers import Timers
 from delegation.engine.upkeep import Upkeep
 from delegation.options import ExecutionOptions
@@ -159,37 +157,48 @@ class Engine:
 
             opening.add_done_callback(give_back)
             raise
+        try:
+            with collector_paused():
+                await self._boot(loop)
+        except BaseException:
+            # A boot that fails gives everything back, the host lock first: the process
+            # may exit or try again, and the next host may open (SPEC §18).
+            await self._give_back()
+            raise
+
+    async def _boot(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take over, arm the timers, resume what this host owns (see :meth:`open`)."""
         # Every run is handed this set: no runner that wraps another can forget it.
         self._supervisor.protected = Protected.of(self._db.protected_paths(), host_code())
         protect = getattr(self._runner, "protect_paths", None)
         if callable(protect):  # the v2 way, kept for runners written for it
             protect(self._db.protected_paths())
-        with _collector_paused():
-            try:
-                takeover = await self._membership.boot()
-                deadline = await self._db.read(maintenance.next_deadline)
-            except BaseException:
-                # Give the file back (the writer thread, the connections): a host may retry.
+        takeover = await self._membership.boot()
+        deadline = await self._db.read(maintenance.next_deadline)
+        self._open = self._membership.open = True
+        self.timers.start(loop)
+        self.timers.arm(deadline)
+        self._supervisor.resume(takeover)
+        self._controls = ControlWatcher(
+            self._rt,
+            self._supervisor,
+            self.cancel_child,
+            self.steer_child,
+            self._db.watch(WATCH_INTERVAL_S),
+        )
+        self._controls.start()  # operators' requests: those left while down first
+        self._membership.start()
+        await asyncio.sleep(0)  # each resumed run takes its first step
+
+    async def _give_back(self) -> None:
+        """After a failed boot: stop what it started, close the database and its lock."""
+        try:
+            if self._open:
+                await self.close()  # its last step closes the database, come what may
+            else:
                 await self._db.aclose()
-                raise
-            self._open = self._membership.open = True
-            self.timers.start(loop)
-            self.timers.arm(deadline)
-            self._supervisor.resume(takeover)
-            self._controls = ControlWatcher(
-                self._rt,
-                self._supervisor,
-                self.cancel_child,
-                self.steer_child,
-                self._db.watch(WATCH_INTERVAL_S),
-            )
-            self._controls.start()  # operators' requests: those left while down first
-            self._membership.start()
-            try:
-                await asyncio.sleep(0)  # each resumed run takes its first step
-            except BaseException:  # cancelled here, the caller would never close it
-                await self.close()
-                raise
+        except Exception:
+            log.exception("a failed open left things to close", extra={"action": "open_abandoned"})
 
     async def expire_due(self) -> None:
         """Expire every lease past its deadline now, then re-arm at the next deadline
@@ -573,20 +582,3 @@ class Engine:
 def _forget_processes(conn: Connection, now: float, child_ids: list[int]) -> None:
     for child_id in child_ids:
         store_processes.forget(conn, child_id)
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while a boot resumes its children.
-
-    Resuming 10k children allocates a few hundred thousand long-lived objects, none
-    of them garbage, and the full collections they trigger each scan the whole heap:
-    half the boot went there. The collector is restored on the way out.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

@@ -10,8 +10,11 @@ run's ``first`` future with the first page, which answers the caller that starte
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 
 from delegation import authority, errors, machine, maintenance, queries, reservation, service
 from delegation.engine.local_run import LocalRun, LocalRuns
@@ -162,6 +165,12 @@ class Supervisor:
         self._resuming.update(item.child.id for item in takeover.resumable)
 
     def resume(self, takeover: maintenance.Takeover) -> None:
+        for run_id in takeover.unreadable:
+            log.error(
+                "child ended: %s",
+                maintenance.UNREADABLE,
+                extra={"action": "child_unreadable", "run_id": run_id},
+            )
         for item in takeover.resumable:
             recovery = Recovery(item.attempt, item.last_sequence, item.delivered, item.steps)
             plan = reservation.plan_of(item.child, item.policy)
@@ -265,7 +274,8 @@ class Supervisor:
         (a resumed one counts from its first admission), as the host's own cancel would."""
         rt = self._rt
         now = rt.clock.now()
-        since = child.admitted_at if resumed and child.admitted_at is not None else now
+        admitted = child.admitted_at  # NaN: stored unreadable (see store.stored_time)
+        since = admitted if resumed and admitted is not None and math.isfinite(admitted) else now
         await asyncio.sleep(max(0.0, since + limit - now))
         use = Use(service.cancel_exact, child.conversation_id, child.run_id, DEADLINE_EXCEEDED)
         try:
@@ -398,3 +408,20 @@ class Supervisor:
                 extra={"action": "child_runs_stuck_at_close"},
             )
         return [lo.child_id for lo in running if lo.tracked and lo.task in tasks and lo.task.done()]
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a boot resumes its children.
+
+    Resuming 10k children allocates a few hundred thousand long-lived objects, none
+    of them garbage, and the full collections they trigger each scan the whole heap:
+    half the boot went there. The collector is restored on the way out.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

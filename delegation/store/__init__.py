@@ -11,6 +11,7 @@ accept (``ON CONFLICT … DO UPDATE``, ``RETURNING``); what the stores spell dif
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ __all__ = [
     "run",
     "run_many",
     "spelling_of",
+    "stored_time",
 ]
 
 T = TypeVar("T")
@@ -82,3 +84,24 @@ def chunks(values: Iterable[T], size: int = IN_LIST_MAX) -> Iterator[list[T]]:
             batch = []
     if batch:
         yield batch
+
+
+def stored_time(value: Any) -> float:
+    """A stored time (epoch seconds) as records hold it: a float, or NaN when the column
+    holds no number. SQLite keeps whatever is written in a REAL column, text too (a
+    hand edit, another tool): such a time is set but unreadable, and a record never
+    hands it on as text, where the first sum would raise."""
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return math.nan
+
+
+def stored_times(values: list[Any], indices: Iterable[int]) -> None:
+    """Each of ``values`` at ``indices`` (a row's times) as :func:`stored_time` reads
+    it, NULL left None."""
+    for i in indices:
+        value = values[i]
+        if value is not None and value.__class__ is not float:
+            values[i] = stored_time(value)

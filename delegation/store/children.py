@@ -12,7 +12,7 @@ from sqlalchemy import Connection, select, update
 from delegation import errors, machine
 from delegation.machine import State, Trigger
 from delegation.records import ChildRecord, ChildSummary
-from delegation.store import Spelling, chunks, run, spelling_of
+from delegation.store import Spelling, chunks, run, spelling_of, stored_times
 from delegation.store.tables import children, purged
 
 ACTIVE_STATES = [s.value for s in machine.ACTIVE]
@@ -29,6 +29,10 @@ ACTIVE_TERM = "state IN ('prepared', 'admitted', 'running')"
 FIELDS = tuple(f.name for f in dataclasses.fields(ChildRecord))
 _SELECT = f"SELECT {', '.join(FIELDS)} FROM children"
 _FOLLOWUP = FIELDS.index("followup")
+_TIMES = tuple(
+    FIELDS.index(name)
+    for name in ("cancel_requested_at", "created_at", "updated_at", "admitted_at", "finished_at")
+)
 _COLUMNS = [children.c[name] for name in FIELDS]  # the same order, for Core queries
 
 
@@ -60,6 +64,7 @@ def _select_active(spelling: Spelling) -> str:
 def from_row(row: tuple[Any, ...]) -> ChildRecord:
     values = list(row)
     values[_FOLLOWUP] = bool(values[_FOLLOWUP])
+    stored_times(values, _TIMES)
     return ChildRecord(*values)
 
 
@@ -348,7 +353,7 @@ def summaries(
     source = spelling_of(conn).active if active else "children"
     sql = f"{_summary_select(source, clip)} WHERE {where}"
     rows = run(conn, sql, (*params, limit), planned_each_time=True)
-    return [ChildSummary(*row) for row in rows.fetchall()]
+    return [_summarized(row) for row in rows.fetchall()]
 
 
 def summary(conn: Connection, conversation_id: str, run_id: str | None) -> ChildSummary | None:
@@ -356,7 +361,13 @@ def summary(conn: Connection, conversation_id: str, run_id: str | None) -> Child
     whole; nothing else stored beside them)."""
     where, params = _found(conversation_id, run_id)
     row = run(conn, f"{_summary_select('children', None)} WHERE {where}", params).fetchone()
-    return None if row is None else ChildSummary(*row)
+    return None if row is None else _summarized(row)
+
+
+def _summarized(row: Any) -> ChildSummary:
+    values = list(row)
+    stored_times(values, _SUMMARY_TIMES)  # a time stored as text: NaN, never text
+    return ChildSummary(*values)
 
 
 def _filtered(
@@ -385,6 +396,7 @@ def _filtered(
 # What a summary reads: its fields' columns (ChildSummary ends with error and output,
 # which a list reads cut).
 _SUMMARY = tuple(f.name for f in dataclasses.fields(ChildSummary))
+_SUMMARY_TIMES = tuple(_SUMMARY.index(name) for name in ("created_at", "finished_at"))
 
 
 @cache

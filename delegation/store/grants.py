@@ -16,7 +16,15 @@ from sqlalchemy import Connection, func, insert, select, update
 from delegation._struct import I64_MAX
 from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, GrantRecord, LeaseRecord, RunnerRecord
-from delegation.store import Spelling, chunks, registrations, run, spelling_of
+from delegation.store import (
+    Spelling,
+    chunks,
+    registrations,
+    run,
+    spelling_of,
+    stored_time,
+    stored_times,
+)
 from delegation.store import children as child_rows
 from delegation.store.tables import children as children_table
 from delegation.store.tables import grants
@@ -33,6 +41,10 @@ FIELDS = tuple(f.name for f in dataclasses.fields(GrantRecord))
 _SELECT = f"SELECT {', '.join(FIELDS)} FROM grants"
 _PRESETS, _GENERATIONS = FIELDS.index("presets"), FIELDS.index("generations")
 _POLICY = FIELDS.index("policy")
+_TIMES = tuple(
+    FIELDS.index(name)
+    for name in ("created_at", "expires_at", "closed_at", "activated_at", "revoked_at")
+)
 
 
 _serial = itertools.count()
@@ -57,6 +69,7 @@ def _record(row: Sequence[Any]) -> GrantRecord:
     values[_PRESETS] = _decode_presets(values[_PRESETS])
     values[_GENERATIONS] = _parse_generations(values[_GENERATIONS])
     values[_POLICY] = _decode_policy(values[_POLICY])
+    stored_times(values, _TIMES)
     return GrantRecord(*values)
 
 
@@ -323,29 +336,32 @@ def count_leases(conn: Connection, runner_id: str) -> int:
     return int(conn.execute(query).scalar_one())
 
 
-def trim_tombstones(conn: Connection, runner_ids: Iterable[str], keep: int) -> None:
-    """Keep the ``keep`` newest tombstones of each runner; drop the older ones.
+def trim_tombstones(conn: Connection, owners: Iterable[tuple[str, str]], keep: int) -> None:
+    """Keep the ``keep`` newest tombstones of each (runner, extension) of ``owners``; drop
+    the older ones. Each extension has its own: one extension's releases never drop
+    another's tombstone (SPEC §18).
 
     A dropped tombstone no longer fences its leaseId, and the records of children
     that were under it keep their rows (``grant_id`` becomes NULL).
     """
-    for runner_id in set(runner_ids):
+    for runner_id, extension_id in set(owners):
         run(
             conn,
             "DELETE FROM grants WHERE id IN (SELECT id FROM grants WHERE kind = 'lease'"
-            " AND runner_id = ? AND revoked_at IS NOT NULL"
+            " AND runner_id = ? AND extension_id = ? AND revoked_at IS NOT NULL"
             f" ORDER BY revoked_at DESC, created_at DESC, id DESC LIMIT {I64_MAX} OFFSET ?)",
-            (runner_id, keep),
+            (runner_id, extension_id, keep),
         )
 
 
-def runners_of(conn: Connection, grant_ids: Iterable[str]) -> set[str]:
+def owners_of(conn: Connection, grant_ids: Iterable[str]) -> set[tuple[str, str]]:
+    """The (runner, extension) pairs the grants ``grant_ids`` belong to."""
     return {
-        runner_id
+        (runner_id, extension_id)
         for ids in chunks(grant_ids)
-        for runner_id in conn.execute(
-            select(grants.c.runner_id).where(grants.c.id.in_(ids)).distinct()
-        ).scalars()
+        for runner_id, extension_id in conn.execute(
+            select(grants.c.runner_id, grants.c.extension_id).where(grants.c.id.in_(ids)).distinct()
+        )
     }
 
 
@@ -480,6 +496,10 @@ _LEASE_COLUMNS = (
 )
 
 
+def _time(value: Any) -> float | None:
+    return None if value is None else stored_time(value)
+
+
 def leases_with_counts(conn: Connection, runner_id: str | None = None) -> list[LeaseRecord]:
     """Live leases and tombstones, newest first, with how many children each holds."""
     count = select(func.count()).where(children_table.c.grant_id == grants.c.id).scalar_subquery()
@@ -496,10 +516,10 @@ def leases_with_counts(conn: Connection, runner_id: str | None = None) -> list[L
             extension_id=row.extension_id,
             run_id=row.run_id,
             conversation_id=row.conversation_id,
-            created_at=row.created_at,
-            expires_at=row.expires_at,
-            activated_at=row.activated_at,
-            revoked_at=row.revoked_at,
+            created_at=stored_time(row.created_at),
+            expires_at=_time(row.expires_at),
+            activated_at=_time(row.activated_at),
+            revoked_at=_time(row.revoked_at),
             revoke_reason=row.revoke_reason,
             children=row.children,
         )

@@ -6,18 +6,17 @@ acts on every row it concerns at once, so a boot stays fast with thousands of ch
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
 import msgspec
 from sqlalchemy import Connection, TextClause, text
 
 from delegation import errors
 from delegation.machine import Outcome, State, Trigger, sources, target
-from delegation.options import ExecutionOptions
 from delegation.records import Resumable
-from delegation.store import Spelling, children, run_many, spelling_of
+from delegation.store import Spelling, children, chunks, run_many, spelling_of
 from delegation.store.children import ACTIVE_TERM
 
-_policy = msgspec.json.Decoder(ExecutionOptions)
 _encoder = msgspec.json.Encoder()
 
 
@@ -234,11 +233,11 @@ def _count(rowcount: int) -> int:
 
 
 def settle_for_resume(
-    conn: Connection, me: str, max_attempts: int, interrupted: str, recovery_text: str, now: float
+    conn: Connection, me: str, max_attempts: int, interrupted: str, now: float
 ) -> dict[Outcome, int]:
-    """After a restart: finish the cancelled, suspend the running, end what cannot be
-    resumed (no live lease, or resumed ``max_attempts`` times), and commit a
-    ``recovery`` event for every child left to resume. Returns how many ended, by
+    """After a restart: finish the cancelled, suspend the running, and end what cannot
+    be resumed (no live lease, or resumed ``max_attempts`` times). What is left lost and
+    ``admitted`` is to resume (:func:`begin_resume`). Returns how many ended, by
     outcome."""
     statements = (
         # Asked to cancel, and nothing runs them any more.
@@ -253,8 +252,6 @@ def settle_for_resume(
         f"UPDATE {ACTIVE} SET {_fire(Trigger.FINISH, [ADMITTED])}, error = :interrupted,"
         f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'"
         f" AND (id NOT IN ({_LIVE_LEASE_CHILDREN}) OR recovery_attempts >= :max) AND {LOST}",
-        f"UPDATE {ACTIVE} SET recovery_attempts = recovery_attempts + 1"
-        f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST}",
     )
     values = {
         "now": now,
@@ -264,12 +261,75 @@ def settle_for_resume(
     }
     ended: dict[Outcome, int] = {}
     for statement, outcome in zip(
-        statements, (Outcome.CANCELLED, None, Outcome.FAILED, None), strict=True
+        statements, (Outcome.CANCELLED, None, Outcome.FAILED), strict=True
     ):
         params = {k: v for k, v in values.items() if f":{k}" in statement}
         changed = conn.execute(_q(conn, statement), params).rowcount
         if outcome is not None:
             ended[outcome] = _count(changed)
+    return ended
+
+
+class Stored(NamedTuple):
+    """What a child left to resume stored, as stored."""
+
+    id: int
+    run_id: str
+    request: bytes
+    preset: bytes
+    options: bytes | None
+    policy: bytes | None  # its grant's
+
+
+def stored_to_resume(conn: Connection, me: str) -> list[Stored]:
+    """What each child left to resume (after :func:`settle_for_resume`) stored."""
+    rows = conn.execute(
+        _q(
+            conn,
+            "SELECT c.id, c.run_id, c.request, c.preset, c.options, g.policy FROM (SELECT id,"
+            f" run_id, grant_id, request, preset, options FROM {ACTIVE} WHERE {ACTIVE_TERM}"
+            f" AND state = '{ADMITTED}' AND {LOST}) c LEFT JOIN grants g ON g.id = c.grant_id"
+            " ORDER BY c.id",
+        ),
+        {"me": me},
+    ).all()
+    return [
+        Stored(int(i), run_id, bytes(request), bytes(preset), _bytes(options), _bytes(policy))
+        for i, run_id, request, preset, options, policy in rows
+    ]
+
+
+def _bytes(value: bytes | memoryview | None) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+def end_lost(conn: Connection, me: str, child_ids: list[int], error: str, now: float) -> int:
+    """End these lost children left to resume ``done`` with ``error`` instead; returns
+    how many ended."""
+    ended = 0
+    for ids in chunks(child_ids):
+        marks = ", ".join(f":i{n}" for n in range(len(ids)))
+        statement = (
+            f"UPDATE {ACTIVE} SET {_fire(Trigger.FINISH, [ADMITTED])}, error = :error,"
+            f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM}"
+            f" AND state = '{ADMITTED}' AND {LOST} AND id IN ({marks})"
+        )
+        values = {"error": error, "now": now, "me": me, **{f"i{n}": i for n, i in enumerate(ids)}}
+        ended += _count(conn.execute(_q(conn, statement), values).rowcount)
+    return ended
+
+
+def begin_resume(conn: Connection, me: str, recovery_text: str) -> None:
+    """Count one more recovery attempt of every child left to resume, and commit its
+    ``recovery`` event."""
+    conn.execute(
+        _q(
+            conn,
+            f"UPDATE {ACTIVE} SET recovery_attempts = recovery_attempts + 1"
+            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST}",
+        ),
+        {"me": me},
+    )
     # The recovery events are encoded here, as the engine encodes events, so that both
     # stores hold the same bytes (SQLite's json_object and PostgreSQL's differ).
     resumed = conn.execute(
@@ -289,7 +349,6 @@ def settle_for_resume(
             for child_id, attempts, seq in resumed
         ],
     )
-    return ended
 
 
 def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], float | None]:
@@ -318,10 +377,12 @@ def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], fl
 
 
 def next_deadline(conn: Connection) -> float | None:
+    """The earliest expiry of a live lease (None: none). SQLite orders every number
+    before any text, so a text here means no lease has an expiry that is a number."""
     value = conn.execute(
         _q(conn, "SELECT MIN(expires_at) FROM grants WHERE kind = 'lease' AND revoked_at IS NULL")
     ).scalar()
-    return None if value is None else float(value)
+    return None if value is None or isinstance(value, str | bytes) else float(value)
 
 
 def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable]:
@@ -353,8 +414,8 @@ def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable
             delivered.setdefault(child_id, []).append(message)
         else:
             queued.setdefault(child_id, []).append((steer_id, message))
-    policies = {
-        child_id: _policy.decode(raw)
+    policies: dict[int, bytes] = {
+        child_id: bytes(raw)
         for child_id, raw in conn.execute(
             _q(
                 conn,

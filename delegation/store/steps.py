@@ -10,6 +10,7 @@ from sqlalchemy import Connection, text
 
 from delegation import errors
 from delegation.records import RecordedStep, StepRow
+from delegation.store import stored_time
 
 _RECORD = text(
     "INSERT INTO steps (child_id, name, ordinal, raw, value, recorded_at)"
@@ -96,12 +97,12 @@ def count(conn: Connection, child_id: int) -> int:
 def listing(conn: Connection, child_id: int, limit: int = 10_000) -> list[StepRow]:
     """Each step's name, place, size and time (never its value), oldest first."""
     rows = conn.execute(_LIST, {"child_id": child_id, "limit": limit})
-    return [StepRow(name, ordinal, int(size), float(at)) for name, ordinal, size, at in rows]
+    return [StepRow(name, ordinal, int(size), stored_time(at)) for name, ordinal, size, at in rows]
 
 
 def latest(conn: Connection, child_id: int, limit: int) -> list[StepRow]:
     """The last ``limit`` steps of :func:`listing`, oldest first (what an execution
     did last, when it recorded more than an operator's view shows)."""
     rows = conn.execute(_LATEST, {"child_id": child_id, "limit": limit})
-    found = [StepRow(name, ordinal, int(size), float(at)) for name, ordinal, size, at in rows]
+    found = [StepRow(name, ordinal, int(size), stored_time(at)) for name, ordinal, size, at in rows]
     return found[::-1]

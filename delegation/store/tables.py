@@ -142,6 +142,16 @@ Index(
     postgresql_where=grants.c.kind == "lease",
 )
 Index("ix_grants_tool_call", grants.c.run_id, grants.c.tool_call_id)
+# Tombstones (revoked leases) by owner, newest last: each (runner, extension) keeps its
+# newest few, and trimming reads only that owner's (SPEC §18; revision 0013).
+Index(
+    "ix_grants_tombstones",
+    grants.c.runner_id,
+    grants.c.extension_id,
+    grants.c.revoked_at,
+    sqlite_where=text("kind = 'lease' AND revoked_at IS NOT NULL"),
+    postgresql_where=text("kind = 'lease' AND revoked_at IS NOT NULL"),
+)
 Index("ix_grants_connection", grants.c.connection_id)
 
 children = Table(

@@ -24,6 +24,8 @@ function age(seconds) {
 }
 
 function since(timestamp) {
+  // null: a time stored as no number (the server sends it as null)
+  if (typeof timestamp !== "number" || !Number.isFinite(timestamp)) return "unreadable";
   return age(Date.now() / 1000 + serverOffset - timestamp);
 }
 
@@ -174,7 +176,9 @@ async function loadSteps() {
     cell(row, step.name);
     cell(row, byteSize(step.size), "number");
     ageCell(row, step.recordedAt);
-    row.cells[3].title = new Date(step.recordedAt * 1000).toISOString();
+    if (typeof step.recordedAt === "number") {
+      row.cells[3].title = new Date(step.recordedAt * 1000).toISOString();
+    }
   }
   const more = body.stepCount - body.steps.length;
   $("steps-count").textContent = body.stepCount === 0 ? "(none recorded)"
