@@ -105,6 +105,7 @@ class Engine:
         self._supervisor = Supervisor(self._rt, runner, self.timers)
         self._upkeep = Upkeep(self._rt, self._supervisor, self.timers)
         self._membership = Membership(self._rt, self._supervisor, self.timers)
+        self._db.on_lost = self._membership.lost
         self._controls: ControlWatcher | None = None
         self._open = False
 
@@ -189,6 +190,12 @@ class Engine:
             except BaseException:  # cancelled here, the caller would never close it
                 await self.close()
                 raise
+
+    async def failed(self) -> errors.DelegationError:
+        """Wait until the engine stopped on its own while open: its SQLite file was
+        replaced while in use (SPEC §18). Its runs are stopped, nothing more is written,
+        and :meth:`close` raises the error returned here: the host should close, exit."""
+        return await self._membership.failed()
 
     async def expire_due(self) -> None:
         """Expire every lease past its deadline now, then re-arm at the next deadline
