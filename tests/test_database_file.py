@@ -59,6 +59,21 @@ def backup(live: Path, to: Path) -> None:
         source.close()
 
 
+async def resumed_by_the_next_host(live: Path) -> list[tuple[str, int]]:
+    """The children a host opening ``live`` resumes (as after a crash), with their
+    attempt: what the restored file holds, readable and whole."""
+    runner = ScriptRunner()
+    async with Engine(f"sqlite:///{live}", runner=runner):
+        for _ in range(2400):
+            if runner.prepared:
+                break
+            await asyncio.sleep(0.025)
+    return [
+        (p.identity.conversation_id, p.recovery.attempt if p.recovery else 0)
+        for p in runner.prepared
+    ]
+
+
 @pytest.fixture
 def folder(tmp_path: Path, template_db: Path) -> Path:
     """A folder holding only ``live.db`` (migrated) and, in ``backup/``, nothing yet."""
@@ -111,16 +126,7 @@ async def test_serve_exits_with_one_line_when_its_file_is_replaced(
         assert noise not in logged, logged
     assert fingerprint(live) == restored, "not a byte written to the restored file"
     assert listing(folder) == ["live.db"], "its own -wal and -shm are not left beside it"
-    runner = ScriptRunner()
-    async with Engine(f"sqlite:///{live}", runner=runner) as engine:
-        record = await engine.get_child(started["conversationId"])
-        assert record is not None and record.state == "running"
-        for _ in range(2400):
-            if runner.prepared:
-                break
-            await asyncio.sleep(0.025)
-        recovery = runner.prepared[0].recovery
-        assert recovery is not None and recovery.attempt == 1
+    assert await resumed_by_the_next_host(live) == [(started["conversationId"], 1)]
 
 
 def test_a_second_host_takes_over_only_once_the_first_has_stopped(
@@ -233,9 +239,7 @@ async def test_a_writing_host_notices_at_its_next_commit(
             await engine.close()
     assert fingerprint(live) == restored
     assert listing(folder) == ["live.db"]
-    async with Engine(f"sqlite:///{live}", runner=ScriptRunner()) as again:
-        record = await again.get_child(child.conversation_id)
-        assert record is not None and record.state == "running"  # resumed, as after a crash
+    assert await resumed_by_the_next_host(live) == [(child.conversation_id, 1)]
 
 
 async def test_a_host_whose_side_files_went_too_leaves_the_new_hosts_alone(

@@ -30,6 +30,7 @@ import os
 import stat
 import struct
 import threading
+import time
 from pathlib import Path
 
 from delegation import errors
@@ -47,6 +48,7 @@ _HELD_GUARD = threading.Lock()
 # SQLite's SHARED lock bytes on the database file (os_unix.c): a read lock there keeps
 # any connection of SQLite from the EXCLUSIVE lock it takes to remove its -wal at close.
 _SHARED_FIRST, _SHARED_SIZE = 0x40000000 + 2, 510
+_LOG_TRIES = 50  # 1 ms apart (see _lock_log)
 
 
 class HostLock:
@@ -115,11 +117,9 @@ class HostLock:
         except OSError as exc:
             raise errors.StoreError(f"cannot open {wal}: {exc.strerror}") from exc
         info = os.fstat(fd)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not _lock_log(fd):
             os.close(fd)  # SQLite holds no lock of its own on a -wal: closing drops none
-            raise errors.HostConflict() from None
+            raise errors.HostConflict()
         with _HELD_GUARD:
             self._log = fd
             self._sides["-wal"] = (info.st_dev, info.st_ino)
@@ -224,13 +224,27 @@ def _refuse_a_held_log(path: Path) -> None:
         fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:  # shared: opening hosts testing at once never refuse one another
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise errors.HostConflict() from None
     finally:
         os.close(fd)  # SQLite holds no lock of its own on a -wal: closing drops none
+
+
+def _lock_log(fd: int) -> bool:
+    """Lock a -wal exclusively: whether it is held. A host's open may meet another's
+    test of it (``_refuse_a_held_log``, held for microseconds): tried for up to 50 ms."""
+    for _ in range(_LOG_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+        time.sleep(0.001)
+    return False
 
 
 def _pin(fd: int) -> bool:
