@@ -182,22 +182,30 @@ def test_a_second_host_takes_over_only_once_the_first_has_stopped(
     assert "CLOSED database_replaced" in said
 
 
-async def test_an_idle_host_notices_at_its_periodic_check(folder: Path, tmp_path: Path) -> None:
-    """No run writes: the host looks every host_heartbeat_s. Every write is refused from
-    then on, close says why, and nothing of the restored file changed."""
+@pytest.mark.parametrize("noticed", ["at_its_check", "at_close"])
+async def test_an_idle_host_notices(folder: Path, tmp_path: Path, noticed: str) -> None:
+    """No run writes: the host looks every host_heartbeat_s, or it closes first (a
+    SIGTERM right after the restore). Every write is refused from then on, close says
+    why, and nothing of the restored file changed. Its own -wal and -shm do not stay
+    beside it: SQLite's connections, seeing their file moved, leave them at close,
+    and the next host would read that log into the restored file."""
     live, saved = folder / "live.db", tmp_path / "backup" / "live.db"
     config = EngineConfig(host_heartbeat_s=0.2, host_timeout_s=1.0)
+    if noticed == "at_close":
+        config = EngineConfig(host_heartbeat_s=600.0, host_timeout_s=1800.0)
     engine = Engine(f"sqlite:///{live}", runner=ScriptRunner(), config=config)
     await engine.open()
     try:
+        await engine.connect("runner-1", "host-a")  # its -wal holds a commit
         backup(live, saved)
         restored = fingerprint(saved)
         os.replace(saved, live)
-        failure = await asyncio.wait_for(engine.failed(), 60)
-        assert (type(failure), str(failure)) == (errors.DatabaseReplaced, REPLACED)
-        assert (failure.reason, failure.rpc_code) == ("database_replaced", -32603)
-        with pytest.raises(errors.DatabaseReplaced, match=f"^{REPLACED}$"):
-            await engine.connect("runner-1", "host-a")
+        if noticed == "at_its_check":
+            failure = await asyncio.wait_for(engine.failed(), 60)
+            assert (type(failure), str(failure)) == (errors.DatabaseReplaced, REPLACED)
+            assert (failure.reason, failure.rpc_code) == ("database_replaced", -32603)
+            with pytest.raises(errors.DatabaseReplaced, match=f"^{REPLACED}$"):
+                await engine.connect("runner-1", "host-a")
     finally:
         with pytest.raises(errors.DatabaseReplaced, match=f"^{REPLACED}$"):
             await engine.close()
@@ -242,13 +250,16 @@ async def test_a_writing_host_notices_at_its_next_commit(
     assert await resumed_by_the_next_host(live) == [(child.conversation_id, 1)]
 
 
+@pytest.mark.parametrize("noticed", ["by_a_write", "at_close"])
 async def test_a_host_whose_side_files_went_too_leaves_the_new_hosts_alone(
-    folder: Path, tmp_path: Path
+    folder: Path, tmp_path: Path, noticed: str
 ) -> None:
     """A restore that also removed the -wal and -shm (as SQLite's docs ask of a copy):
     a second host opens the restored file before the first notices. The first, closing,
-    must not checkpoint into nor remove by name the -wal and -shm that are now the
-    second host's (SQLite's last connection removes them by name)."""
+    leaves the -wal and -shm that are now the second host's alone, whether it noticed
+    before its close or only as it closes (SIGTERM right after the restore): it removes
+    only its own, and SQLite's connections, seeing their file moved, neither checkpoint
+    nor remove by name at close."""
     live, saved = folder / "live.db", tmp_path / "backup" / "live.db"
     config = EngineConfig(host_heartbeat_s=600.0, host_timeout_s=1800.0)
     first = Engine(f"sqlite:///{live}", runner=ScriptRunner(), config=config)
@@ -262,9 +273,10 @@ async def test_a_host_whose_side_files_went_too_leaves_the_new_hosts_alone(
         second = Engine(f"sqlite:///{live}", runner=ScriptRunner())
         await second.open()
         theirs = {s: os.stat(f"{live}{s}").st_ino for s in ("-wal", "-shm")}
-        with pytest.raises(errors.DatabaseReplaced):
-            await first.connect("runner-1", "host-a")  # a write finds the file replaced
-        await asyncio.wait_for(first.failed(), 60)
+        if noticed == "by_a_write":
+            with pytest.raises(errors.DatabaseReplaced):
+                await first.connect("runner-1", "host-a")  # a write finds the file replaced
+            await asyncio.wait_for(first.failed(), 60)
         with pytest.raises(errors.DatabaseReplaced):
             await first.close()
         assert {s: os.stat(f"{live}{s}").st_ino for s in ("-wal", "-shm")} == theirs

@@ -69,10 +69,14 @@ class Membership:
         self._task = asyncio.create_task(beats, name="delegation-beat")
 
     async def stop(self) -> None:
+        """Stop beating (or looking at the file). A host closing on a replaced file,
+        noticed or not, gives its path up before its connections close (see lost)."""
         beating, self._task = self._task, None
         if beating is not None:
             beating.cancel()
             await asyncio.gather(beating, return_exceptions=True)
+        if self._rt.lost is not None or not self._rt.db.held():
+            await asyncio.get_running_loop().run_in_executor(None, self._rt.db.let_go)
 
     async def _kill_lost(self, takeover: maintenance.Takeover) -> None:
         """Before anything resumes: a process a lost run started and that outlived its

@@ -139,8 +139,8 @@ class SqliteDialect:
             raise errors.DatabaseReplaced()
 
     def let_go(self) -> None:
-        """The file was replaced and this host's runs stopped: give its path up to the
-        file now there (see ``HostLock.let_go``)."""
+        """The file was replaced and this host's runs stopped: remove its -wal and -shm
+        from the path, if still its own (see ``HostLock.let_go``)."""
         if self._lock is not None:
             self._lock.let_go()
 

@@ -28,7 +28,6 @@ import errno
 import fcntl
 import os
 import stat
-import struct
 import threading
 import time
 from pathlib import Path
@@ -45,9 +44,6 @@ _SIDE_FILES = ("-wal", "-shm", "-journal")
 _HELD: dict[tuple[int, int], HostLock] = {}
 _LOGS: dict[tuple[int, int], HostLock] = {}  # the -wal files this process holds
 _HELD_GUARD = threading.Lock()
-# SQLite's SHARED lock bytes on the database file (os_unix.c): a read lock there keeps
-# any connection of SQLite from the EXCLUSIVE lock it takes to remove its -wal at close.
-_SHARED_FIRST, _SHARED_SIZE = 0x40000000 + 2, 510
 _LOG_TRIES = 50  # 1 ms apart (see _lock_log)
 
 
@@ -137,25 +133,21 @@ class HostLock:
             return exc.errno in (errno.ENOENT, errno.ENOTDIR)  # else: cannot tell
         return (info.st_dev, info.st_ino) != self._key
 
-    def let_go(self) -> bool:
-        """The file was replaced: give its path up to the file now there, without a
-        write. SQLite's connections of this host are kept from removing the -wal and
-        -shm by name when they close (they would remove a new host's); this host's own
-        are removed from the path instead, so that neither a later close nor a crash
-        leaves its log beside the new file (SQLite would read it into that file).
-        Where the kernel cannot keep SQLite from it (no open file description locks),
-        nothing is done: SQLite removes this host's own files when its connections
-        close, as before. Returns whether they were given up.
-        """
-        if self._fd is None or not _pin(self._fd):
-            return False
+    def let_go(self) -> None:
+        """The file was replaced (call it once this host's runs stopped): give its path
+        up to the file now there, without a write. SQLite's own connections, seeing
+        their file moved, neither checkpoint nor remove the -wal and -shm by name when
+        they close (``databaseIsUnmoved``): this host's own would stay beside the new
+        file, and the next host would read this host's log into it. They are removed
+        from the path here, if they are still this host's (never a new host's)."""
+        if self._fd is None or not self.replaced():
+            return
         for suffix, key in self._sides.items():
             side = Path(f"{self.path}{suffix}")
             with contextlib.suppress(OSError):
                 info = side.stat()
                 if (info.st_dev, info.st_ino) == key:
                     side.unlink()
-        return True
 
     def release(self) -> None:
         """Give the file back (closing the descriptor releases the lock); call it once
@@ -245,19 +237,3 @@ def _lock_log(fd: int) -> bool:
                 return False
         time.sleep(0.001)
     return False
-
-
-def _pin(fd: int) -> bool:
-    """Hold a read lock over SQLite's SHARED bytes of the file on ``fd``'s own open
-    file description (Linux): SQLite, in this process too, then never gets the
-    EXCLUSIVE lock with which its last connection checkpoints and removes the -wal and
-    -shm by name. Whether it is held."""
-    command = getattr(fcntl, "F_OFD_SETLK", None)
-    if command is None:
-        return False
-    lock = struct.pack("hhqqi", fcntl.F_RDLCK, os.SEEK_SET, _SHARED_FIRST, _SHARED_SIZE, 0)
-    try:
-        fcntl.fcntl(fd, command, lock)
-    except OSError:
-        return False
-    return True
