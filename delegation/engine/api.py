@@ -170,6 +170,7 @@ class Engine:
                 deadline = await self._db.read(maintenance.next_deadline)
             except BaseException:
                 # Give the file back (the writer thread, the connections): a host may retry.
+                await self._membership.stop()  # a file replaced meanwhile: its path too
                 await self._db.aclose()
                 raise
             self._open = self._membership.open = True

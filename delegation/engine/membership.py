@@ -47,6 +47,8 @@ class Membership:
         open."""
         rt = self._rt
         loop = asyncio.get_running_loop()
+        rt.lost = None  # a file replaced under an earlier opening is another's now
+        self._given_up.clear()
         rt.instance_id = f"h-{secrets.token_hex(16)}"
         await loop.run_in_executor(None, rt.db.claim, rt.instance_id)
         if isinstance(rt.clock, ServerClock):  # before anything is stamped

@@ -106,7 +106,7 @@ class Database:
         self.on_commit: Callable[[float, int], None] | None = None
         # Called once on the loop's thread when the database is found replaced (see held).
         self.on_lost: Callable[[errors.DelegationError], None] | None = None
-        self._lost = False
+        self._lost = False  # on_lost was told (since open)
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -121,7 +121,7 @@ class Database:
             errors.StoreError: it cannot be opened, reached or written (the dialect's
                 reasons).
         """
-        self._loop = loop
+        self._loop, self._lost = loop, False
         try:
             engines = self._dialect.open()
         except BaseException as exc:

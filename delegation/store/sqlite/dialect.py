@@ -81,7 +81,7 @@ class SqliteDialect:
             raise errors.StoreError(
                 f"delegation needs SQLite 3.35.5 or newer; this Python has {sqlite3.sqlite_version}"
             )
-        self._lock = HostLock.acquire(self.path)
+        self._lock, self._replaced = HostLock.acquire(self.path), False
         check_file(self.url)
         self._lock.restrict_modes()  # only now: another application's file keeps its mode
         writer = make_engine(
