@@ -78,6 +78,8 @@ by clients: keep them exactly as written.
     │   ├── SchemaMismatch                   not a delegation database, or a newer one
     │   ├── HostConflict                     another live host holds the SQLite file
     │   │   └── HostFenced                   this host was declared dead and taken over
+    │   ├── DatabaseReplaced                 the SQLite file was replaced under a live host
+    │   ├── DatabaseReadOnly                 the SQLite file may not be written
     │   ├── ChildPurged                      (-32602) the record is past retention
     │   └── ChildUnreadable                  (-32602) its stored record no longer decodes
     └── InternalError                        (-32603) a fault of ours, no detail on the wire
@@ -542,6 +544,18 @@ class HostFenced(HostConflict):
     """host instance was taken over by another host; its writes are refused"""
 
     reason = "host_fenced"
+
+
+class DatabaseReplaced(StoreError):
+    """database file was replaced while in use"""
+
+    reason = "database_replaced"
+
+
+class DatabaseReadOnly(StoreError):
+    """database file is read-only"""
+
+    reason = "database_read_only"
 
 
 class ChildPurged(StoreError):

@@ -381,7 +381,10 @@ async def serve(
     allowed_uid: int | None = None,
     max_inflight: int = MAX_INFLIGHT,
 ) -> None:
-    """Run the host until SIGTERM/SIGINT (or end of input on stdio), then close gracefully."""
+    """Run the host until SIGTERM/SIGINT (or end of input on stdio), then close gracefully.
+
+    A host whose database file was replaced while in use (SPEC §18) stops as well:
+    its close then raises ``DatabaseReplaced`` (the command's one line, exit 1)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -392,9 +395,14 @@ async def serve(
         check_socket_path(socket_path)
     async with engine:
         log.info("serving", extra={"action": "serve_started"})
-        if socket_path is not None:
-            uid = os.getuid() if allowed_uid is None else allowed_uid
-            await serve_socket(engine, socket_path, stop, uid, max_inflight=max_inflight)
-        else:
-            await serve_stdio(engine, stop, max_inflight=max_inflight)
+        failed = asyncio.create_task(engine.failed())
+        failed.add_done_callback(lambda done: None if done.cancelled() else stop.set())
+        try:
+            if socket_path is not None:
+                uid = os.getuid() if allowed_uid is None else allowed_uid
+                await serve_socket(engine, socket_path, stop, uid, max_inflight=max_inflight)
+            else:
+                await serve_stdio(engine, stop, max_inflight=max_inflight)
+        finally:
+            failed.cancel()
     log.info("stopped", extra={"action": "serve_stopped", "signalled": stop.is_set()})

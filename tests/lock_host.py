@@ -2,11 +2,15 @@
 
     python tests/lock_host.py first DB_URL WORKSPACE   # starts a leased child, streams
     python tests/lock_host.py second DB_URL            # retries opening until it may
+    python tests/lock_host.py hold DB_URL              # holds the file, writes nothing
 
 ``first`` prints ``STARTED <conversationId>`` once its leased child streams, then
-runs until killed. ``second`` prints ``REFUSED <reason>`` at its first refusal, keeps
-trying every 20 ms, then prints ``OPENED`` and ``RESUMED <conversationId> <attempt>``
-when it has taken the child over, and exits once the child is done.
+runs until killed, or until its file is replaced (SPEC §18): then it prints ``RUN
+STOPPED`` as its run is cancelled, ``FAILED <reason> <message>`` once the engine has
+stopped, and ``CLOSED <reason>`` as its close refuses, and exits. ``second`` prints
+``REFUSED <reason>`` at its first refusal, keeps trying every 20 ms, then prints
+``OPENED`` and ``RESUMED <conversationId> <attempt>`` when it has taken the child over,
+and exits once the child is done. ``hold`` prints ``HOLDING`` once open.
 """
 
 from __future__ import annotations
@@ -32,11 +36,15 @@ class Streaming:
         async def run(ctx: ChildContext) -> None:
             await ctx.admit()
             step = 0
-            while True:
-                step += 1
-                ctx.emit(Event(kind="text", text=f"step {step}"))
-                await ctx.flush()
-                await asyncio.sleep(0.02)
+            try:
+                while True:
+                    step += 1
+                    ctx.emit(Event(kind="text", text=f"step {step}"))
+                    await ctx.flush()
+                    await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                say("RUN STOPPED")
+                raise
 
         return run
 
@@ -77,6 +85,18 @@ async def first(url: str, workspace: str) -> None:
     )
     result = await engine.call(conn, "child.start", params)
     say(f"STARTED {result.conversation_id}")
+    failure = await engine.failed()
+    say(f"FAILED {failure.reason} {failure}")
+    try:
+        await engine.close()
+    except errors.DelegationError as exc:
+        say(f"CLOSED {exc.reason}")
+
+
+async def hold(url: str) -> None:
+    engine = Engine(url, runner=Finishing())
+    await engine.open()
+    say("HOLDING")
     await asyncio.Event().wait()
 
 
@@ -106,5 +126,7 @@ async def second(url: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "first":
         asyncio.run(first(sys.argv[2], sys.argv[3]))
+    elif sys.argv[1] == "hold":
+        asyncio.run(hold(sys.argv[2]))
     else:
         asyncio.run(second(sys.argv[2]))

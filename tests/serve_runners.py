@@ -44,3 +44,21 @@ class Echo:
             ctx.emit(Event(kind="result", text="bye"))
 
         return run
+
+
+async def streaming(ctx: ChildContext) -> None:
+    """A run that emits and flushes an event every 20 ms until it is stopped."""
+    await ctx.admit()
+    while True:
+        ctx.emit(Event(kind="text", text="tick"))
+        await ctx.flush()
+        await asyncio.sleep(0.02)
+
+
+class Streaming:
+    """Each child is :func:`streaming`."""
+
+    async def prepare(
+        self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
+    ) -> Run:
+        return streaming

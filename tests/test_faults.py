@@ -710,9 +710,11 @@ def test_a_read_only_database_is_refused_at_open_untouched(
         folder.chmod(0o755)  # so that pytest can clean up
     assert proc.returncode == 0, proc.stderr
     outcome = json.loads(proc.stdout)
-    assert outcome["error"] == "StoreError", outcome
-    assert outcome["reason"] == "store_error"
-    assert "readonly database" in outcome["message"]
+    assert outcome == {  # SPEC §18: refused as read-only, never written through
+        "error": "DatabaseReadOnly",
+        "reason": "database_read_only",
+        "message": "database file is read-only",
+    }
     assert (sorted(p.name for p in folder.iterdir()), fingerprint(path)) == before
 
 

@@ -104,6 +104,7 @@ class Engine:
         self._supervisor = Supervisor(self._rt, runner, self.timers)
         self._upkeep = Upkeep(self._rt, self._supervisor, self.timers)
         self._membership = Membership(self._rt, self._supervisor, self.timers)
+        self._db.on_lost = self._membership.lost
         self._controls: ControlWatcher | None = None
         self._open = False
 
@@ -196,9 +197,16 @@ class Engine:
             if self._open:
                 await self.close()  # its last step closes the database, come what may
             else:
+                await self._membership.stop()  # a file replaced meanwhile: its path too
                 await self._db.aclose()
         except Exception:
             log.exception("a failed open left things to close", extra={"action": "open_abandoned"})
+
+    async def failed(self) -> errors.DelegationError:
+        """Wait until the engine stopped on its own while open: its SQLite file was
+        replaced while in use (SPEC §18). Its runs are stopped, nothing more is written,
+        and :meth:`close` raises the error returned here: the host should close, exit."""
+        return await self._membership.failed()
 
     async def expire_due(self) -> None:
         """Expire every lease past its deadline now, then re-arm at the next deadline

@@ -1,6 +1,7 @@
 """This host's membership among the hosts of one database (SPEC §7, §12): its boot's
 takeover, its heartbeats, the takeover of dead hosts, the fence when another host took
-it over, the cut-off when no heartbeat commits, and the rejoin after either.
+it over, the cut-off when no heartbeat commits, and the rejoin after either. On a SQLite
+file, the one host's hold on it: a file replaced under it stops the host (SPEC §18).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from delegation.clock import ServerClock
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
 from delegation.engine.timers import Timers
-from delegation.store.database import boot_clock
+from delegation.store.batch import boot_clock
 
 log = logging.getLogger("delegation.engine")
 
@@ -34,6 +35,7 @@ class Membership:
         self._alive_deadline = math.inf  # see _alive_since; none before the first beat
         self._cut = False  # runs were stopped for a heartbeat lapse (see _cut_off)
         self.open = False  # a closing host only beats: it takes nothing over
+        self._given_up = asyncio.Event()  # a replaced database was let go (see lost)
 
     # --- boot ---------------------------------------------------------------------------
 
@@ -45,6 +47,8 @@ class Membership:
         open."""
         rt = self._rt
         loop = asyncio.get_running_loop()
+        rt.lost = None  # a file replaced under an earlier opening is another's now
+        self._given_up.clear()
         rt.instance_id = f"h-{secrets.token_hex(16)}"
         await loop.run_in_executor(None, rt.db.claim, rt.instance_id)
         if isinstance(rt.clock, ServerClock):  # before anything is stamped
@@ -61,15 +65,20 @@ class Membership:
         return takeover
 
     def start(self) -> None:
-        """Heartbeat from now on, on a database several hosts share."""
-        if self._rt.db.shared:
-            self._task = asyncio.create_task(self._heartbeats(), name="delegation-beat")
+        """Heartbeat from now on, on a database several hosts share; on a file, look
+        every ``host_heartbeat_s`` whether it is still the one opened (SPEC §18)."""
+        beats = self._heartbeats() if self._rt.db.shared else self._hold_file()
+        self._task = asyncio.create_task(beats, name="delegation-beat")
 
     async def stop(self) -> None:
+        """Stop beating (or looking at the file). A host closing on a replaced file,
+        noticed or not, gives its path up before its connections close (see lost)."""
         beating, self._task = self._task, None
         if beating is not None:
             beating.cancel()
             await asyncio.gather(beating, return_exceptions=True)
+        if self._rt.lost is not None or not self._rt.db.held():
+            await asyncio.get_running_loop().run_in_executor(None, self._rt.db.let_go)
 
     async def _kill_lost(self, takeover: maintenance.Takeover) -> None:
         """Before anything resumes: a process a lost run started and that outlived its
@@ -77,6 +86,50 @@ class Membership:
         if takeover.processes:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, _kill_orphans, takeover.processes)
+
+    # --- a replaced file ----------------------------------------------------------------
+
+    async def _hold_file(self) -> None:
+        """An idle host notices a replaced file too (a writing one, at its next commit):
+        one ``stat`` a period."""
+        while self._rt.db.held():
+            await asyncio.sleep(self._rt.config.host_heartbeat_s)
+
+    def lost(self, failure: errors.DelegationError) -> None:
+        """The store found its file replaced (a restore renamed over it), on the loop's
+        thread before any caller of a refused write hears of it. Every write is refused
+        from now on; an open host stops every local run at once, without a write (their
+        children resume on the host that opens the file next, as after a crash); once
+        they stopped, the path is given up to the file now there (``Store.let_go``),
+        and :meth:`failed` returns. A host opening or closing only refuses its writes:
+        its open or close raises the error."""
+        rt = self._rt
+        if rt.lost is not None:
+            return
+        rt.lost = failure
+        if not self.open:
+            return
+        running = list(self._supervisor.runs)
+        for local in running:
+            local.suspend()
+        log.error(
+            "%s: %d runs stopped, nothing more is written; this host stops",
+            failure,
+            len(running),
+            extra={"action": "database_replaced", "instance": rt.instance_id},
+        )
+        rt.background(self._give_up())
+
+    async def _give_up(self) -> None:
+        await self._supervisor.suspend_all()
+        await asyncio.get_running_loop().run_in_executor(None, self._rt.db.let_go)
+        self._given_up.set()
+
+    async def failed(self) -> errors.DelegationError:
+        """Wait until a replaced database was given up (see :meth:`lost`); its error."""
+        await self._given_up.wait()
+        assert self._rt.lost is not None
+        return self._rt.lost
 
     # --- heartbeats -------------------------------------------------------------------
 

@@ -74,6 +74,7 @@ class Runtime:
         self.notices = notices
         self.instance_id = ""
         self.rejoining = False  # fenced, and not yet a new instance: writes are refused
+        self.lost: errors.DelegationError | None = None  # the database was replaced
         self._background: set[asyncio.Task[Any]] = set()
 
     def write(
@@ -89,7 +90,10 @@ class Runtime:
 
         ``committed``, ``one_write`` and ``durable``: see ``Store.submit``. While the host
         rejoins (fenced, not yet a new instance) a write is refused with ``HostFenced``
-        unless ``while_rejoining`` (the rejoin's own write)."""
+        unless ``while_rejoining`` (the rejoin's own write). Once the database was found
+        replaced (SPEC §18), every write is refused with that error."""
+        if self.lost is not None:
+            raise type(self.lost)(str(self.lost))
         if self.rejoining and not while_rejoining:
             raise errors.HostFenced(
                 f"host instance {self.instance_id} was taken over; this host is rejoining"

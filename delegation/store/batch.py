@@ -49,6 +49,14 @@ class Queue:
         return not (self.events or any(p.durable for p in self.jobs))
 
 
+def boot_clock() -> float:
+    """Seconds on a clock that keeps counting while the process is stopped (SIGSTOP) or
+    the machine sleeps: what a host's heartbeat freshness is measured on (the writer
+    fences a lone write on it, see ``Database.alive_until``)."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
+
+
 def report_commit(hook: Callable[[float, int], None] | None, began: float, events: int) -> None:
     """Tell ``hook`` (the store's ``on_commit``, if set) of a transaction that committed;
     a fault of the hook is logged, never taken for the commit's own."""
@@ -187,6 +195,8 @@ class Outage:
     def failed(self, exc: Exception) -> errors.DelegationError:
         """A batch failed with ``exc``: the domain error its jobs get (logged)."""
         failure = translate(exc)
+        if isinstance(failure, errors.DatabaseReplaced):
+            return failure  # the engine says so, once
         if isinstance(failure, errors.HostFenced):
             # Expected once another host took this one over: the host says so once
             # (``host_fenced``, engine.membership) and its runs stop; no traceback.

@@ -47,6 +47,7 @@ from delegation.store.batch import (
     Pending,
     Queue,
     Redo,
+    boot_clock,
     commit_open,
     job_failed,
     report_commit,
@@ -63,13 +64,6 @@ from delegation.store.watch import Watch
 log = logging.getLogger("delegation.store")
 
 T = TypeVar("T")
-
-
-def boot_clock() -> float:
-    """Seconds on a clock that keeps counting while the process is stopped (SIGSTOP) or
-    the machine sleeps: what a host's heartbeat freshness is measured on."""
-    boottime = getattr(time, "CLOCK_BOOTTIME", None)
-    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
 
 
 class Database:
@@ -110,6 +104,9 @@ class Database:
         self.on_events: Callable[[set[int]], None] | None = None
         # Called after each commit with its seconds and its events (telemetry).
         self.on_commit: Callable[[float, int], None] | None = None
+        # Called once on the loop's thread when the database is found replaced (see held).
+        self.on_lost: Callable[[errors.DelegationError], None] | None = None
+        self._lost = False  # on_lost was told (since open)
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -124,7 +121,7 @@ class Database:
             errors.StoreError: it cannot be opened, reached or written (the dialect's
                 reasons).
         """
-        self._loop = loop
+        self._loop, self._lost = loop, False
         try:
             engines = self._dialect.open()
         except BaseException as exc:
@@ -225,6 +222,26 @@ class Database:
         """Whether the writer ever connected again after losing its connection (never
         on SQLite). Read on the writer's thread, in the batch that uses it."""
         return self._reconnected
+
+    def held(self) -> bool:
+        """Whether the database is still the one this host opened (the dialect's
+        ``verify``); once not, ``on_lost`` is told, once."""
+        try:
+            self._dialect.verify()
+        except errors.DatabaseReplaced as exc:
+            self._tell_lost(exc)
+            return False
+        return True
+
+    def _tell_lost(self, failure: errors.DelegationError) -> None:
+        with self._cond:
+            told, self._lost = self._lost, True
+        if not told and self.on_lost is not None and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody to tell
+                self._loop.call_soon_threadsafe(self.on_lost, failure)
+
+    def let_go(self) -> None:
+        self._dialect.let_go()
 
     def watch(self, interval: float) -> Watch:
         return self._dialect.watch(interval)
@@ -496,14 +513,14 @@ class Database:
         failure = self._outage.failed(exc)
         for pending in batch.jobs:
             pending.ok, pending.value = False, failure
-        if batch.events:
-            # Events are not lost to a busy or full database (a lost one would leave
-            # a gap in its child's sequence): they go first in the next batch, after
-            # a pause so a lasting failure is not retried in a tight loop. Closing,
-            # they are given up after one try, as a crash would.
-            # An event a constraint refuses would fail every batch after it: it is
-            # dropped (a fault of ours, logged above), never retried.
-            # A fenced host's events belong to runs it lost: they are never written.
+        lost = isinstance(failure, errors.DatabaseReplaced)
+        if lost:  # told before the jobs' callers are: the engine stops its runs first
+            self._tell_lost(failure)
+        if batch.events and not lost:
+            # Kept for a busy or full database (a lost one would leave a gap in its
+            # child's sequence): first in the next batch, after a pause. Given up:
+            # closing (one try, as a crash), refused by a constraint (a fault of ours,
+            # logged), a fenced host's or a replaced file's (runs it lost).
             fenced = isinstance(failure, errors.HostFenced)
             with self._cond:
                 if not self._stopping and not refused(exc) and not fenced:
@@ -528,6 +545,7 @@ class Database:
             run_batch(conn, batch, self._dialect.changes, savepoints=savepoints)
             if batch.events:
                 self._dialect.announce(raw, {row.child_id for row in batch.events})
+            self._dialect.verify()  # last: a file replaced meanwhile gets no commit
             commit_open(conn, raw, self._dialect)
         except BaseException:  # a failed COMMIT too: never leave the write lock held
             roll_back(conn, raw, self._dialect)
@@ -535,8 +553,7 @@ class Database:
         report_commit(self.on_commit, began, len(batch.events))
 
     def _guard(self) -> None:
-        """The fence (read as the transaction began): refuse the batch if another host
-        took this instance over."""
+        """Refuse the batch if another host took this instance over (the fence)."""
         if self._taken_by is not None:
             raise errors.HostFenced(
                 f"host instance {self._claimed} was taken over by {self._taken_by};"
@@ -574,8 +591,7 @@ class Database:
         return await self._reads.read(fn)
 
     def _healthy(self, conn: Connection, engine: Engine | None = None) -> Connection:
-        """``conn``, or a new connection of ``engine`` (the writer's by default) if the
-        server dropped it (see ``reading.healthy``)."""
+        """``conn``, or a new one of ``engine`` (default: the writer's) if it was lost."""
         engine = engine or self._write_engine
         assert engine is not None
         connected = healthy(conn, engine, self._dialect.lost)

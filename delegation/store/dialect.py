@@ -77,6 +77,17 @@ class Dialect(Protocol):
         """Hold the instance's lock again if the connection that held it was lost."""
         ...
 
+    def verify(self) -> None:
+        """Before each commit, and at the engine's periodic check: raise
+        ``DatabaseReplaced`` once the database is no longer the one :meth:`open` took
+        (SQLite: its path names another file); cheap (one ``stat``)."""
+        ...
+
+    def let_go(self) -> None:
+        """The database was replaced: give up, without a write, what keeps the one
+        now there from a new host (SQLite: this host's -wal and -shm at its path)."""
+        ...
+
     def watch(self, interval: float) -> Watch: ...
 
     def protected_paths(self) -> list[str]: ...

@@ -43,6 +43,10 @@ The guarantees a store gives, and the engine relies on:
 * **Several hosts** (a ``shared`` store): each host instance holds a lock of its own
   that the server frees when the host's process ends, and heartbeats; a batch commits
   only while its instance has not been taken over (the fence, see ``claim``).
+* **Lost.** A SQLite file replaced while in use (a restore renamed over it, SPEC §18)
+  is noticed before each commit and by ``held``: from then on every batch is refused
+  with ``DatabaseReplaced`` (its events dropped), and ``on_lost``, if set, is called
+  once on the loop's thread, before the refused jobs' callers hear of it.
 * **Errors** are domain errors only: ``DatabaseBusy`` (retry), ``StoreError``,
   ``SchemaMismatch``, ``HostConflict``; never a driver's exception.
 """
@@ -71,6 +75,7 @@ class Store(Protocol):
     starts_as_seen: bool  # a start may check the row versions it read in its insert
     on_events: Callable[[set[int]], None] | None
     on_commit: Callable[[float, int], None] | None
+    on_lost: Callable[[Any], None] | None  # called with the DatabaseReplaced, once
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None: ...
 
@@ -121,6 +126,15 @@ class Store(Protocol):
     async def read(self, fn: Callable[[Connection], T]) -> T: ...
 
     async def read_now(self, fn: Callable[[Connection], T]) -> T: ...
+
+    def held(self) -> bool:
+        """Whether the database is still the one this host opened (see Lost above)."""
+        ...
+
+    def let_go(self) -> None:
+        """Once lost: give up, without a write, what keeps the database now there from
+        a new host (blocking)."""
+        ...
 
     def watch(self, interval: float) -> Watch:
         """Notices of commits other processes make (an operator's control request)."""

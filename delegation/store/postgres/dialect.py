@@ -278,6 +278,12 @@ class PostgresDialect:
 
     # --- notices and files ----------------------------------------------------------
 
+    def verify(self) -> None:
+        """Nothing to check: a server's database is no file that can be replaced."""
+
+    def let_go(self) -> None:
+        """Nothing to give up (see verify)."""
+
     def watch(self, interval: float) -> Watch:
         return PostgresWatch(self.url, interval)
 

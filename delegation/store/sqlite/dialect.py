@@ -11,6 +11,12 @@ a batch of only ``durable=False`` jobs -- writes nobody has been answered for, w
 synced commit always follows before anyone is -- which commits at ``NORMAL``: it
 survives a crash of the process, and only a power loss before the next synced commit
 could undo it.
+
+A replaced file (SPEC §18): the host's lock and connections hold the file it opened,
+not its path. A file renamed over the path while the host runs (a backup restored)
+is noticed by :meth:`SqliteDialect.verify` -- one ``stat`` of the path before each
+commit, and at the engine's periodic check -- and from then on every batch is refused
+with ``DatabaseReplaced``: nothing more is committed, to either file.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class SqliteDialect:
         }
         self._busy_timeout_s = busy_timeout_ms / 1000
         self._lock: HostLock | None = None
+        self._replaced = False  # once noticed, for good (see verify)
 
     def open(self) -> Engines:
         """Lock the file for this host's life first (a second host on it, in any
@@ -62,8 +69,11 @@ class SqliteDialect:
         and migrate it to head.
 
         Raises:
-            errors.HostConflict: another live host holds the file (nothing is written).
-            errors.SchemaMismatch: the file is not ours to migrate (nothing is written).
+            errors.HostConflict: another live host holds the file, or its -wal (nothing
+                is written, nothing created).
+            errors.SchemaMismatch: the file is not ours to migrate (nothing is written,
+                nothing created).
+            errors.DatabaseReadOnly: the file may not be written (nothing is changed).
             errors.StoreError: its directory is missing; SQLite cannot open or write the
                 file, cannot keep it in WAL mode, or is older than 3.35.5.
         """
@@ -71,7 +81,7 @@ class SqliteDialect:
             raise errors.StoreError(
                 f"delegation needs SQLite 3.35.5 or newer; this Python has {sqlite3.sqlite_version}"
             )
-        self._lock = HostLock.acquire(self.path)
+        self._lock, self._replaced = HostLock.acquire(self.path), False
         check_file(self.url)
         self._lock.restrict_modes()  # only now: another application's file keeps its mode
         writer = make_engine(
@@ -102,6 +112,7 @@ class SqliteDialect:
                     migrate.upgrade(conn)
                 finally:
                     raw.execute("PRAGMA busy_timeout=0")
+            self._lock.hold_log()  # SQLite made it; nothing written since
         except BaseException:
             writer.dispose()
             reader.dispose()
@@ -114,6 +125,24 @@ class SqliteDialect:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    def verify(self) -> None:
+        """Refuse to commit once the path names another file than the one this host
+        opened and holds (one ``stat``; noticed once, refused for good).
+
+        Raises:
+            errors.DatabaseReplaced: the file was replaced (or removed) while in use.
+        """
+        if not self._replaced and self._lock is not None and self._lock.replaced():
+            self._replaced = True
+        if self._replaced:
+            raise errors.DatabaseReplaced()
+
+    def let_go(self) -> None:
+        """The file was replaced and this host's runs stopped: remove its -wal and -shm
+        from the path, if still its own (see ``HostLock.let_go``)."""
+        if self._lock is not None:
+            self._lock.let_go()
 
     def _synchronous(self, raw: Any, relaxed: bool) -> None:
         """The sync level the batch needs (SQLite takes it only between transactions)."""

@@ -79,12 +79,14 @@ class ReadOnly:
     (see ``Inspector.revision``) before trusting the tables.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, immutable: bool = False) -> None:
         path = sqlite_path(url)
         if not path.is_file():
             raise errors.StoreError(f"no delegation database at {path}")
+        # immutable: read the file alone, creating no -wal nor -shm (see check_file).
+        options = "mode=ro&immutable=1" if immutable else "mode=ro"
         self._engine = create_engine(
-            f"sqlite:///file:{path}?mode=ro&uri=true", pool_size=1, max_overflow=0
+            f"sqlite:///file:{path}?{options}&uri=true", pool_size=1, max_overflow=0
         )
 
         @event.listens_for(self._engine, "connect")
@@ -100,9 +102,9 @@ class ReadOnly:
         self._engine.dispose()
 
     @classmethod
-    def read_once(cls, url: str, fn: Callable[[Connection], T]) -> T:
+    def read_once(cls, url: str, fn: Callable[[Connection], T], *, immutable: bool = False) -> T:
         """Open ``url`` read-only, run ``fn``, and close it again."""
-        reader = cls(url)
+        reader = cls(url, immutable=immutable)
         try:
             return reader.read(fn)
         finally:
@@ -111,11 +113,17 @@ class ReadOnly:
 
 def check_file(url: str) -> None:
     """Refuse a file this code must not migrate (``migrate.check``) before writing to it:
-    even the writer's first pragma (WAL) would change another application's file."""
+    even the writer's first pragma (WAL) would change another application's file.
+
+    Call it holding the file's lock. Without a -wal beside it, the file alone holds
+    every commit, and it is read as immutable: a read-only WAL reader would create the
+    -wal and -shm, and leave them beside a file that is then refused. A -wal left by a
+    crash holds commits too: it is read through (and the -shm it needs may be made)."""
     path = sqlite_path(url)
     if not path.is_file() or path.stat().st_size == 0:
         return  # a new database
-    ReadOnly.read_once(url, migrate.check)
+    alone = not Path(f"{path}-wal").exists()
+    ReadOnly.read_once(url, migrate.check, immutable=alone)
 
 
 def upgrade_file(
