@@ -15,6 +15,9 @@ class EngineConfig:
     retention_s: float = 604800.0
     retention_sweep_s: float = 3600.0  # how often the retention purge runs
     events_per_read: int = 128
+    # A page (child.read, start, cancel, follow) stops before the event that would take
+    # its encoded answer past this many bytes; it always holds at least one event.
+    max_page_bytes: int = 4 * 1024 * 1024
     # Caps (SPEC §3.8).
     max_children_per_grant: int = 64
     max_leases_per_runner: int = 1024  # live leases; tombstones do not count
@@ -49,6 +52,7 @@ class EngineConfig:
             self.retention_s,
             self.retention_sweep_s,
             self.events_per_read,
+            self.max_page_bytes,
             self.max_children_per_grant,
             self.max_leases_per_runner,
             self.max_tombstones_per_extension,

@@ -6,11 +6,12 @@ committed rows.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from delegation import errors
+from delegation.codec import encode
 from delegation.records import ChildRecord, LeaseRecord
 from delegation.store import Connection, children, events, grants
 from delegation.wire import Event, Result
@@ -24,33 +25,94 @@ def decode_events(bodies: list[bytes]) -> list[Event]:
     return _events.decode(b"[" + b",".join(bodies) + b"]")
 
 
-def result_of(child: ChildRecord, bodies: list[bytes], *, strict: bool = True) -> Result:
-    """A child's wire Result; a child that ended unadmitted answers AdmissionFailed
-    (unless not ``strict``: the host's own view, which owes no caller an admission)."""
+# What a non-empty page adds to the encoding of its Result without events (the
+# events field is omitted when empty, and comes last): ``,"events":[`` and ``]``.
+_EVENTS_FIELD = len(b',"events":[]')
+
+
+class Page(NamedTuple):
+    """A child's Result with one page of its events, and whether more events were
+    committed already when it was read (the page was cut by count or by bytes)."""
+
+    result: Result
+    more: bool
+
+    @property
+    def events(self) -> list[Event]:
+        return self.result.events
+
+    @property
+    def done(self) -> bool:
+        return self.result.done
+
+
+def result_of(
+    child: ChildRecord, bodies: list[bytes], max_bytes: int | None = None, *, strict: bool = True
+) -> Result:
+    """A child's wire Result with the events of ``bodies``, as many as fit within
+    ``max_bytes`` (see :func:`fit`); a child that ended unadmitted answers
+    AdmissionFailed (unless not ``strict``: the host's own view, which owes no caller
+    an admission)."""
     if strict and child.terminal and child.admitted_at is None:
         raise errors.AdmissionFailed(child.error)
-    return Result(
+    result = Result(
         **child.identity_fields(),
         done=child.terminal,
         cancelled=child.state == "cancelled",
         error=child.error,
         output=child.output,
-        events=decode_events(bodies),
+        events=[],
     )
+    if max_bytes is not None:
+        bodies = fit(result, bodies, max_bytes)
+    return msgspec.structs.replace(result, events=decode_events(bodies)) if bodies else result
 
 
-def page(conn: Connection, child_id: int, after: int, limit: int, *, strict: bool = True) -> Result:
+def fit(result: Result, bodies: list[bytes], max_bytes: int) -> list[bytes]:
+    """The first of ``bodies`` (always one, if any) that keep ``result``'s encoding
+    with them as events within ``max_bytes``.
+
+    A stored body is the event's wire encoding, so its length is what the event adds
+    (plus a comma); a body written otherwise only shrinks when it is encoded again (no
+    JSON spelling of a string is shorter than the encoder's), so the bound holds.
+    """
+    size = len(encode(result)) + _EVENTS_FIELD - 1  # the first event takes no comma
+    for count, body in enumerate(bodies):
+        size += len(body) + 1
+        if size > max_bytes and count > 0:
+            return bodies[:count]
+    return bodies
+
+
+def page(
+    conn: Connection,
+    child_id: int,
+    after: int,
+    limit: int,
+    max_bytes: int,
+    *,
+    strict: bool = True,
+) -> Page:
     child = children.get(conn, child_id)
     if child is None:
         raise errors.ChildPurged()
-    return page_of(conn, child, after, limit, strict=strict)
+    return page_of(conn, child, after, limit, max_bytes, strict=strict)
 
 
 def page_of(
-    conn: Connection, child: ChildRecord, after: int, limit: int, *, strict: bool = True
-) -> Result:
-    """The Result of a child already read in this transaction."""
-    return result_of(child, events.page(conn, child.id, after, limit), strict=strict)
+    conn: Connection,
+    child: ChildRecord,
+    after: int,
+    limit: int,
+    max_bytes: int,
+    *,
+    strict: bool = True,
+) -> Page:
+    """The page of a child already read in this transaction: up to ``limit`` events
+    after ``after`` whose encoded Result stays within ``max_bytes``."""
+    bodies = events.page(conn, child.id, after, limit)
+    result = result_of(child, bodies, max_bytes, strict=strict)
+    return Page(result, len(result.events) < len(bodies) or len(bodies) >= limit)
 
 
 def child_by_id(conn: Connection, child_id: int) -> ChildRecord | None:

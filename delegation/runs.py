@@ -77,18 +77,41 @@ async def admit() -> None:
     await ctx.admit()
 
 
+_json = msgspec.json.Encoder()
+_string = msgspec.json.Decoder(str)
+
+
+def escaped_size(text: str) -> int:
+    """The bytes ``text`` takes inside a JSON string as the wire encodes it (quotes
+    excluded): a control character takes six (``\\u0001``), a quote or backslash two."""
+    return len(_json.encode(text)) - 2
+
+
 def truncate(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes, never inside a character."""
-    if len(text) * 4 <= limit:
+    """The longest start of ``text`` whose JSON string encoding takes at most ``limit``
+    bytes (measured after escaping), never cut inside a character."""
+    if len(text) <= limit and len(text) * 6 <= limit:
         return text
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= limit:
+    # Every character takes at least one byte: no more than ``limit`` of them fit.
+    encoded = _json.encode(text[: limit + 1])
+    if len(encoded) - 2 <= limit:
         return text
-    return data[:limit].decode("utf-8", "ignore")
+    # Cut the encoding instead, then step back out of a UTF-8 sequence or an escape:
+    # at most three continuation bytes, and an escape is at most six bytes long.
+    end = limit + 1  # just past the limit's last byte, after the opening quote
+    while encoded[end] & 0xC0 == 0x80:
+        end -= 1
+    for back in range(end, max(end - 6, 0), -1):
+        try:
+            return _string.decode(encoded[:back] + b'"')
+        except msgspec.DecodeError:
+            continue  # inside an escape (``\\u00``, or a lone ``\\``)
+    raise AssertionError("unreachable: a cut six bytes back leaves every escape whole")
 
 
 _CUT_FIELDS = ("text", "input", "tool_output", "error")
-# Names are short by nature; cut at 1 KiB so one page of 128 events stays under 20 MiB.
+# Names are short by nature: cut at 1 KiB. Every field is measured as the wire encodes it,
+# so one event's encoding is bounded (about 132 KiB at the default limits), whatever it holds.
 _NAME_FIELDS = ("kind", "tool_name", "tool_call_id")
 NAME_LIMIT = 1024
 _event_decoder = msgspec.json.Decoder(Event)  # types only: the engine sets the sequence
@@ -212,9 +235,10 @@ class ChildContext:
     def emit(self, event: Event) -> int:
         """Append an event without blocking; the engine assigns and returns its sequence.
 
-        Oversized ``text``, ``input``, ``toolOutput`` and ``error`` are cut at a UTF-8
-        character boundary, and ``kind``, ``toolName`` and ``toolCallId`` at 1 KiB; the
-        child's ``output`` keeps a ``result`` text whole.
+        Oversized ``text``, ``input``, ``toolOutput`` and ``error`` are cut at a
+        character boundary to ``max_event_field_bytes``, and ``kind``, ``toolName`` and
+        ``toolCallId`` to 1 KiB, each measured as JSON encodes it (a control character
+        takes six bytes, a quote two); the child's ``output`` keeps a ``result`` text whole.
         Raises ``TypeError`` for anything but a well-formed Event (nothing is appended and
         no sequence is used) and ``RuntimeError`` once the run has ended.
         """

@@ -359,8 +359,11 @@ class Engine:
         child = await self._rt.write(Use(service.cancel_exact, conversation_id, run_id, reason))
         if not child.terminal:
             await self._confirm_cancelled(child.id, await self._supervisor.stop([child.id]))
-        limit = self.config.events_per_read
-        return await self._db.read(lambda c: queries.page(c, child.id, 0, limit, strict=False))
+        limit, max_bytes = self.config.events_per_read, self.config.max_page_bytes
+        page = await self._db.read(
+            lambda c: queries.page(c, child.id, 0, limit, max_bytes, strict=False)
+        )
+        return page.result
 
     async def steer_child(
         self,
@@ -469,13 +472,13 @@ class Engine:
 
     async def _read(self, conn: RunnerConnection, params: Params) -> Result:
         now = self.clock.now()
-        limit = self.config.events_per_read
+        limit, max_bytes = self.config.events_per_read, self.config.max_page_bytes
 
         def locate_and_page(c: Connection) -> tuple[int, Result | None]:
             child = service.locate_child(c, conn, params, now)
             if self._supervisor.deciding(child.id):
                 return child.id, None  # admission still pending: wait, then read again
-            return child.id, queries.page_of(c, child, params.after, limit)
+            return child.id, queries.page_of(c, child, params.after, limit, max_bytes).result
 
         child_id, result = await self._db.read_now(locate_and_page)
         if result is not None:
@@ -568,7 +571,8 @@ class Engine:
         child = await self.get_child(conversation_id, run_id)
         if child is None:
             raise errors.ChildNotFound(f"child not found: {conversation_id}")
-        pages = following.any_pages(self._db, self._rt.notices, child.id)
+        max_bytes = self.config.max_page_bytes
+        pages = following.any_pages(self._db, self._rt.notices, child.id, max_bytes)
         async for event in pages(after, self.config.events_per_read):
             yield event
 

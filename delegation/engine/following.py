@@ -17,7 +17,6 @@ never taking a cut page for the last one.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import NamedTuple
 
@@ -49,17 +48,17 @@ class _Page(NamedTuple):
 
 
 def any_pages(
-    db: Store, notices: Notices, child_id: int
+    db: Store, notices: Notices, child_id: int, max_bytes: int
 ) -> Callable[[int, int], AsyncIterator[Event]]:
     """``events(after, limit)``: every committed event of child ``child_id`` after
     ``after``, each once and in order, woken by its commits (the engine's notices),
-    until its execution is terminal; ``limit`` events a page."""
+    until its execution is terminal; ``limit`` events a page, within ``max_bytes``
+    (a page cut by bytes says ``more``: it is read on at once)."""
 
-    async def read(after: int, limit: int) -> Result:
-        page = functools.partial(
-            queries.page, child_id=child_id, after=after, limit=limit, strict=False
+    async def read(after: int, limit: int) -> queries.Page:
+        return await db.read(
+            lambda c: queries.page(c, child_id, after, limit, max_bytes, strict=False)
         )
-        return await db.read(page)
 
     async def events(after: int, limit: int) -> AsyncIterator[Event]:
         with notices.following(child_id):

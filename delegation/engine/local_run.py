@@ -147,7 +147,8 @@ class LocalRun:
     def _first_page(self, conn: Connection, child: ChildRecord) -> Result:
         if not self.emitted:  # a fresh child's events all come from its run: none yet
             return queries.result_of(child, [])
-        return queries.page_of(conn, child, 0, self.rt.config.events_per_read)
+        config = self.rt.config
+        return queries.page_of(conn, child, 0, config.events_per_read, config.max_page_bytes).result
 
     def _on_admitted(self, page: Result | None) -> None:  # answered at the commit
         if page is not None:

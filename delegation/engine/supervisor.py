@@ -138,8 +138,9 @@ class Supervisor:
         return local is not None and not local.decided.is_set()
 
     async def page(self, child_id: int, after: int) -> Result:
-        limit = self._rt.config.events_per_read
-        return await self._rt.db.read(lambda c: queries.page(c, child_id, after, limit))
+        limit, max_bytes = self._rt.config.events_per_read, self._rt.config.max_page_bytes
+        page = await self._rt.db.read(lambda c: queries.page(c, child_id, after, limit, max_bytes))
+        return page.result
 
     # --- spawning and executing -----------------------------------------------------
 
