@@ -24,7 +24,15 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import IO, Any, Concatenate, ParamSpec, TypeVar
 
 import msgspec
@@ -62,9 +70,10 @@ log = logging.getLogger("delegation.client")
 R = TypeVar("R")
 W = TypeVar("W", bound=WireStruct)
 
-# The host answers with up to ~20 MiB on one line (a page of events); requests are
-# bounded by the host at 4 MiB.
-READ_LIMIT = 32 * 1024 * 1024
+# How much one read of the host's answers takes at most. An answer is one line of any
+# length: a page is bounded by the host's max_page_bytes, but a child's output and error
+# come whole. Requests are bounded by the host at 4 MiB.
+READ_CHUNK = 1024 * 1024
 # How long closing waits for a spawned host to exit after its input ends.
 CLOSE_TIMEOUT_S = 15.0
 
@@ -146,7 +155,7 @@ class Client:
     async def connect(cls, socket_path: str | os.PathLike[str]) -> Client:
         """Connect to ``delegation serve --socket socket_path``."""
         path = os.fspath(socket_path)
-        reader, writer = await asyncio.open_unix_connection(path, limit=READ_LIMIT)
+        reader, writer = await asyncio.open_unix_connection(path, limit=READ_CHUNK)
         return cls(reader, writer)
 
     @classmethod
@@ -164,7 +173,7 @@ class Client:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "delegation.cli", "serve", "--stdio", *args,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=stderr, env=env, cwd=cwd, limit=READ_LIMIT,
+            stderr=stderr, env=env, cwd=cwd, limit=READ_CHUNK,
         )  # fmt: skip
         assert process.stdin is not None
         assert process.stdout is not None
@@ -335,9 +344,9 @@ class Client:
     async def _listen(self) -> None:
         ended: errors.DelegationError = errors.HostClosing("the host closed the connection")
         try:
-            while line := await self._reader.readline():
+            async for line in _lines(self._reader):
                 ended = self._deliver(line) or ended
-        except (OSError, ValueError) as exc:  # ValueError: a line over READ_LIMIT
+        except OSError as exc:
             ended = errors.HostClosing(f"the connection to the host failed: {exc}")
         finally:
             if self._closing:
@@ -390,6 +399,25 @@ class Client:
         pages = self._follows.get(page.follow) if isinstance(page.follow, int) else None
         if pages is not None:  # else a follow its caller stopped: nobody's business
             pages.put_nowait(page.events)
+
+
+async def _lines(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    """The lines of ``reader`` (a last one without its newline too), whatever their
+    length: ``readline`` would end the whole stream at its buffer's limit, failing
+    every call in flight for one long answer."""
+    partial = bytearray()  # the start of a line the chunks so far did not end
+    while chunk := await reader.read(READ_CHUNK):
+        first, *lines = chunk.split(b"\n")
+        if not lines:
+            partial += first
+            continue
+        lines.insert(0, bytes(partial + first) if partial else first)  # it ends the partial
+        partial = bytearray(lines.pop())
+        for line in lines:
+            if line.strip():
+                yield line
+    if partial.strip():
+        yield bytes(partial)
 
 
 def _unreadable(line: bytes, exc: Exception) -> _Answer:

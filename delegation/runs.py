@@ -96,17 +96,24 @@ def truncate(text: str, limit: int) -> str:
     encoded = _json.encode(text[: limit + 1])
     if len(encoded) - 2 <= limit:
         return text
-    # Cut the encoding instead, then step back out of a UTF-8 sequence or an escape:
-    # at most three continuation bytes, and an escape is at most six bytes long.
+    # Cut the encoding instead, out of a UTF-8 sequence or an escape, and decode it.
     end = limit + 1  # just past the limit's last byte, after the opening quote
-    while encoded[end] & 0xC0 == 0x80:
+    while encoded[end] & 0xC0 == 0x80:  # a continuation byte: its character is cut
         end -= 1
-    for back in range(end, max(end - 6, 0), -1):
-        try:
-            return _string.decode(encoded[:back] + b'"')
-        except msgspec.DecodeError:
-            continue  # inside an escape (``\\u00``, or a lone ``\\``)
-    raise AssertionError("unreachable: a cut six bytes back leaves every escape whole")
+    return _string.decode(encoded[: _escape_start(encoded, end)] + b'"')
+
+
+def _escape_start(encoded: bytes, end: int) -> int:
+    """``end``, or the start of the escape (``\\n``, ``\\u0001``) it falls inside."""
+    # An escape is at most six bytes: one cut inside began at most five bytes back.
+    start = encoded.rfind(b"\\", max(end - 5, 1), end)
+    if start < 0:
+        return end
+    run = start - len(encoded[:start].rstrip(b"\\"))  # the backslashes just before it
+    if run % 2:  # it is the second of an escaped backslash, which ends before ``end``
+        return end
+    size = 6 if encoded[start + 1 : start + 2] == b"u" else 2
+    return start if start + size > end else end
 
 
 _CUT_FIELDS = ("text", "input", "tool_output", "error")
@@ -247,27 +254,34 @@ class ChildContext:
         if not isinstance(event, Event):
             raise TypeError(f"emit() takes an Event, not {type(event).__name__}")
         sequence = self._sequence + 1
-        event = msgspec.structs.replace(event, sequence=sequence)
+        whole = msgspec.structs.replace(event, sequence=sequence)
         try:
+            # Cut first: a field is never encoded whole (a MiB of control characters
+            # is six once escaped, and the loop waits while it is).
+            event = self._cut(whole)
             # msgspec checks no types at construction, and a stored event that does not
             # decode would fail every later read of the child: refuse it here, unnumbered.
             body = encode(event)
             _event_decoder.decode(body)
+            output = whole.text if event.kind == RESULT_KIND else None
+            if output is not None and output is not event.text:
+                output.encode()  # kept whole: no lone surrogate past the cut either
         except (msgspec.MsgspecError, TypeError, ValueError) as exc:
             raise TypeError(f"emit() takes a well-formed Event: {exc}") from None
-        changes: dict[str, object] = {}
-        for names, limit in ((_CUT_FIELDS, self._limit), (_NAME_FIELDS, NAME_LIMIT)):
-            for name in names:
-                value = getattr(event, name)
-                cut = truncate(value, limit)
-                if cut is not value:
-                    changes[name] = cut
-        if changes:
-            body = encode(msgspec.structs.replace(event, **changes))
-        output = event.text if event.kind == RESULT_KIND else None
         self._sequence = sequence
         self._hooks.append(sequence, body, output)
         return sequence
+
+    def _cut(self, event: Event) -> Event:
+        """``event`` with its oversized fields cut (a field that is not a string is
+        left for the decoder to refuse)."""
+        changes: dict[str, str] = {}
+        for names, limit in ((_CUT_FIELDS, self._limit), (_NAME_FIELDS, NAME_LIMIT)):
+            for name in names:
+                value = getattr(event, name)
+                if isinstance(value, str) and (cut := truncate(value, limit)) is not value:
+                    changes[name] = cut
+        return msgspec.structs.replace(event, **changes) if changes else event
 
     async def flush(self) -> None:
         """Return once every event emitted so far is committed."""

@@ -62,3 +62,30 @@ class Streaming:
         self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
     ) -> Run:
         return streaming
+
+
+class LargeAnswers:
+    """Children whose answers are as large as a host may send: the message "events"
+    emits 140 events with every field over its cap of control characters (each escaped
+    to six bytes on the wire); "output" ends with a result of 6 MiB of them, which a
+    child's ``output`` keeps whole (36 MiB once escaped)."""
+
+    async def prepare(
+        self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
+    ) -> Run:
+        async def run(ctx: ChildContext) -> None:
+            await ctx.admit()
+            if request.message == "output":
+                ctx.emit(Event(kind="result", text="\x01" * OUTPUT_CHARS))
+                return
+            field, name = "\x01" * 64 * 1024, "\x01" * 2048
+            for _ in range(140):
+                ctx.emit(
+                    Event(kind=name, text=field, tool_name=name, tool_call_id=name,
+                          input=field, tool_output=field, error=field)
+                )  # fmt: skip
+
+        return run
+
+
+OUTPUT_CHARS = 6 * 1024 * 1024

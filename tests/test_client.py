@@ -17,11 +17,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from delegation import Event, Params, Preset, Request, Result, errors
 from delegation.client import Client, SyncClient
 from delegation.rpc import error_from_wire
+from tests.serve_runners import OUTPUT_CHARS
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "DELEGATION_SCRIPTED_DELAY": "0.02"}
@@ -29,6 +31,7 @@ PRESET = Preset(name="scripted", extension_id="ext", generation=3)
 OWNER = {"runId": "run-1", "toolCallId": "call-1", "extensionId": "ext", "generation": 3}
 LEASE = {"runId": "run-1", "extensionId": "ext", "generation": 3, "leaseId": "L1"}
 SLOW = "tests.serve_runners:SlowAdmit"
+LARGE = "tests.serve_runners:LargeAnswers"
 
 Opener = Callable[..., Awaitable[Client]]
 
@@ -222,6 +225,41 @@ async def test_twenty_calls_in_flight_are_matched_by_id(opener: Opener, workspac
             client, {**OWNER, "childId": results[0].conversation_id}
         )
         assert slow_child.output == "admitted after 1.5"
+
+
+async def wait_done(client: Client, child: dict[str, Any]) -> None:
+    """Until the child is done, reading no events (small answers)."""
+    while not (await client.read({**child, "after": 10**9})).done:
+        await asyncio.sleep(0.05)
+
+
+async def test_the_largest_answers_leave_the_connection_working(
+    opener: Opener, workspace: Path
+) -> None:
+    """A page of capped control-character events (98 MiB once escaped before pages were
+    bounded by bytes) and an answer past 32 MiB (a child's whole output) are read, and
+    the next call on the same client is answered."""
+    async with await opener("--runner", LARGE) as client:
+        await setup(client, workspace)
+        worst = {
+            **OWNER,
+            "childId": (await client.start(start_params("q1", "events"))).conversation_id,
+        }
+        await wait_done(client, worst)
+        page = await client.read(worst)
+        assert 0 < len(page.events) < 128
+        assert len(msgspec.json.encode(page)) <= 4 * 1024 * 1024
+        big = {
+            **OWNER,
+            "childId": (await client.start(start_params("q2", "output"))).conversation_id,
+        }
+        await wait_done(client, big)
+        answer = await client.read({**big, "after": 1})
+        assert answer.output == "\x01" * OUTPUT_CHARS
+        assert len(msgspec.json.encode(answer)) > 32 * 1024 * 1024
+        after = page.events[-1].sequence
+        following = await client.read({**worst, "after": after})
+        assert following.events[0].sequence == after + 1
 
 
 def settled_threads(before: set[threading.Thread]) -> set[threading.Thread]:
