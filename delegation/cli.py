@@ -149,6 +149,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         help="requests served at once per connection (default 64)",
     )
+    serve.add_argument(
+        "--max-connections",
+        type=positive_int,
+        help="connections served at once on --socket; the next is refused (default 64)",
+    )
+    serve.add_argument(
+        "--max-page-bytes",
+        type=positive_int,
+        help="the encoded size a page of events stops before (default 4 MiB)",
+    )
 
     contained = commands.add_parser(
         "containment", help="start one command child and print what it could and could not do"
@@ -363,7 +373,7 @@ def _serve(args: argparse.Namespace) -> int:
     from delegation.config import EngineConfig
     from delegation.engine import Engine
     from delegation.runners import load_runner
-    from delegation.serve import MAX_INFLIGHT, serve
+    from delegation.serve import MAX_CONNECTIONS, MAX_INFLIGHT, serve
 
     # Every refusal before the engine opens: a refused start creates nothing.
     refusal = _serve_paths(args)
@@ -373,9 +383,8 @@ def _serve(args: argparse.Namespace) -> int:
         runner = load_runner(args.runner, args.runner_config)
     except (ValueError, ImportError, AttributeError, OSError) as exc:
         return _usage(f"cannot load runner {args.runner!r}: {exc}")
-    config = EngineConfig()
-    if args.lease_lifetime is not None:
-        config = EngineConfig(lease_lifetime_s=args.lease_lifetime)
+    limits = {"lease_lifetime_s": args.lease_lifetime, "max_page_bytes": args.max_page_bytes}
+    config = EngineConfig(**{name: value for name, value in limits.items() if value is not None})
     engine = Engine(args.url, runner=runner, config=config)
     try:
         asyncio.run(
@@ -384,6 +393,7 @@ def _serve(args: argparse.Namespace) -> int:
                 socket_path=args.socket,
                 allowed_uid=args.allow_uid,
                 max_inflight=args.max_inflight or MAX_INFLIGHT,
+                max_connections=args.max_connections or MAX_CONNECTIONS,
             )
         )
     except FileExistsError as exc:

@@ -7,8 +7,11 @@ reader task matches each answer to its call by id, whatever the order of the ans
 
 Answers are decoded strictly into the wire types. A refusal raises the
 :class:`~delegation.errors.DelegationError` subclass named by its ``data.reason``, with
-the host's message as ``str(error)``. Calls still waiting when the connection ends fail
-with :class:`~delegation.errors.HostClosing` (retry them, replaying the requestId).
+the host's message as ``str(error)``. A call that fails fails alone: the connection goes
+on for the others, whatever the size of an answer. Calls still waiting when the
+connection ends, and calls made after, fail with :class:`~delegation.errors.HostClosing`
+(retry them, replaying the requestId), or with the refusal the host ended it with (a
+connection past ``serve --max-connections``: :class:`~delegation.errors.ConnectionLimit`).
 
 :class:`SyncClient` runs a :class:`Client` on an event loop of its own, in a background
 thread; each of its methods blocks until the answer arrives.
@@ -311,8 +314,11 @@ class Client:
         return await self._call(next(self._ids), method, params)
 
     async def _call(self, request_id: int, method: str, params: Any) -> msgspec.Raw:
-        if self._ended is not None or self._closing:
-            raise errors.HostClosing(str(self._ended or "the client is closed"))
+        if self._ended is not None:  # why it ended: HostClosing, or the host's refusal
+            ended = self._ended
+            raise rpc.error_from_wire(ended.rpc_code, str(ended), ended.reason)
+        if self._closing:
+            raise errors.HostClosing("the client is closed")
         envelope = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         try:
             frame = _encoder.encode(envelope)
@@ -343,11 +349,14 @@ class Client:
 
     async def _listen(self) -> None:
         ended: errors.DelegationError = errors.HostClosing("the host closed the connection")
+        said = False  # the host said why the stream ends (an error for no call)
         try:
             async for line in _lines(self._reader):
-                ended = self._deliver(line) or ended
+                if (why := self._deliver(line)) is not None:
+                    ended, said = why, True
         except OSError as exc:
-            ended = errors.HostClosing(f"the connection to the host failed: {exc}")
+            if not said:
+                ended = errors.HostClosing(f"the connection to the host failed: {exc}")
         finally:
             if self._closing:
                 ended = errors.HostClosing("the client closed before the answer")

@@ -66,7 +66,8 @@ by clients: keep them exactly as written.
     │   ├── NestingLimit
     │   ├── FollowLimit                      follows of one serve connection
     │   ├── StepTooLarge                     a step's result (SPEC §15)
-    │   └── StepLimit                        steps per execution (SPEC §15)
+    │   ├── StepLimit                        steps per execution (SPEC §15)
+    │   └── ConnectionLimit                  serve's streams at once (SPEC §18)
     ├── ProtocolError                        JSON-RPC framing
     │   ├── ParseError                       (-32700)
     │   ├── InvalidRpcRequest                (-32600)
@@ -434,6 +435,12 @@ class StepLimit(LimitError):
     """child step limit exceeded"""
 
     reason = "step_limit"
+
+
+class ConnectionLimit(LimitError):
+    """too many connections: the host serves no more at once; try again later"""
+
+    reason = "connection_limit"
 
 
 class SubmissionLimit(LimitError):

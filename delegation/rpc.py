@@ -149,9 +149,9 @@ def _request_id(raw: msgspec.Raw) -> Id:
     return request_id
 
 
-async def dispatch(envelope: Envelope, methods: dict[str, Handler]) -> bytes | None:
-    """Run one request; return its response frame (None for a notification)."""
-    handler = methods.get(envelope.method)
+async def dispatch(envelope: Envelope, handler: Handler | None) -> bytes | None:
+    """Run one request with the ``handler`` of its method (None: no such method);
+    return its response frame (None for a notification)."""
     notification = envelope.id is msgspec.UNSET
     request_id: Id = None if notification else envelope.id  # type: ignore[assignment]
     try:

@@ -6,11 +6,14 @@ connection: ``runner.register`` must come first, then ``tool.begin``, ``tool.end
 concurrently and answered with their own id; notifications get no answer. A line
 over 4 MiB is refused with an error and the stream goes on.
 
-Everything a peer controls is bounded (SPEC §9): at most ``max_inflight`` requests
-of a stream are served at once, and while more than 16 MiB of its answers wait to be
-read, the stream is not read further. Other streams are served meanwhile. At
-shutdown, reading stops; calls still in flight after a short grace are answered
-``host_closing``, and the host closes only once every stream has been answered.
+Everything a peer controls is bounded (SPEC §9, §18): at most ``max_inflight``
+requests of a stream are served at once; its answers count in bytes against its
+16 MiB backlog from the moment room is reserved for a page until the peer has read
+them, and while the backlog is full the stream is not read further and no page of it
+is computed. At most ``max_connections`` streams are served at once; the next is
+refused with one error line. Other streams are served meanwhile. At shutdown, reading
+stops; calls still in flight after a short grace are answered ``host_closing``, and
+the host closes only once every stream has been answered.
 """
 
 from __future__ import annotations
@@ -22,18 +25,19 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 
 from delegation import errors, protocol, rpc
+from delegation.backlog import Answer, Backlog, Room
 from delegation.codec import decode
 from delegation.engine import Engine
 from delegation.records import RunnerConnection, ToolHandle
 from delegation.serve_follow import Follows, follow_limit
-from delegation.serve_io import CHUNK as CHUNK  # the read size, for peers in tests
+from delegation.serve_io import CHUNK as CHUNK  # the read size, also for peers in tests
 from delegation.serve_io import (
+    Outbox,
     Read,
     SocketOutbox,
     ThreadOutbox,
@@ -50,6 +54,7 @@ from delegation.wire import Params
 log = logging.getLogger("delegation.serve")
 
 MAX_INFLIGHT = 64
+MAX_CONNECTIONS = 64
 # At shutdown, calls in flight get this long to end with their own answer.
 SHUTDOWN_GRACE_S = 0.5
 CLOSING = "the host is closing: the call was not answered; retry it"
@@ -58,22 +63,14 @@ CLOSING = "the host is closing: the call was not answered; retry it"
 class Session:
     """One stream: one runner connection, its open tool calls, its in-flight requests.
 
-    ``write`` hands one answer to the peer and may wait while too many answers are
-    unread; ``writable`` (when given) returns once the unread backlog is back under
-    its bound, and is awaited before each line is read.
+    Answers go to ``outbox``; the next line is read only while its backlog is not
+    full, and each child method reserves room there before it reads a page.
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        write: Callable[[bytes], Awaitable[None]],
-        *,
-        writable: Callable[[], Awaitable[None]] | None = None,
-        max_inflight: int = MAX_INFLIGHT,
-    ) -> None:
+    def __init__(self, engine: Engine, outbox: Outbox, *, max_inflight: int = MAX_INFLIGHT) -> None:
         self.engine = engine
-        self._write = write
-        self._writable = writable
+        self._outbox = outbox
+        self._backlog = outbox.backlog
         self.conn: RunnerConnection | None = None
         self._tools: dict[tuple[str, str], ToolHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -81,16 +78,14 @@ class Session:
         self._barrier: asyncio.Task[None] | None = None
         self._reading: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        self._methods: dict[str, rpc.Handler] = {
+        self._lifecycle: dict[str, rpc.Handler] = {
             protocol.REGISTER.name: self._register,
             protocol.TOOL_BEGIN.name: self._tool_begin,
             protocol.TOOL_END.name: self._tool_end,
             protocol.RUN_FINISH.name: self._run_finish,
         }
-        for method in protocol.CHILD:
-            self._methods[method.name] = self._child(method.name)
-        self._follows = Follows(engine, write, follow_limit(max_inflight))
-        self._methods[protocol.FOLLOW_STOP.name] = self._follows.stop
+        self._follows = Follows(engine, outbox, follow_limit(max_inflight))
+        self._lifecycle[protocol.FOLLOW_STOP.name] = self._follows.stop
 
     async def run(self, read: Read) -> None:
         """Serve until end of input (or :meth:`stop`), then settle in-flight requests
@@ -124,11 +119,10 @@ class Session:
         lines = frames(read, rpc.MAX_FRAME_BYTES)
         try:
             while True:
-                # Bounded: a free slot and a drained backlog before the next line is read.
+                # Bounded: a free slot and room in the backlog before the next line is read.
                 await self._slots.acquire()
                 try:
-                    if self._writable is not None:
-                        await self._writable()
+                    await self._backlog.room()
                     line = await anext(lines)
                 except BaseException:
                     self._slots.release()
@@ -176,30 +170,44 @@ class Session:
 
     async def _refuse_too_long(self) -> None:
         too_long = errors.InvalidRpcRequest("invalid request: message exceeds 4 MiB")
-        await self._write(rpc.error_frame(too_long, None))
+        self._outbox.send(rpc.error_frame(too_long, None))
 
     async def _handle(self, line: bytes, barrier: asyncio.Task[None] | None) -> None:
+        answer = Answer(self._backlog)
+        try:
+            frame = await self._answer(line, barrier, answer)
+        finally:
+            answer.release()  # its frame counts instead, from now until the peer reads it
+        if frame is not None:
+            self._outbox.send(frame)
+
+    async def _answer(
+        self, line: bytes, barrier: asyncio.Task[None] | None, room: Room
+    ) -> bytes | None:
         envelope, failure = rpc.parse(line)
         try:
             # Registration and tool/run lifecycle messages take effect in the order they
             # arrived, before anything sent after them; child methods run concurrently.
             if barrier is not None:
                 await asyncio.wait({barrier})
-            frame = failure if envelope is None else await self._dispatch(envelope)
+            if envelope is None:
+                return failure
+            return await rpc.dispatch(envelope, self._handler(envelope, room))
         except asyncio.CancelledError:
             if not self._stopped.is_set():
                 raise
             closing = errors.HostClosing(CLOSING)
-            frame = failure if envelope is None else rpc.refusal(envelope, closing)
-        if frame is not None:
-            await self._write(frame)
+            return failure if envelope is None else rpc.refusal(envelope, closing)
 
-    def _dispatch(self, envelope: rpc.Envelope) -> Awaitable[bytes | None]:
-        """Serve ``envelope``; a follow's handler is told its request's id."""
-        methods = self._methods
-        if envelope.method == protocol.FOLLOW.name:
-            methods = {envelope.method: functools.partial(self._follow, envelope.id)}
-        return rpc.dispatch(envelope, methods)
+    def _handler(self, envelope: rpc.Envelope, room: Room) -> rpc.Handler | None:
+        """The handler of ``envelope``'s method: a child method's holds the call's room,
+        a follow's knows its request's id."""
+        method = envelope.method
+        if method in _CHILD_METHODS:
+            return functools.partial(self._child, method, room)
+        if method == protocol.FOLLOW.name:
+            return functools.partial(self._follow, envelope.id)
+        return self._lifecycle.get(method)
 
     async def _follow(self, request_id: object, raw: bytes) -> protocol.Followed:
         return await self._follows.follow(self._connection(), request_id, raw)
@@ -246,15 +254,13 @@ class Session:
             del self._tools[key]
         return protocol.Empty()
 
-    def _child(self, method: str) -> rpc.Handler:
-        async def handle(raw: bytes) -> Any:
-            conn = self._connection()
-            params = decode(raw, Params, providers=self.engine.config.providers)
-            return await self.engine.call(conn, method, params)
-
-        return handle
+    async def _child(self, method: str, room: Room, raw: bytes) -> Any:
+        conn = self._connection()
+        params = decode(raw, Params, providers=self.engine.config.providers)
+        return await self.engine.call(conn, method, params, room=room)
 
 
+_CHILD_METHODS = frozenset(method.name for method in protocol.CHILD)
 _LIFECYCLE = tuple(f'"{method.name}"'.encode() for method in protocol.LIFECYCLE)
 _LIFECYCLE_NAMES = frozenset(method.name for method in protocol.LIFECYCLE)
 
@@ -313,34 +319,42 @@ async def serve_socket(
     allowed_uid: int,
     *,
     max_inflight: int = MAX_INFLIGHT,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> None:
     """Accept runner connections on a Unix socket (mode 0600) until ``stop`` is set,
-    then stop every connection and wait until each has been answered and closed."""
+    then stop every connection and wait until each has been answered and closed. At
+    most ``max_connections`` are served at once: the next gets one error line
+    (``connection_limit``) and is closed."""
     streams = Streams()
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         streams.track()
-        outbox = SocketOutbox(writer)
+        outbox = SocketOutbox(writer, Backlog())
+        drain = SHUTDOWN_GRACE_S  # a refusal's one line, or a host stopping
         try:
             if not allowed_peer(writer.get_extra_info("socket"), allowed_uid):
                 refused = errors.AuthorityError("peer is not allowed on this socket")
-                await outbox.send(rpc.error_frame(refused, None))
+                await _refuse(reader, outbox, refused)
+            elif len(streams.sessions) >= max_connections:
+                log.info("connection refused", extra={"action": "connection_limit"})
+                await _refuse(reader, outbox, errors.ConnectionLimit())
             elif not streams.stopping:
-                session = Session(
-                    engine, outbox.send, writable=outbox.writable, max_inflight=max_inflight
-                )
+                session = Session(engine, outbox, max_inflight=max_inflight)
                 streams.sessions.add(session)
                 try:
                     await session.run(reader.read)
                 finally:
                     streams.sessions.discard(session)
+                if not streams.stopping:
+                    drain = engine.config.release_drain_s
         finally:
-            drain = SHUTDOWN_GRACE_S if streams.stopping else engine.config.release_drain_s
             await outbox.close(drain)
 
     remove_stale_socket(path)
     sock = listening_socket(path)
-    server = await asyncio.start_unix_server(accept, sock=sock, limit=rpc.MAX_FRAME_BYTES)
+    # Lines are framed by serve_io.frames, which reads CHUNK at a time: the reader's
+    # buffer only needs that much (it stops reading the socket at twice its limit).
+    server = await asyncio.start_unix_server(accept, sock=sock, limit=CHUNK)
     try:
         await stop.wait()
     finally:
@@ -353,13 +367,25 @@ async def serve_socket(
         await server.wait_closed()
 
 
+async def _refuse(reader: asyncio.StreamReader, outbox: SocketOutbox, error: Exception) -> None:
+    """Answer a connection with one error line, then its end. What the peer sent is read
+    and dropped meanwhile (for :data:`SHUTDOWN_GRACE_S` at most): closing on unread
+    input would reset the connection, and the peer might never see the line."""
+    outbox.send(rpc.error_frame(error, None))
+    outbox.write_eof()
+    with contextlib.suppress(TimeoutError, OSError):
+        async with asyncio.timeout(SHUTDOWN_GRACE_S):
+            while await reader.read(CHUNK):
+                pass
+
+
 async def serve_stdio(
     engine: Engine, stop: asyncio.Event, *, max_inflight: int = MAX_INFLIGHT
 ) -> None:
     """Serve one runner connection on stdin/stdout until end of input or ``stop``."""
-    read, close_input = await open_stdin(rpc.MAX_FRAME_BYTES)
-    outbox = ThreadOutbox(os.dup(sys.stdout.fileno()))
-    session = Session(engine, outbox.send, writable=outbox.writable, max_inflight=max_inflight)
+    read, close_input = await open_stdin(CHUNK)
+    outbox = ThreadOutbox(os.dup(sys.stdout.fileno()), Backlog())
+    session = Session(engine, outbox, max_inflight=max_inflight)
     running = asyncio.create_task(session.run(read))
     stopper = asyncio.create_task(stop.wait())
     try:
@@ -380,8 +406,10 @@ async def serve(
     socket_path: str | None,
     allowed_uid: int | None = None,
     max_inflight: int = MAX_INFLIGHT,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> None:
     """Run the host until SIGTERM/SIGINT (or end of input on stdio), then close gracefully.
+    ``max_connections`` bounds the streams of a socket at once.
 
     A host whose database file was replaced while in use (SPEC §18) stops as well:
     its close then raises ``DatabaseReplaced`` (the command's one line, exit 1)."""
@@ -400,7 +428,14 @@ async def serve(
         try:
             if socket_path is not None:
                 uid = os.getuid() if allowed_uid is None else allowed_uid
-                await serve_socket(engine, socket_path, stop, uid, max_inflight=max_inflight)
+                await serve_socket(
+                    engine,
+                    socket_path,
+                    stop,
+                    uid,
+                    max_inflight=max_inflight,
+                    max_connections=max_connections,
+                )
             else:
                 await serve_stdio(engine, stop, max_inflight=max_inflight)
         finally:

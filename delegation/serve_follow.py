@@ -6,10 +6,10 @@ until then each page of new events goes out as one ``child.events`` notification
 <delegation.engine.Engine.follow_read>`'s: ``child.read`` with its authority and page
 bound, read again as the child's commits land.
 
-Bounded like every answer: each notification is handed to the stream's outbox and
-awaited before the next page is read, so while more than
-:data:`~delegation.serve_io.MAX_BACKLOG` bytes of the stream's answers are unread the
-follow waits, holding at most the one page it is sending. A follow holds one of the
+Bounded like every answer: each page is read once room for it is reserved in the
+stream's :class:`~delegation.backlog.Backlog` (16 MiB of answers not yet taken), and
+its notification counts there until the peer has read it, so while the backlog is full
+the follow waits before its next read, holding nothing more. A follow holds one of the
 stream's in-flight slots until it is answered, and a stream holds at most
 :func:`follow_limit` of them.
 """
@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 
 from delegation import errors, protocol, rpc
+from delegation.backlog import Answer
 from delegation.codec import decode
 from delegation.engine import Engine
 from delegation.records import RunnerConnection
+from delegation.serve_io import Outbox
 from delegation.wire import Params, Result
 
 log = logging.getLogger("delegation.serve")
@@ -41,11 +43,9 @@ def follow_limit(max_inflight: int) -> int:
 class Follows:
     """The follows of one stream, by their request's id."""
 
-    def __init__(
-        self, engine: Engine, write: Callable[[bytes], Awaitable[None]], limit: int
-    ) -> None:
+    def __init__(self, engine: Engine, outbox: Outbox, limit: int) -> None:
         self._engine = engine
-        self._write = write
+        self._outbox = outbox
         self._limit = limit
         self._stops: dict[int | str, asyncio.Event] = {}
 
@@ -73,10 +73,10 @@ class Follows:
             limit = f"at most {self._limit}; stop one first"
             raise errors.FollowLimit(f"too many follows on this connection ({limit})")
         stop = self._stops[request_id] = asyncio.Event()
+        room = Answer(self._outbox.backlog)  # each page's, given back once it is sent
         try:
-            pushing = asyncio.create_task(
-                self._push(request_id, self._engine.follow_read(conn, params))
-            )
+            pages = self._engine.follow_read(conn, params, room=room)
+            pushing = asyncio.create_task(self._push(request_id, pages, room))
             stopped = asyncio.create_task(stop.wait())
             try:
                 await asyncio.wait({pushing, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -86,6 +86,7 @@ class Follows:
                 await asyncio.gather(pushing, stopped, return_exceptions=True)
         finally:
             del self._stops[request_id]
+            room.release()
         done = not pushing.cancelled() and pushing.result()  # a refusal raises here
         extra = {"action": "child_follow_ended", "follow": request_id, "done": done}
         log.debug("follow ended", extra=extra)
@@ -105,14 +106,18 @@ class Follows:
         for stop in self._stops.values():
             stop.set()
 
-    async def _push(self, request_id: int | str, pages: AsyncGenerator[Result]) -> bool:
+    async def _push(
+        self, request_id: int | str, pages: AsyncGenerator[Result], room: Answer
+    ) -> bool:
         """Each page's events as one notification, each sent before the next page is
-        read; True once the page that found the child terminal was sent."""
+        read (and its room reserved); True once the page that found the child terminal
+        was sent."""
         done = False
         async with contextlib.aclosing(pages):
             async for page in pages:
+                room.release()  # the notification counts instead, until the peer reads it
                 done = page.done
                 if page.events:
                     events = protocol.FollowEvents(request_id, page.events)
-                    await self._write(rpc.notification_frame(protocol.EVENTS.name, events))
+                    self._outbox.send(rpc.notification_frame(protocol.EVENTS.name, events))
         return done

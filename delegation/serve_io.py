@@ -1,8 +1,9 @@
 """The byte streams under ``delegation serve``: lines in, bounded answers out.
 
-A peer controls how fast it reads. Answers wait in an *outbox*; once more than
-:data:`MAX_BACKLOG` bytes wait there, :meth:`writable` blocks, and the session stops
-reading that stream until the peer catches up (SPEC §9). Input is read from a
+A peer controls how fast it reads. Answers wait in an *outbox*, and each one's bytes
+count in the stream's :class:`~delegation.backlog.Backlog` from the moment it is sent
+until the peer has taken it (the kernel holds it); the session stops reading a stream,
+and computing its pages, while the backlog is full (SPEC §9, §18). Input is read from a
 socket, a pipe or a regular file alike (``serve --stdio < requests.jsonl``). The
 socket's own checks live here too: who the peer is, and what a stale path holds.
 """
@@ -21,10 +22,11 @@ import struct
 import sys
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
+
+from delegation.backlog import Backlog
 
 CHUNK = 64 * 1024
-MAX_BACKLOG = 16 * 1024 * 1024
 
 Read = Callable[[int], Awaitable[bytes]]
 
@@ -61,27 +63,57 @@ async def frames(read: Read, limit: int) -> AsyncGenerator[bytes | None, None]:
                 yield line
 
 
+class Outbox(Protocol):
+    """Where a stream's answers go: ``send`` hands one over, and its bytes count in
+    ``backlog`` until the peer has taken them."""
+
+    backlog: Backlog
+
+    def send(self, frame: bytes) -> None: ...
+
+
 class SocketOutbox:
     """Answers to a socket peer, through the transport's own buffer.
 
-    The buffer's high-water mark is the backlog bound, so ``drain`` is exactly "wait
-    until the peer has read enough". Once the peer is gone, answers are dropped:
-    writing to a dead transport only makes asyncio log warnings.
+    The buffer's high-water mark is zero, so ``drain`` returns exactly once everything
+    written is out of this process; a frame's bytes are freed from the backlog then.
+    Once the peer is gone, answers are dropped (and freed): writing to a dead transport
+    only makes asyncio log warnings.
     """
 
-    def __init__(self, writer: asyncio.StreamWriter, limit: int = MAX_BACKLOG) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, backlog: Backlog) -> None:
+        self.backlog = backlog
         self._writer = writer
-        writer.transport.set_write_buffer_limits(high=limit)
+        self._unsent = 0
+        self._watch: asyncio.Task[None] | None = None
+        writer.transport.set_write_buffer_limits(high=0)
 
-    async def send(self, frame: bytes) -> None:
+    def send(self, frame: bytes) -> None:
+        """Hand ``frame`` over: it counts in the backlog until the peer has taken it."""
         if self._writer.transport.is_closing():
             return
+        self.backlog.hold(len(frame))
+        self._unsent += len(frame)
         self._writer.write(frame)
-        await self.writable()
+        if self._watch is None:
+            self._watch = asyncio.create_task(self._sent())
 
-    async def writable(self) -> None:
-        with contextlib.suppress(OSError):  # the peer hung up: nothing waits any more
-            await self._writer.drain()
+    def write_eof(self) -> None:
+        """No more answers: the peer reads the end of the stream after the last one."""
+        if not self._writer.transport.is_closing():
+            self._writer.write_eof()
+
+    async def _sent(self) -> None:
+        """Free the backlog each time the transport's buffer has emptied."""
+        try:
+            while self._unsent:
+                written = self._unsent
+                with contextlib.suppress(OSError):  # the peer hung up: nothing is owed
+                    await self._writer.drain()
+                self._unsent -= written
+                self.backlog.free(written)
+        finally:
+            self._watch = None
 
     async def close(self, timeout: float) -> None:
         """Hand over what is buffered, then close; a peer that reads nothing for
@@ -93,41 +125,37 @@ class SocketOutbox:
             self._writer.transport.abort()
         except OSError:
             pass  # it hung up first
+        if self._watch is not None:  # woken by the connection's end
+            await asyncio.wait({self._watch})
 
 
 class ThreadOutbox:
     """Answers to a blocking file descriptor (stdout: a pipe, a file or a terminal).
 
     One daemon thread writes, so a peer that never reads blocks that thread only:
-    never the event loop, and never the process's exit. ``_backlog`` is only touched
-    on the loop's thread.
+    never the event loop, and never the process's exit. A frame's bytes are freed from
+    the backlog once written. ``_pending`` is only touched on the loop's thread.
     """
 
-    def __init__(self, fd: int, limit: int = MAX_BACKLOG) -> None:
+    def __init__(self, fd: int, backlog: Backlog) -> None:
+        self.backlog = backlog
         self._fd = fd
-        self._limit = limit
         self._loop = asyncio.get_running_loop()
         self._frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._backlog = 0
-        self._room = asyncio.Event()
-        self._room.set()
+        self._pending = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._broken = False
         threading.Thread(target=self._pump, name="delegation-stdout", daemon=True).start()
 
-    async def send(self, frame: bytes) -> None:
+    def send(self, frame: bytes) -> None:
+        """Hand ``frame`` over: it counts in the backlog until it is written."""
         if self._broken:
             return
-        self._backlog += len(frame)
+        self.backlog.hold(len(frame))
+        self._pending += len(frame)
         self._idle.clear()
-        if self._backlog > self._limit:
-            self._room.clear()
         self._frames.put(frame)
-        await self.writable()
-
-    async def writable(self) -> None:
-        await self._room.wait()
 
     async def close(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the backlog to be written, then let the
@@ -137,10 +165,9 @@ class ThreadOutbox:
         self._frames.put(None)
 
     def _written(self, size: int) -> None:
-        self._backlog -= size
-        if self._backlog <= self._limit // 4:
-            self._room.set()
-        if self._backlog == 0:
+        self._pending -= size
+        self.backlog.free(size)
+        if self._pending == 0:
             self._idle.set()
 
     def _pump(self) -> None:

@@ -87,6 +87,11 @@ def test_serve_refuses_bad_paths_and_runners_in_one_line(
         ["--max-inflight", "0"],
         ["--max-inflight", "-1"],
         ["--max-inflight", "1.5"],
+        ["--max-connections", "0"],
+        ["--max-connections", "-1"],
+        ["--max-connections", "many"],
+        ["--max-page-bytes", "0"],
+        ["--max-page-bytes", "4MiB"],
     ],
 )
 def test_serve_refuses_numbers_that_are_not_positive(
@@ -115,6 +120,8 @@ def test_an_unknown_log_level_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["serve", "--socket", ""], "--socket: an empty path"),
         (["serve", "--stdio", "--lease-lifetime", "1e300"], "is more than 1000000000 seconds"),
         (["serve", "--stdio", "--max-inflight", str(10**30)], "is more than 1000000000"),
+        (["serve", "--socket", "s", "--max-connections", str(10**30)], "is more than 1000000000"),
+        (["serve", "--stdio", "--max-page-bytes", str(10**30)], "is more than 1000000000"),
         (["children", "--limit", str(10**20)], "is more than 1000000000"),
         (["serve", "--stdio", "--runner", "sys:exit"], "is not a runner"),
     ],

@@ -60,6 +60,7 @@ from delegation import (
     rpc,
 )
 from delegation._struct import I64_MAX, I64_MIN, U64_MAX, WireStruct
+from delegation.backlog import Backlog
 from delegation.clock import ManualClock
 from delegation.protocol import Register, RunFinish, ToolBegin, ToolEnd
 from delegation.serve import Session
@@ -435,10 +436,13 @@ async def _session(engine: Engine, stream: bytes, chunks: Sequence[int]) -> list
         await asyncio.sleep(0)  # requests run while the stream is still arriving
         return chunk
 
-    async def write(frame: bytes) -> None:
-        written.append(frame)
+    class Outbox:
+        backlog = Backlog()
 
-    await Session(engine, write).run(read)
+        def send(self, frame: bytes) -> None:
+            written.append(frame)  # taken at once: nothing waits in the backlog
+
+    await Session(engine, Outbox()).run(read)
     return written
 
 

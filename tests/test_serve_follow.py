@@ -14,9 +14,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from delegation import ChildContext, Engine, Event, Params, Result
+from delegation.backlog import MAX_BACKLOG, Backlog
 from delegation.engine.following import owned_pages
 from delegation.serve import Session
-from delegation.serve_io import MAX_BACKLOG, SocketOutbox
+from delegation.serve_io import SocketOutbox
 from delegation.watch import Notices
 from tests.support import PRESET, ScriptRunner, hold
 
@@ -36,6 +37,17 @@ def frame(request_id: Any, method: str, params: Any) -> bytes:
     return json.dumps(message).encode() + b"\n"
 
 
+class Taken:
+    """An outbox whose frames are taken as they are sent: nothing waits in its backlog."""
+
+    def __init__(self, frames: asyncio.Queue[dict[str, Any]]) -> None:
+        self.backlog = Backlog()
+        self._frames = frames
+
+    def send(self, data: bytes) -> None:
+        self._frames.put_nowait(json.loads(data))
+
+
 class Stream:
     """One stream to an in-process Session: request lines in, frames out (in order)."""
 
@@ -43,11 +55,8 @@ class Stream:
         self.lines: asyncio.Queue[bytes] = asyncio.Queue()
         self.frames: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.ids = itertools.count(1)
-        self.session = Session(engine, self._write, **options)
+        self.session = Session(engine, Taken(self.frames), **options)
         self.task = asyncio.create_task(self.session.run(lambda _size: self.lines.get()))
-
-    async def _write(self, data: bytes) -> None:
-        self.frames.put_nowait(json.loads(data))
 
     def send(self, method: str, params: Any, request_id: Any = "next") -> Any:
         if request_id == "next":
@@ -211,16 +220,19 @@ async def test_a_follow_whose_client_stops_reading_waits_within_the_bound(
     runner.script = flood
     host_end, peer_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     reader, writer = await asyncio.open_unix_connection(sock=host_end)
-    outbox = SocketOutbox(writer)
+    outbox = SocketOutbox(writer, Backlog())
     held: list[int] = []  # what the host holds for the peer, as each frame is written
     sent: list[int] = []  # the size of each frame
 
-    async def send(data: bytes) -> None:
-        held.append(writer.transport.get_write_buffer_size() + len(data))
-        sent.append(len(data))
-        await outbox.send(data)
+    class Measured:
+        backlog = outbox.backlog
 
-    session = Session(engine, send, writable=outbox.writable)
+        def send(self, data: bytes) -> None:
+            held.append(writer.transport.get_write_buffer_size() + len(data))
+            sent.append(len(data))
+            outbox.send(data)
+
+    session = Session(engine, Measured())
     serving = asyncio.create_task(session.run(reader.read))
     peer = Peer(peer_end)
     try:
@@ -235,13 +247,14 @@ async def test_a_follow_whose_client_stops_reading_waits_within_the_bound(
         child_id = answers[2]["result"]["conversationId"]
         await peer.send(frame("f", "child.follow", {**OWNER, "childId": child_id}))
 
-        # The peer reads nothing now; wait for the child's end and a full outbox.
+        # The peer reads nothing now; wait for the child's end and a full backlog: the
+        # follow cannot reserve room for its next page.
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
         while not (
             (record := await engine.get_child(child_id)) is not None
             and record.terminal
-            and writer.transport.get_write_buffer_size() > MAX_BACKLOG
+            and outbox.backlog.used + engine.config.max_page_bytes > MAX_BACKLOG
         ):
             assert loop.time() < deadline, "the child did not end or the outbox never filled"
             await asyncio.sleep(0.01)

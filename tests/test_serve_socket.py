@@ -1,11 +1,12 @@
-"""``delegation serve --socket`` beside another host and a peer (SPEC §9): a refused
-second serve leaves the live host's socket; a peer that reads nothing costs the host
-little (strict xfail: not fixed yet)."""
+"""``delegation serve --socket`` beside another host and its peers (SPEC §9, §18): a
+refused second serve leaves the live host's socket; a peer that reads nothing costs
+the host little even when its answers are pages of megabytes, and reads them all once
+it reads; past ``--max-connections`` a peer gets one error line and is closed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 import socket
 import stat
 import subprocess
@@ -15,8 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from delegation import errors
+from delegation.client import Client
 from delegation.serve_io import listening_socket
-from delegation.tools.serve_flood import memory_mb
+from delegation.tools import serve_pages
+from delegation.tools.serve_flood import host, memory_mb
+from delegation.tools.serve_pages import Peer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,60 +63,72 @@ def test_a_refused_second_serve_leaves_the_live_hosts_socket(tmp_path: Path) -> 
         first.wait(20)
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed here: see the review (answer bytes in flight)")
 def test_a_peer_reading_nothing_costs_little_even_when_answers_are_large(
     tmp_path: Path,
 ) -> None:
-    """The default scripted runner echoes the peer's message into its events: a page is
-    a few MiB, and 64 reads in flight hold 64 of them (twice: the frame and the
-    transport's copy)."""
-    sock_path, workspace = tmp_path / "h.sock", tmp_path / "ws"
+    """Every answer is a 4 MiB page (max_page_bytes) of events at their caps of control
+    characters: 64 reads in flight held 64 of them (twice: the frame and the transport's
+    copy) before answers counted in bytes against the stream's 16 MiB backlog, room for
+    a page included. Once the peer reads, every answer comes."""
+    workspace = tmp_path / "ws"
     workspace.mkdir()
-    env = {**os.environ, "DELEGATION_SCRIPTED_DELAY": "0"}
-    command = [sys.executable, "-m", "delegation.cli", "serve", "--socket", str(sock_path),
-               "--db", str(tmp_path / "d.db")]  # fmt: skip
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for(sock_path, proc)
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.connect(str(sock_path))
-            reader = sock.makefile("rb")
-
-            def call(method: str, params: dict[str, object]) -> dict[str, object]:
-                frame = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
-                sock.sendall(json.dumps(frame).encode() + b"\n")
-                answer: dict[str, object] = json.loads(reader.readline())
-                assert "result" in answer, answer
-                return answer["result"]  # type: ignore[return-value]
-
-            call("runner.register", {"runnerId": "r1", "hostInstanceId": "h1"})
-            preset = {"name": "scripted", "extensionId": "ext", "generation": 3}
-            call("tool.begin", {"runId": "run-1", "conversationId": "conv-1",
-                                "toolCallId": "call-1", "extensionId": "ext",
-                                "presets": [preset], "workspace": str(workspace)})  # fmt: skip
-            owner = {"runId": "run-1", "toolCallId": "call-1", "extensionId": "ext",
-                     "generation": 3}  # fmt: skip
-            request = {"requestId": "q", "profile": "scripted",
-                       "message": "16 " + "\x01" * 40_000}  # fmt: skip
-            child = call("child.start", {**owner, "request": request})["conversationId"]
-            read = {**owner, "childId": child}
-            while not call("child.read", {**read, "after": 10_000})["done"]:
-                time.sleep(0.05)
+    with host(tmp_path, "--runner", serve_pages.RUNNER) as (proc, path):
+        peer, read = serve_pages.worst_child(path, "r1", workspace)
+        try:
+            serve_pages.reset_peak(proc.pid)
             before = memory_mb(proc.pid)
-            line = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "child.read",
-                               "params": read}).encode() + b"\n"  # fmt: skip
-            sock.setblocking(False)
-            deadline = time.monotonic() + 8
-            while time.monotonic() < deadline:  # never read an answer
-                try:
-                    sock.send(line)
-                except BlockingIOError:
-                    time.sleep(0.1)
+            flood = serve_pages.unread_reads(peer, read, 100)
+            flood.wait(60)
+            serve_pages.settle(proc.pid)
             growth = memory_mb(proc.pid, "VmHWM") - before
-    finally:
-        proc.terminate()
-        proc.wait(20)
+            sizes = serve_pages.answer_sizes(peer, 100)
+        finally:
+            peer.close()
     assert growth < 100, f"the host grew by {growth:.0f} MB"
+    assert len(sizes) == 100 and max(sizes) <= 4 * 1024 * 1024 + 100
+
+
+def test_past_max_connections_a_peer_gets_one_error_line_and_is_closed(tmp_path: Path) -> None:
+    with host(tmp_path, "--max-connections", "2") as (_proc, path):
+        served = [Peer(path), Peer(path)]
+        try:
+            for n, peer in enumerate(served):
+                peer.call("runner.register", {"runnerId": f"r{n}", "hostInstanceId": "h1"})
+            _past_the_limit(path)
+            served[1].call("runner.register", {"runnerId": "r1", "hostInstanceId": "h1"})
+            served.pop(0).close()
+            deadline = time.monotonic() + 60
+            while True:  # the host notices the hang-up, and the next connection is served
+                try:
+                    asyncio.run(_register_with_a_client(path))
+                    break
+                except errors.ConnectionLimit:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+        finally:
+            for peer in served:
+                peer.close()
+
+
+def _past_the_limit(path: Path) -> None:
+    """A peer past the limit reads one JSON-RPC error, then the end; a Client's call
+    raises ConnectionLimit."""
+    third = Peer(path)
+    try:
+        answer = third.line()
+        assert answer["id"] is None and answer["error"]["code"] == -32602, answer
+        assert answer["error"]["data"] == {"reason": "connection_limit"}
+        with pytest.raises(ConnectionError):
+            third.line()
+    finally:
+        third.close()
+    with pytest.raises(errors.ConnectionLimit, match="too many connections"):
+        asyncio.run(_register_with_a_client(path))
+
+
+async def _register_with_a_client(path: Path) -> None:
+    async with await Client.connect(path) as client:
+        await client.register("r9", "h1")
 
 
 def test_the_socket_appears_listening_and_never_over_a_file(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from delegation import errors, maintenance, queries, service, telemetry
+from delegation.backlog import UNBOUNDED, Room
 from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.codec import decode
 from delegation.config import EngineConfig
@@ -359,11 +360,7 @@ class Engine:
         child = await self._rt.write(Use(service.cancel_exact, conversation_id, run_id, reason))
         if not child.terminal:
             await self._confirm_cancelled(child.id, await self._supervisor.stop([child.id]))
-        limit, max_bytes = self.config.events_per_read, self.config.max_page_bytes
-        page = await self._db.read(
-            lambda c: queries.page(c, child.id, 0, limit, max_bytes, strict=False)
-        )
-        return page.result
+        return await self._supervisor.page(child.id, 0, strict=False)
 
     async def steer_child(
         self,
@@ -400,58 +397,60 @@ class Engine:
     # --- the five methods -------------------------------------------------------------
 
     async def call(
-        self, conn: RunnerConnection, method: str, params: ParamsLike
+        self, conn: RunnerConnection, method: str, params: ParamsLike, *, room: Room = UNBOUNDED
     ) -> Result | SteerResult:
         """Serve one child method by its wire name (JSON-RPC dispatch); raises a
         :class:`DelegationError` for every refusal. Typed code calls :meth:`start`,
-        :meth:`read`, :meth:`cancel`, :meth:`steer` and :meth:`release` instead."""
+        :meth:`read`, :meth:`cancel`, :meth:`steer` and :meth:`release` instead. A page
+        is read once ``room`` (serve: the stream's unread bytes) holds ``max_page_bytes``."""
         self._require_open()
         name = CHILD_METHODS.get(method)
         if name is None:
             raise errors.MethodNotFound(f"method not found: {method}")
         # The typed method's own body (``_start`` for ``start``): one await less per call.
-        handler: Callable[[RunnerConnection, Params], Awaitable[Result | SteerResult]]
+        handler: Callable[[RunnerConnection, Params, Room], Awaitable[Result | SteerResult]]
         handler = getattr(self, f"_{name}")
-        return await self._method(method, handler, conn, params)
+        return await self._method(method, handler, conn, params, room)
 
     async def start(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.start``: the child's Result once it is admitted (SPEC §5)."""
         self._require_open()
-        return await self._method(START_METHOD, self._start, conn, params)
+        return await self._method(START_METHOD, self._start, conn, params, UNBOUNDED)
 
     async def read(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.read``: the page of events after ``params.after``."""
         self._require_open()
-        return await self._method(READ_METHOD, self._read, conn, params)
+        return await self._method(READ_METHOD, self._read, conn, params, UNBOUNDED)
 
     async def cancel(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.cancel``: request cancellation of exactly that child."""
         self._require_open()
-        return await self._method(CANCEL_METHOD, self._cancel, conn, params)
+        return await self._method(CANCEL_METHOD, self._cancel, conn, params, UNBOUNDED)
 
     async def steer(self, conn: RunnerConnection, params: ParamsLike) -> SteerResult:
         """``child.steer``: queue a message for the running child, idempotently."""
         self._require_open()
-        return await self._method(STEER_METHOD, self._steer, conn, params)
+        return await self._method(STEER_METHOD, self._steer, conn, params, UNBOUNDED)
 
     async def release(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.lease.release``: revoke a lease and wait for its children to stop."""
         self._require_open()
-        return await self._method(RELEASE_METHOD, self._release, conn, params)
+        return await self._method(RELEASE_METHOD, self._release, conn, params, UNBOUNDED)
 
     def _method(
         self,
         method: str,
-        handler: Callable[[RunnerConnection, Params], Awaitable[T]],
+        handler: Callable[[RunnerConnection, Params, Room], Awaitable[T]],
         conn: RunnerConnection,
         params: ParamsLike,
+        room: Room,
     ) -> Awaitable[T]:
         """``handler``'s answer to ``params``, decoded; in a span named ``method`` when
         traced (decoding included: a malformed call is a call too)."""
         if self._telemetry is None:
-            return handler(conn, self._params(params))
+            return handler(conn, self._params(params), room)
         return self._telemetry.method(
-            method, lambda: self._params(params), lambda decoded: handler(conn, decoded)
+            method, lambda: self._params(params), lambda decoded: handler(conn, decoded, room)
         )
 
     def _params(self, params: ParamsLike) -> Params:
@@ -467,12 +466,13 @@ class Engine:
             raise errors.MalformedInput("child params must be Params, JSON or a dict")
         return decode(params, Params, providers=self.config.providers)
 
-    def _start(self, conn: RunnerConnection, params: Params) -> Awaitable[Result]:
-        return self._supervisor.start(conn, params)
+    def _start(self, conn: RunnerConnection, params: Params, room: Room) -> Awaitable[Result]:
+        return self._supervisor.start(conn, params, room)
 
-    async def _read(self, conn: RunnerConnection, params: Params) -> Result:
+    async def _read(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
         now = self.clock.now()
         limit, max_bytes = self.config.events_per_read, self.config.max_page_bytes
+        await room.reserve(max_bytes)
 
         def locate_and_page(c: Connection) -> tuple[int, Result | None]:
             child = service.locate_child(c, conn, params, now)
@@ -483,20 +483,20 @@ class Engine:
         child_id, result = await self._db.read_now(locate_and_page)
         if result is not None:
             return result
-        return await self._supervisor.answer(child_id, params.after)
+        return await self._supervisor.answer(child_id, params.after, room)
 
-    async def _cancel(self, conn: RunnerConnection, params: Params) -> Result:
+    async def _cancel(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
         child = await self._rt.write(Use(service.cancel, conn, params))
         if not child.terminal:
             await self._supervisor.stop([child.id])
-        return await self._supervisor.page(child.id, params.after)
+        return await self._supervisor.page(child.id, params.after, room)
 
-    async def _steer(self, conn: RunnerConnection, params: Params) -> SteerResult:
+    async def _steer(self, conn: RunnerConnection, params: Params, room: Room) -> SteerResult:
         outcome = await self._rt.write(Use(service.steer, self.config, conn, params))
         self._deliver_steer(outcome)
         return outcome.result
 
-    async def _release(self, conn: RunnerConnection, params: Params) -> Result:
+    async def _release(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
         affected = await self._rt.write(Use(service.release, self.config, conn, params))
         supervisor = self._supervisor
         await supervisor.drain(await supervisor.stop(affected), self.config.release_drain_s)
@@ -576,12 +576,15 @@ class Engine:
         async for event in pages(after, self.config.events_per_read):
             yield event
 
-    def follow_read(self, conn: RunnerConnection, params: ParamsLike) -> AsyncGenerator[Result]:
+    def follow_read(
+        self, conn: RunnerConnection, params: ParamsLike, *, room: Room = UNBOUNDED
+    ) -> AsyncGenerator[Result]:
         """``child.follow``: the pages ``child.read`` answers from ``params.after`` on,
         each read as the child's commits land, until the one that finds it terminal.
-        Every page is a read: its authority and refusals (see ``owned_pages``)."""
+        Every page is a read: its authority and refusals (see ``owned_pages``), and its
+        room reserved in ``room`` (see :meth:`call`)."""
         self._require_open()
-        read = functools.partial(self._read, conn)
+        read = functools.partial(self._read, conn, room=room)
         limit = self.config.events_per_read  # the most events _read puts in a page
         notices, owned = self._rt.notices, self._params(params)
         return following.owned_pages(read, self.get_child, notices, owned, limit)

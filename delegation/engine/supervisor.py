@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 
 from delegation import authority, errors, machine, maintenance, queries, reservation, service
+from delegation.backlog import UNBOUNDED, Room
 from delegation.engine.local_run import LocalRun, LocalRuns
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.timers import Timers
@@ -70,7 +71,7 @@ class Supervisor:
 
     # --- child.start ------------------------------------------------------------------
 
-    async def start(self, conn: RunnerConnection, params: Params) -> Result:
+    async def start(self, conn: RunnerConnection, params: Params, room: Room = UNBOUNDED) -> Result:
         """Reserve the child; its commit spawns the run; answer once it is admitted.
 
         The reservation is nobody's answer yet: the admission commit that answers the
@@ -94,8 +95,8 @@ class Supervisor:
         )
         try:
             if not plan.replay:
-                return await self._first(plan.child.id, params.after)
-            return await self.answer(plan.child.id, params.after)
+                return await self._first(plan.child.id, params.after, room)
+            return await self.answer(plan.child.id, params.after, room)
         except errors.ChildPurged:
             if plan.replay:
                 raise
@@ -110,36 +111,43 @@ class Supervisor:
         if not plan.replay:
             self.spawn(plan.child, plan, None)
 
-    async def _first(self, child_id: int, after: int) -> Result:
+    async def _first(self, child_id: int, after: int, room: Room) -> Result:
         """The answer of the caller that started the child: the page read in the
         admission transaction (committed when it is handed over). Only this caller
         awaits the run's ``first``: if it goes away, nothing else is cancelled."""
         local = self.runs.get(child_id)
         if local is None:  # ended already
-            return await self.page(child_id, after)
+            return await self.page(child_id, after, room)
         page = await local.first
         if local.suspended:
             raise errors.HostClosing()
-        return page if page is not None and after == 0 else await self.page(child_id, after)
+        return page if page is not None and after == 0 else await self.page(child_id, after, room)
 
-    async def answer(self, child_id: int, after: int) -> Result:
+    async def answer(self, child_id: int, after: int, room: Room = UNBOUNDED) -> Result:
         """Wait until admission is decided (without cancelling anything if the caller
-        goes away), then answer the child's Result."""
+        goes away), then answer the child's Result (see :meth:`page`)."""
         local = self.runs.get(child_id)
         if local is not None:
             await local.decided.wait()
             if local.suspended:
                 raise errors.HostClosing()
-        return await self.page(child_id, after)
+        return await self.page(child_id, after, room)
 
     def deciding(self, child_id: int) -> bool:
         """Whether the child runs here and its admission is not decided yet."""
         local = self.runs.get(child_id)
         return local is not None and not local.decided.is_set()
 
-    async def page(self, child_id: int, after: int) -> Result:
+    async def page(
+        self, child_id: int, after: int, room: Room = UNBOUNDED, *, strict: bool = True
+    ) -> Result:
+        """The child's Result with its page after ``after``, read once ``room`` holds
+        ``max_page_bytes`` for it (``strict``: see :func:`queries.result_of`)."""
         limit, max_bytes = self._rt.config.events_per_read, self._rt.config.max_page_bytes
-        page = await self._rt.db.read(lambda c: queries.page(c, child_id, after, limit, max_bytes))
+        await room.reserve(max_bytes)
+        page = await self._rt.db.read(
+            lambda c: queries.page(c, child_id, after, limit, max_bytes, strict=strict)
+        )
         return page.result
 
     # --- spawning and executing -----------------------------------------------------

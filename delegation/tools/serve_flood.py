@@ -59,14 +59,20 @@ def host(directory: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[bytes]
 
 
 class Flood:
-    """Writes ``requests`` cheap requests through ``send``, on a thread of its own,
-    until they are all sent or the host stops reading; never reads an answer."""
+    """Writes ``requests`` requests (``frame(n)``, cheap ones by default) through
+    ``send``, on a thread of its own, until they are all sent or the host stops
+    reading; never reads an answer."""
 
     def __init__(
-        self, send: Callable[[bytes], object], requests: int, stall_s: float = STALL_S
+        self,
+        send: Callable[[bytes], object],
+        requests: int,
+        stall_s: float = STALL_S,
+        frame: Callable[[int], bytes] | None = None,
     ) -> None:
         self.requests = requests
         self.stall_s = stall_s
+        self._frame = frame or _cheap
         self.sent = 0
         self.stalled = False
         self._thread = threading.Thread(target=self._send, args=(send,), daemon=True)
@@ -76,7 +82,7 @@ class Flood:
         while self.sent < self.requests:
             count = min(BATCH, self.requests - self.sent)
             try:
-                send(b"".join(_cheap(self.sent + n) for n in range(count)))
+                send(b"".join(self._frame(self.sent + n) for n in range(count)))
             except OSError:  # the host hung up
                 return
             self.sent += count
