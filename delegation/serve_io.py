@@ -95,7 +95,12 @@ class SocketOutbox:
         self.backlog.hold(len(frame))
         self._unsent += len(frame)
         self._writer.write(frame)
-        if self._watch is None:
+        if self._watch is not None:
+            return
+        if self._writer.transport.get_write_buffer_size() == 0:  # the kernel took it all
+            self._unsent, unsent = 0, self._unsent
+            self.backlog.free(unsent)
+        else:
             self._watch = asyncio.create_task(self._sent())
 
     def write_eof(self) -> None:

@@ -191,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = [measure(args.connections, args.reads) for _ in range(args.runs)]
     for key in runs[0]:
         values = [run[key] for run in runs]
-        shown = statistics.median(values) if isinstance(values[0], int | float) else values[0]
-        print(f"{key:>18}: {shown}" + (f"  (runs: {values})" if len(runs) > 1 else ""))
+        varied = len(set(values)) > 1
+        shown = statistics.median(values) if varied else values[0]  # only numbers vary
+        print(f"{key:>18}: {shown}" + (f"  (runs: {values})" if varied else ""))
     return 0
 
 
