@@ -28,6 +28,9 @@ def decode_events(bodies: list[bytes]) -> list[Event]:
 # What a non-empty page adds to the encoding of its Result without events (the
 # events field is omitted when empty, and comes last): ``,"events":[`` and ``]``.
 _EVENTS_FIELD = len(b',"events":[]')
+# A Result's encoding besides its strings (each character of which takes at most six
+# bytes): field names, quotes, commas, booleans, and the events field's own.
+_MOST_BESIDES = 512
 
 
 class Page(NamedTuple):
@@ -55,16 +58,20 @@ def result_of(
     an admission)."""
     if strict and child.terminal and child.admitted_at is None:
         raise errors.AdmissionFailed(child.error)
+    identity = child.identity_fields()
     result = Result(
-        **child.identity_fields(),
+        **identity,
         done=child.terminal,
         cancelled=child.state == "cancelled",
         error=child.error,
         output=child.output,
         events=[],
     )
-    if max_bytes is not None:
-        bodies = fit(result, bodies, max_bytes)
+    if max_bytes is not None and bodies:
+        # Most pages are far below the bound: measure only where it may be passed.
+        texts = sum(len(text) for text in identity.values()) + len(child.output + child.error)
+        if _MOST_BESIDES + 6 * texts + sum(map(len, bodies)) + len(bodies) > max_bytes:
+            bodies = fit(result, bodies, max_bytes)
     return msgspec.structs.replace(result, events=decode_events(bodies)) if bodies else result
 
 
