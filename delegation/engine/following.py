@@ -18,7 +18,6 @@ never taking a cut page for the last one.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import NamedTuple
 
 import msgspec
 
@@ -27,24 +26,6 @@ from delegation.records import ChildRecord
 from delegation.store.interface import Store
 from delegation.watch import Notices
 from delegation.wire import Event, Params, Result
-
-
-class _Page(NamedTuple):
-    """A read's Result as :func:`delegation.follow.pages` sees a page."""
-
-    result: Result
-
-    @property
-    def events(self) -> list[Event]:
-        return self.result.events
-
-    @property
-    def done(self) -> bool:
-        return self.result.done
-
-    @property
-    def more(self) -> bool:
-        return bool(self.result.events)  # perhaps cut: only an empty page is the last
 
 
 def any_pages(
@@ -95,8 +76,9 @@ async def owned_pages(
         raise errors.ChildPurged()
     after = first.events[-1].sequence if first.events else params.after
 
-    async def page(after: int, _limit: int) -> _Page:
-        return _Page(await read(msgspec.structs.replace(params, after=after)))
+    async def page(after: int, _limit: int) -> queries.Page:
+        result = await read(msgspec.structs.replace(params, after=after))
+        return queries.Page(result, more=bool(result.events))  # perhaps cut: read on
 
     # Watched before the next read: a commit since the first one is read, not slept past.
     with notices.following(child.id):
