@@ -79,7 +79,7 @@ async def cancel(h: Harness, conversation_id: str) -> float:
     """Cancel a child, wait until it ends; the seconds that took."""
     began = time.monotonic()
     await h.engine.call(h.conn, "child.cancel", h.params(child_id=conversation_id))
-    record = await h.wait_done(conversation_id, timeout=10)
+    record = await h.wait_done(conversation_id, timeout=60)
     assert record.state == "cancelled"
     return time.monotonic() - began
 
@@ -207,13 +207,13 @@ TERM_DEAF = """
 
 
 async def test_cancel_sends_sigterm_and_reaps_the_process(db_url: str, workspace: Path) -> None:
-    runner = CommandRunner(profiles={"worker": script(TERM_AWARE)}, grace_s=5.0)
+    runner = CommandRunner(profiles={"worker": script(TERM_AWARE)}, grace_s=60.0)
     async with hosted(db_url, workspace, runner) as h:
         started = await h.start("q1")
         await until_text(h, started.conversation_id, "")
         tree = child_tree()
         took = await cancel(h, started.conversation_id)
-        assert took < 3  # well within the grace: SIGTERM, not SIGKILL, ended it
+        assert took < 30  # well within the grace: SIGTERM, not SIGKILL, ended it
         assert (workspace / "terminated").read_text() == "15"
         assert tree and not any(alive(pid) for pid in tree)
 
@@ -227,7 +227,7 @@ async def test_a_command_ignoring_sigterm_is_killed_after_the_grace(
         await until_text(h, started.conversation_id, "")
         tree = child_tree()
         took = await cancel(h, started.conversation_id)
-        assert 0.3 <= took < 3
+        assert 0.3 <= took < 30  # the grace, then SIGKILL (the command sleeps for ever)
         record = await h.engine.get_child(started.conversation_id)
         assert record is not None and record.error.startswith("cancelled")
         assert tree and not any(alive(pid) for pid in tree)
@@ -245,13 +245,13 @@ SPAWNS = """
 
 
 async def test_cancel_stops_the_commands_whole_process_group(db_url: str, workspace: Path) -> None:
-    runner = CommandRunner(profiles={"worker": script(SPAWNS % (False, False))}, grace_s=2.0)
+    runner = CommandRunner(profiles={"worker": script(SPAWNS % (False, False))}, grace_s=60.0)
     async with hosted(db_url, workspace, runner) as h:
         started = await h.start("q1")
         await until_text(h, started.conversation_id, "")
         tree = child_tree()
         assert len(tree) >= 2, "the command and its child"
-        assert await cancel(h, started.conversation_id) < 1.5
+        assert await cancel(h, started.conversation_id) < 30  # SIGTERM, not the grace
         assert not any(alive(pid) for pid in tree)
 
 
@@ -269,7 +269,7 @@ async def test_a_descendant_holding_the_pipes_cannot_stall_a_cancel(
         program = program_of(keeper)
         tree = child_tree()
         try:
-            assert await cancel(h, started.conversation_id) < 3
+            assert await cancel(h, started.conversation_id) < 30  # not the 60 s sleep
             assert not alive(program)
             if runner.containment.namespaces:
                 assert not any(alive(pid) for pid in tree), "setsid left a process behind"

@@ -581,7 +581,7 @@ async def test_release_whose_children_do_not_stop_is_unconfirmed_until_retried(
     assert str(refused.value) == (
         "child lease revoked but cleanup is not yet confirmed; retry release"
     )
-    assert config.release_drain_s * 0.9 <= elapsed < config.release_drain_s + 2.0
+    assert config.release_drain_s * 0.9 <= elapsed < config.release_drain_s + 30
     record = await state_of(harness.engine, leased.conversation_id)
     assert record.state == "running"
     assert record.cancel_requested_at is not None
