@@ -333,10 +333,11 @@ def loop_until(check: object, tries: int = 400) -> None:
     raise AssertionError("timed out")
 
 
-async def test_a_claim_whose_lock_session_ended_takes_the_lock_again(away_url: str) -> None:
+async def test_a_claim_whose_lock_session_ended_holds_the_lock_on_a_new_one(away_url: str) -> None:
     """A host booting while the server restarts: the lock's session ends between opening
-    and claiming. The claim does not fail with the driver's own error; the lock is taken
-    again before the first heartbeat, on a new session."""
+    and claiming. The claim does not fail with the driver's own error: it holds the lock
+    on a new session before the instance is written anywhere (a free lock is a dead
+    host's to the others)."""
     from delegation.store.stores import open_store
 
     store = open_store(away_url, synchronous="NORMAL", busy_timeout_ms=5000)
@@ -345,9 +346,9 @@ async def test_a_claim_whose_lock_session_ended_takes_the_lock_again(away_url: s
         assert _terminate(away_url, "delegation-host") == 1
         instance = f"h-{uuid.uuid4().hex}"
         store.claim(instance)  # used to raise psycopg's AdminShutdown
-        assert _advisory_locks(away_url) == 0, "the ended session held nothing"
+        assert _advisory_locks(away_url) == 1, "the lock is held, on a new session"
         store.keep_lock()
-        assert _advisory_locks(away_url) == 1, "the lock is held again"
+        assert _advisory_locks(away_url) == 1, "and kept"
     finally:
         await store.aclose()
 

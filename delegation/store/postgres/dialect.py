@@ -145,11 +145,13 @@ class PostgresDialect:
                 raise errors.StoreUnavailable() from exc
 
     def hold(self, previous: str | None, instance_id: str) -> None:
-        """Hold ``instance_id``'s lock (and no longer ``previous``'s). A session lost
-        meanwhile (a server restart) held neither: its lock is then taken again before
-        the first heartbeat (:meth:`keep_lock`), which commits only while it is held.
+        """Hold ``instance_id``'s lock (and no longer ``previous``'s) before the instance
+        is written anywhere: another host takes an instance whose lock is free for dead.
+        A session lost meanwhile (a server restart) held neither: the lock is taken on a
+        new one.
 
         Raises:
+            errors.StoreUnavailable: the server cannot be reached now (nothing is held).
             errors.StoreError: the server refused the lock for another reason.
         """
         lock = self._lock_conn
@@ -166,8 +168,22 @@ class PostgresDialect:
             with contextlib.suppress(Exception):
                 lock.close()
             self._lock_conn = None
-            return
+            self._hold_anew(instance_id)
         self._lock_held = True
+
+    def _hold_anew(self, instance_id: str) -> None:
+        """Take ``instance_id``'s lock on a new session (the old one was lost)."""
+        try:
+            lock = connect(self.url, "delegation-host")
+        except errors.StoreError as exc:
+            raise errors.StoreUnavailable() from exc
+        try:
+            lock.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (INSTANCE_LOCKS, instance_id))
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                lock.close()
+            raise translate(exc) from exc
+        self._lock_conn = lock
 
     def keep_lock(self, instance_id: str | None) -> None:
         """Hold this instance's lock again if its connection was lost (a server restart
