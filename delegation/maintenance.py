@@ -185,7 +185,13 @@ def take_over(
     if not everyone and not lifecycle.first_to(conn, lifecycle.TAKEOVER_LOCK):
         return NOTHING  # another host is taking over right now; the next beat looks again
     taken = lifecycle.take_instances(
-        conn, instance_id, now, cfg.host_timeout_s, everyone=everyone, locks=locks
+        conn,
+        instance_id,
+        now,
+        cfg.host_timeout_s,
+        everyone=everyone,
+        locks=locks,
+        suspect_s=2 * cfg.host_heartbeat_s,
     )
     # SQLite (everyone): the boot's write transaction already excludes every writer.
     lost_any = not everyone and lifecycle.lock_lost(conn, instance_id)

@@ -19,6 +19,7 @@ from delegation.clock import ServerClock
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
 from delegation.engine.timers import Timers
+from delegation.store import lifecycle
 from delegation.store.batch import boot_clock
 
 log = logging.getLogger("delegation.engine")
@@ -53,6 +54,7 @@ class Membership:
         await loop.run_in_executor(None, rt.db.claim, rt.instance_id)
         if isinstance(rt.clock, ServerClock):  # before anything is stamped
             await self._correct_clock(rt.clock)
+        await self._await_unproven(rt)
         beat = boot_clock()
         use = Use(maintenance.reconcile, rt.config, rt.instance_id, rt.db.shared)
         takeover = await rt.write(use)
@@ -63,6 +65,17 @@ class Membership:
         await loop.run_in_executor(None, tmpdirs.remove_stale)
         await self._supervisor.stop(takeover.stopping)
         return takeover
+
+    @staticmethod
+    async def _await_unproven(rt: Runtime) -> None:
+        """Wait (at most two beats) until a free lock of a fresh instance proves its
+        host dead: a live host takes its lock again before its next heartbeat."""
+        if not rt.db.shared:
+            return
+        suspect = 2 * rt.config.host_heartbeat_s
+        wait = await rt.db.read(lambda c: lifecycle.unproven_dead(c, rt.instance_id, suspect))
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     def start(self) -> None:
         """Heartbeat from now on, on a database several hosts share; on a file, look

@@ -82,6 +82,7 @@ def take_instances(
     *,
     everyone: bool,
     locks: bool = True,
+    suspect_s: float = 0.0,
 ) -> list[str]:
     """Mark the instances this host takes over: closed ones not taken yet, and those
     without a heartbeat for ``timeout_s`` (``everyone``: every other one, as at the boot
@@ -96,7 +97,11 @@ def take_instances(
     # ends: once this host's own connection was lost and made again (not ``locks``), a
     # free lock may be a live host's that it has not taken again yet (it does before its
     # next heartbeat), so only the timeout counts.
-    freed = spelling_of(conn).instance_lock_freed if locks else ""
+    # A free lock counts only once the instance's heartbeat is older than two beats: a
+    # live host whose session the server ended (a restart, pg_terminate_backend) holds
+    # its lock again before its next beat, and a host that booted after that moment
+    # never lost a connection of its own to tell it so.
+    freed = spelling_of(conn).instance_lock_freed.format(clock=db_clock(conn)) if locks else ""
     dead = (
         "TRUE" if everyone else f"(COALESCE(heartbeat_at, 0) < {db_clock(conn)} - :timeout{freed})"
     )
@@ -106,9 +111,36 @@ def take_instances(
             f" WHERE id != :me AND taken_by IS NULL AND (closed_at IS NOT NULL OR {dead})"
             " RETURNING id"
         ),
-        {"me": me, "now": now, "timeout": timeout_s, "locks": INSTANCE_LOCKS},
+        {
+            "me": me,
+            "now": now,
+            "timeout": timeout_s,
+            "suspect": suspect_s,
+            "locks": INSTANCE_LOCKS,
+        },
     ).all()
     return [row[0] for row in rows]
+
+
+def unproven_dead(conn: Connection, me: str, suspect_s: float) -> float:
+    """Seconds until every other open instance whose lock is free has had no heartbeat
+    for ``suspect_s`` (0: none is waiting). A booting host waits that long before its
+    takeover, so that a live host whose session the server just ended (its lock free
+    until its next beat) is not taken for dead (PostgreSQL; 0 on SQLite)."""
+    freed = spelling_of(conn).instance_lock_freed
+    if not freed:
+        return 0.0
+    clock = db_clock(conn)
+    sql = (
+        f"SELECT MAX(heartbeat_at + :suspect - {clock}) FROM engine_instances"
+        " WHERE id != :me AND taken_by IS NULL AND closed_at IS NULL"
+        f" AND heartbeat_at > {clock} - :suspect"
+        " AND pg_try_advisory_xact_lock(:locks, hashtext(id))"
+    )
+    value = conn.execute(
+        text(sql), {"me": me, "suspect": suspect_s, "locks": INSTANCE_LOCKS}
+    ).scalar()
+    return min(max(float(value or 0.0), 0.0), suspect_s)
 
 
 def heartbeat(conn: Connection, me: str) -> float | None:
