@@ -265,7 +265,8 @@ class Supervisor:
                 # A run stopped with its host meanwhile was not to record its end: its
                 # child resumes at the next boot or on the host that took it over (the
                 # host says so once: host_fenced or host_cut_off).
-                level = logging.INFO if local.suspended else logging.ERROR
+                fenced = isinstance(exc, errors.HostFenced)  # the host says so once
+                level = logging.INFO if local.suspended or fenced else logging.ERROR
                 log.log(
                     level,
                     "child finish not recorded: %s",
