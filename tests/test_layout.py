@@ -3,6 +3,7 @@ no module past 600 lines. import-linter holds the layers (pyproject.toml)."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import grimp
@@ -56,3 +57,24 @@ def test_no_module_is_past_600_lines() -> None:
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def _lazy_imports_for_type_checkers() -> dict[str, str]:
+    """The names ``delegation/__init__.py`` imports under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(Path(delegation.__file__).read_text())
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for imported in node.body:
+                assert isinstance(imported, ast.ImportFrom) and imported.module is not None
+                found.update({alias.name: imported.module for alias in imported.names})
+    return found
+
+
+def test_the_lazy_names_are_the_names_type_checkers_see() -> None:
+    # Two lists name the lazy exports (one for mypy, one for PEP 562); they must agree,
+    # and every name the package exports must resolve.
+    assert _lazy_imports_for_type_checkers() == delegation._LAZY
+    missing = [name for name in delegation.__all__ if not hasattr(delegation, name)]
+    assert missing == []
+    assert set(delegation._LAZY) <= set(delegation.__all__)

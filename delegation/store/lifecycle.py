@@ -127,15 +127,14 @@ def unproven_dead(conn: Connection, me: str, suspect_s: float) -> float:
     for ``suspect_s`` (0: none is waiting). A booting host waits that long before its
     takeover, so that a live host whose session the server just ended (its lock free
     until its next beat) is not taken for dead (PostgreSQL; 0 on SQLite)."""
-    freed = spelling_of(conn).instance_lock_freed
-    if not freed:
+    free = spelling_of(conn).instance_lock_free
+    if not free:
         return 0.0
     clock = db_clock(conn)
     sql = (
         f"SELECT MAX(heartbeat_at + :suspect - {clock}) FROM engine_instances"
         " WHERE id != :me AND taken_by IS NULL AND closed_at IS NULL"
-        f" AND heartbeat_at > {clock} - :suspect"
-        " AND pg_try_advisory_xact_lock(:locks, hashtext(id))"
+        f" AND heartbeat_at > {clock} - :suspect AND {free}"
     )
     value = conn.execute(
         text(sql), {"me": me, "suspect": suspect_s, "locks": INSTANCE_LOCKS}

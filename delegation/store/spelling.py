@@ -36,9 +36,12 @@ class Spelling(Protocol):
     # Appended to a SELECT whose rows must stay as read until the transaction ends
     # (PostgreSQL; a SQLite write transaction already excludes every other writer).
     for_update: str
-    # A heartbeat's extra condition: this instance's lock is held (PostgreSQL), and a
-    # takeover's: the instance's lock is free. Both bind ``:locks`` and ``:me``/``id``.
+    # A heartbeat's extra condition: this instance's lock is held (PostgreSQL); whether
+    # an instance's lock is free (empty: no locks, SQLite); and a takeover's extra way to
+    # be dead: the lock free once the heartbeat is ``:suspect`` old. They bind
+    # ``:locks`` and ``:me``/``id``.
     instance_lock_held: str
+    instance_lock_free: str
     instance_lock_freed: str
     # A row's version in an expression of its table alias ``{t}`` (None: no versions,
     # a start then reads its rows in its own transaction).

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from delegation.tools.bench_base import stop_process
+
 BATCH = 512  # requests per send: small, so the count of what went through stays current
 STALL_S = 1.0
 
@@ -50,12 +52,7 @@ def host(directory: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[bytes]
                 time.sleep(0.02)
             yield proc, path
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 class Flood:

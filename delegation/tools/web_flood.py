@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from delegation import Engine, Event
 from delegation.runs import ChildContext, Run
 from delegation.tools.bench import Starter
-from delegation.tools.bench_base import CONFIG, machine, median
+from delegation.tools.bench_base import CONFIG, machine, median, stop_process
 from delegation.tools.serve_flood import memory_mb
 
 FIELD = "x" * CONFIG.max_event_field_bytes  # every text field at the engine's cap
@@ -89,12 +89,7 @@ def web(path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
             raise RuntimeError(f"delegation web did not start: {said!r}")
         yield proc, said.split()[2]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def silent_stream(url: str, path: str) -> socket.socket:

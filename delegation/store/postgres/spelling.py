@@ -35,9 +35,9 @@ class PostgresSpelling:
     clock: str = "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
     for_update: str = " FOR UPDATE"
     instance_lock_held: str = f" AND {_LOCK_HELD}"
+    instance_lock_free: str = "pg_try_advisory_xact_lock(:locks, hashtext(id))"
     instance_lock_freed: str = (
-        " OR (COALESCE(heartbeat_at, 0) < {clock} - :suspect"
-        " AND pg_try_advisory_xact_lock(:locks, hashtext(id)))"
+        f" OR (COALESCE(heartbeat_at, 0) < {{clock}} - :suspect AND {instance_lock_free})"
     )
     # xmin tells two versions apart across transactions, ctid within one (a batch of
     # jobs is one transaction).

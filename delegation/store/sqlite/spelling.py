@@ -15,6 +15,7 @@ class SqliteSpelling:
     clock: str = "((julianday('now') - 2440587.5) * 86400.0)"
     for_update: str = ""
     instance_lock_held: str = ""  # one host per file: its lock is the file's
+    instance_lock_free: str = ""
     instance_lock_freed: str = ""
     row_version: str | None = None
     lock_child: str | None = None
