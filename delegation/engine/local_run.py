@@ -69,7 +69,14 @@ class LocalRun:
         "tracked",
     )
 
-    def __init__(self, rt: Runtime, child_id: int, cwd: str, lease_pending: bool) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        child_id: int,
+        cwd: str,
+        lease_pending: bool,
+        first: asyncio.Future[Result | None] | None = None,
+    ) -> None:
         self.rt = rt
         self.child_id = child_id
         self.cwd = cwd
@@ -77,7 +84,8 @@ class LocalRun:
         self.phase = Phase.PREPARING
         self.suspended = False  # graceful close: stop without recording an end
         self.decided = asyncio.Event()  # ADMITTED or ENDED: a caller may be answered
-        self.first: asyncio.Future[Result | None] = asyncio.get_running_loop().create_future()
+        # The answer of the caller that started it (see the module), or a future of its own.
+        self.first = first or asyncio.get_running_loop().create_future()
         self.ended = asyncio.Event()  # ENDED
         self.task: asyncio.Task[None] | None = None
         self.ctx: ChildContext | None = None

@@ -78,7 +78,13 @@ class Supervisor:
         caller syncs it to disk too (SPEC §4: committed before ``prepare``). A caller
         that goes away must not strand a committed reservation unrun: the commit itself
         spawns the run, and the caller only waits for it. Without a leaseId its one
-        write is the reservation's INSERT, after every check."""
+        write is the reservation's INSERT, after every check.
+
+        The caller awaits one future, woken once: the run's ``first`` (the page read in
+        the admission transaction, handed over as it commits), which the reservation's
+        commit gives the run it spawns; a replay's commit resolves it at once, and a
+        reservation that fails passes its error on. Only this caller awaits it: if it
+        goes away, nothing else is cancelled."""
         rt = self._rt
         tel = rt.telemetry
         use = Use(
@@ -90,13 +96,39 @@ class Supervisor:
             trace_context=tel.trace_context() if tel is not None else None,
             seen=self._seen_tools,
         )
-        plan = await rt.write(
-            use, durable=False, committed=self._reserved, one_write=not params.lease_id
-        )
+        first: asyncio.Future[Result | None] = asyncio.get_running_loop().create_future()
+
+        def failed(written: asyncio.Future[reservation.StartPlan]) -> None:
+            if written.cancelled():
+                first.cancel()
+            elif (exc := written.exception()) is not None and not first.done():
+                first.set_exception(exc)
+
+        def committed(plan: reservation.StartPlan) -> None:
+            reserved.append(plan)
+            try:
+                runs.append(self._reserved(plan, first))
+            except BaseException:
+                if not first.done():  # answered by a read of the child
+                    first.set_result(None)
+                raise
+            written.remove_done_callback(failed)  # answered through ``first`` alone
+
+        reserved: list[reservation.StartPlan] = []
+        runs: list[LocalRun | None] = []
+        written = rt.write(use, durable=False, committed=committed, one_write=not params.lease_id)
+        written.add_done_callback(failed)
+        page = await first
+        plan = reserved[0]
         try:
-            if not plan.replay:
-                return await self._first(plan.child.id, params.after, room)
-            return await self.answer(plan.child.id, params.after, room)
+            if plan.replay:
+                return await self.answer(plan.child.id, params.after, room)
+            local = runs[0] if runs else None
+            if local is not None and local.suspended:
+                raise errors.HostClosing()
+            if page is None or params.after:
+                return await self.page(plan.child.id, params.after, room)
+            return page
         except errors.ChildPurged:
             if plan.replay:
                 raise
@@ -104,24 +136,18 @@ class Supervisor:
             # did not carry over): nothing was started, and a replay starts it anew.
             raise errors.StoreUnavailable() from None
 
-    def _reserved(self, plan: reservation.StartPlan) -> None:
-        """At the reservation's commit, whether or not its caller still waits."""
+    def _reserved(
+        self, plan: reservation.StartPlan, first: asyncio.Future[Result | None]
+    ) -> LocalRun | None:
+        """At the reservation's commit, whether or not its caller still waits: a new
+        child's run is spawned with the caller's ``first``; a replay answers it now."""
         if plan.new_lease_deadline is not None:
             self._timers.arm_earlier(plan.new_lease_deadline)
-        if not plan.replay:
-            self.spawn(plan.child, plan, None)
-
-    async def _first(self, child_id: int, after: int, room: Room) -> Result:
-        """The answer of the caller that started the child: the page read in the
-        admission transaction (committed when it is handed over). Only this caller
-        awaits the run's ``first``: if it goes away, nothing else is cancelled."""
-        local = self.runs.get(child_id)
-        if local is None:  # ended already
-            return await self.page(child_id, after, room)
-        page = await local.first
-        if local.suspended:
-            raise errors.HostClosing()
-        return page if page is not None and after == 0 else await self.page(child_id, after, room)
+        if plan.replay:
+            if not first.done():
+                first.set_result(None)
+            return None
+        return self.spawn(plan.child, plan, None, first=first)
 
     async def answer(self, child_id: int, after: int, room: Room = UNBOUNDED) -> Result:
         """Wait until admission is decided (without cancelling anything if the caller
@@ -158,8 +184,10 @@ class Supervisor:
         plan: reservation.StartPlan,
         recovery: Recovery | None,
         steers: Sequence[tuple[int, str]] = (),
+        *,
+        first: asyncio.Future[Result | None] | None = None,
     ) -> LocalRun:
-        local = LocalRun(self._rt, child.id, child.cwd, plan.lease_pending)
+        local = LocalRun(self._rt, child.id, child.cwd, plan.lease_pending, first)
         self.runs.add(local)
         local.task = asyncio.create_task(
             self._execute(local, child, plan, recovery, steers),

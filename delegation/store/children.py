@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable
 from functools import cache
 from typing import Any
@@ -185,13 +186,20 @@ def _insert(
     conn: Connection, values: dict[str, Any], guard: str, guard_params: tuple[Any, ...]
 ) -> ChildRecord | None:
     row = {**_FRESH, "updated_at": values["created_at"], **values}
-    given = {name: value for name, value in row.items() if value is not None} if guard else row
-    cursor = run(conn, _insert_sql(tuple(given), guard), (*given.values(), *guard_params))
-    inserted = cursor.fetchone()
+    if guard:
+        given = {name: value for name, value in row.items() if value is not None}
+        sql, params = _insert_sql(tuple(given), guard), (*given.values(), *guard_params)
+    else:
+        sql, params = _insert_sql(tuple(row), ""), tuple(row.values())
+    inserted = run(conn, sql, params).fetchone()
     if inserted is None:
         return None
     row["id"] = int(inserted[0])
-    return from_row(tuple(row[name] for name in FIELDS))
+    row["followup"] = bool(row["followup"])
+    return ChildRecord(*_in_order(row))
+
+
+_in_order = operator.itemgetter(*FIELDS)  # a row's values as the record orders them
 
 
 @cache
