@@ -168,9 +168,11 @@ class ChildContext:
         self._journal = journal
         # The execution a follow-up continues (its steps: ``recorded(name, run_id=…)``).
         self.previous_run_id = previous_run_id
-        self._steers: deque[tuple[int, str]] = deque()
-        self._seen: set[int] = set()
-        self._steer_ready = asyncio.Event()
+        # Made at the first steer: a host holding thousands of children pays for each
+        # object in every run of the garbage collector.
+        self._steers: deque[tuple[int, str]] | None = None
+        self._seen: set[int] | None = None
+        self._steer_ready: asyncio.Event | None = None
         self._closed = False
         self.admitted = False
 
@@ -303,9 +305,11 @@ class ChildContext:
 
     def take_steers(self) -> list[str]:
         """Every steer delivered so far and not yet taken, oldest first."""
+        if not self._steers:
+            return []
         taken = list(self._steers)
         self._steers.clear()
-        self._steer_ready.clear()
+        self._ready().clear()
         if taken:
             self._hooks.delivered([steer_id for steer_id, _ in taken])
         return [message for _, message in taken]
@@ -314,12 +318,13 @@ class ChildContext:
         """The next steer message, or None if none arrives within ``timeout`` seconds."""
         if not self._steers:
             try:
-                await asyncio.wait_for(self._steer_ready.wait(), timeout)
+                await asyncio.wait_for(self._ready().wait(), timeout)
             except TimeoutError:
                 return None
+        assert self._steers is not None  # made by deliver, which set the event
         steer_id, message = self._steers.popleft()
         if not self._steers:
-            self._steer_ready.clear()
+            self._ready().clear()
         self._hooks.delivered([steer_id])
         return message
 
@@ -327,11 +332,19 @@ class ChildContext:
 
     def deliver(self, steer_id: int, message: str) -> None:
         """Queue a committed steer for the run (each steer id at most once)."""
+        if self._seen is None or self._steers is None:
+            self._seen, self._steers = set(), deque()
         if steer_id in self._seen:
             return
         self._seen.add(steer_id)
         self._steers.append((steer_id, message))
-        self._steer_ready.set()
+        self._ready().set()
+
+    def _ready(self) -> asyncio.Event:
+        """Set while a delivered steer waits to be taken."""
+        if self._steer_ready is None:
+            self._steer_ready = asyncio.Event()
+        return self._steer_ready
 
     def close(self) -> None:
         self._closed = True

@@ -54,12 +54,12 @@ class LocalRun:
     """A child executing in this process (see the module's docstring)."""
 
     __slots__ = (
+        "_decided",
+        "_ended",
         "child_id",
         "ctx",
         "cwd",
-        "decided",
         "emitted",
-        "ended",
         "first",
         "lease_pending",
         "phase",
@@ -83,10 +83,12 @@ class LocalRun:
         self.lease_pending = lease_pending  # a first admission under its lease re-checks
         self.phase = Phase.PREPARING
         self.suspended = False  # graceful close: stop without recording an end
-        self.decided = asyncio.Event()  # ADMITTED or ENDED: a caller may be answered
+        # ADMITTED or ENDED, and ENDED: the events are made when first asked for (True:
+        # set before anyone asked), as each object of a run costs in every GC run.
+        self._decided: asyncio.Event | bool = False
+        self._ended: asyncio.Event | bool = False
         # The answer of the caller that started it (see the module), or a future of its own.
         self.first = first or asyncio.get_running_loop().create_future()
-        self.ended = asyncio.Event()  # ENDED
         self.task: asyncio.Task[None] | None = None
         self.ctx: ChildContext | None = None
         self.emitted = False  # an event was appended in this process
@@ -94,11 +96,36 @@ class LocalRun:
 
     # --- lifecycle ----------------------------------------------------------------------
 
+    @property
+    def decided(self) -> asyncio.Event:
+        """Set once ADMITTED or ENDED: a caller may be answered."""
+        if not isinstance(self._decided, asyncio.Event):
+            self._decided = _event(self._decided)
+        return self._decided
+
+    @property
+    def ended(self) -> asyncio.Event:
+        """Set once ENDED."""
+        if not isinstance(self._ended, asyncio.Event):
+            self._ended = _event(self._ended)
+        return self._ended
+
+    def is_decided(self) -> bool:
+        return self._decided is True or (
+            isinstance(self._decided, asyncio.Event) and self._decided.is_set()
+        )
+
+    def _decide(self) -> None:
+        if isinstance(self._decided, asyncio.Event):
+            self._decided.set()
+        else:
+            self._decided = True
+
     def admitted(self, page: Result | None) -> None:
         """Admitted: ``page`` is the first page read as the admission committed (None:
         admitted before a restart, nobody to answer)."""
         self.phase = Phase.ADMITTED
-        self.decided.set()
+        self._decide()
         if not self.first.done():  # or its caller went away (cancelled it)
             self.first.set_result(page)
 
@@ -107,10 +134,13 @@ class LocalRun:
 
     def end(self) -> None:
         self.phase = Phase.ENDED
-        self.decided.set()
+        self._decide()
         if not self.first.done():
             self.first.set_result(None)
-        self.ended.set()
+        if isinstance(self._ended, asyncio.Event):
+            self._ended.set()
+        else:
+            self._ended = True
 
     def cancel(self) -> None:
         """Cancel the run's task, unless its end is already being recorded."""
@@ -219,6 +249,13 @@ class LocalRun:
         return await self.rt.db.read(
             lambda c: steps.previous_run_id(c, conversation_id, self.child_id)
         )
+
+
+def _event(already: bool) -> asyncio.Event:
+    event = asyncio.Event()
+    if already:
+        event.set()
+    return event
 
 
 def _delivered(conn: Connection, now: float, steer_ids: list[int]) -> None:

@@ -162,7 +162,7 @@ class Supervisor:
     def deciding(self, child_id: int) -> bool:
         """Whether the child runs here and its admission is not decided yet."""
         local = self.runs.get(child_id)
-        return local is not None and not local.decided.is_set()
+        return local is not None and not local.is_decided()
 
     async def page(
         self, child_id: int, after: int, room: Room = UNBOUNDED, *, strict: bool = True
