@@ -301,7 +301,7 @@ class ChildContext:
     @property
     def steers_waiting(self) -> int:
         """How many steers were delivered to this run and not yet taken."""
-        return len(self._steers)
+        return len(self._steers) if self._steers is not None else 0
 
     def take_steers(self) -> list[str]:
         """Every steer delivered so far and not yet taken, oldest first."""
