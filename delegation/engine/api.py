@@ -17,19 +17,17 @@ import asyncio
 import functools
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import msgspec
+from typing import TYPE_CHECKING, TypeVar
 
 from delegation import errors, maintenance, queries, service, telemetry
 from delegation.backlog import UNBOUNDED, Room
 from delegation.clock import Clock, ServerClock, SystemClock
-from delegation.codec import decode
 from delegation.config import EngineConfig
 from delegation.engine import following
 from delegation.engine.membership import Membership
+from delegation.engine.methods import ChildMethods, ParamsLike
 from delegation.engine.operators import WATCH_INTERVAL_S, ControlWatcher
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor, collector_paused
@@ -46,13 +44,11 @@ from delegation.store.stores import open_store
 from delegation.watch import Notices
 from delegation.wire import (
     CANCEL_METHOD,
-    CHILD_METHODS,
     READ_METHOD,
     RELEASE_METHOD,
     START_METHOD,
     STEER_METHOD,
     Event,
-    Params,
     Preset,
     Result,
     SteerResult,
@@ -63,9 +59,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("delegation.engine")
 T = TypeVar("T")
-# What the child methods take: Params, the JSON of them, or a dict of wire names.
-ParamsLike = Params | bytes | bytearray | memoryview | str | dict[str, Any]
-_json = msgspec.json.Encoder()
 
 
 class Engine:
@@ -105,6 +98,7 @@ class Engine:
         self._supervisor = Supervisor(self._rt, runner, self.timers)
         self._upkeep = Upkeep(self._rt, self._supervisor, self.timers)
         self._membership = Membership(self._rt, self._supervisor, self.timers)
+        self._methods = ChildMethods(self._rt, self._supervisor)
         self._db.on_lost = self._membership.lost
         self._controls: ControlWatcher | None = None
         self._open = False
@@ -338,7 +332,7 @@ class Engine:
         ended = await self._rt.write(use)
         waits = await self._supervisor.stop(ended.affected)
         if ended.own_child is not None:
-            await self._confirm_cancelled(ended.own_child, waits)
+            await self._methods.confirm_cancelled(ended.own_child, waits)
 
     async def cancel_child(
         self,
@@ -359,7 +353,7 @@ class Engine:
         self._require_open()
         child = await self._rt.write(Use(service.cancel_exact, conversation_id, run_id, reason))
         if not child.terminal:
-            await self._confirm_cancelled(child.id, await self._supervisor.stop([child.id]))
+            await self._methods.confirm_cancelled(child.id, await self._supervisor.stop([child.id]))
         return await self._supervisor.page(child.id, 0, strict=False)
 
     async def steer_child(
@@ -381,18 +375,8 @@ class Engine:
         rid = request_id or f"host-{secrets.token_hex(8)}"
         use = Use(service.steer_exact, self.config, conversation_id, run_id, rid, message)
         outcome = await self._rt.write(use)
-        self._deliver_steer(outcome)
+        self._methods.deliver_steer(outcome)
         return outcome.result
-
-    def _deliver_steer(self, outcome: service.SteerOutcome) -> None:
-        if outcome.queued is not None:
-            self._supervisor.deliver(outcome.child_id, *outcome.queued)
-
-    async def _confirm_cancelled(self, child_id: int, waits: list[asyncio.Event]) -> None:
-        await self._supervisor.drain(waits, self.config.release_drain_s)
-        child = await self._db.read(lambda c: queries.child_by_id(c, child_id))
-        if child is not None and not child.terminal:
-            raise errors.CancelUnconfirmed()
 
     # --- the five methods -------------------------------------------------------------
 
@@ -404,108 +388,41 @@ class Engine:
         :meth:`read`, :meth:`cancel`, :meth:`steer` and :meth:`release` instead. A page
         is read once ``room`` (serve: the stream's unread bytes) holds ``max_page_bytes``."""
         self._require_open()
-        name = CHILD_METHODS.get(method)
-        if name is None:
-            raise errors.MethodNotFound(f"method not found: {method}")
-        # The typed method's own body (``_start`` for ``start``): one await less per call.
-        handler: Callable[[RunnerConnection, Params, Room], Awaitable[Result | SteerResult]]
-        handler = getattr(self, f"_{name}")
-        return await self._method(method, handler, conn, params, room)
+        methods = self._methods
+        return await methods.answer(method, methods.handler(method), conn, params, room)
 
     async def start(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.start``: the child's Result once it is admitted (SPEC §5)."""
         self._require_open()
-        return await self._method(START_METHOD, self._start, conn, params, UNBOUNDED)
+        return await self._methods.answer(
+            START_METHOD, self._methods.start, conn, params, UNBOUNDED
+        )
 
     async def read(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.read``: the page of events after ``params.after``."""
         self._require_open()
-        return await self._method(READ_METHOD, self._read, conn, params, UNBOUNDED)
+        return await self._methods.answer(READ_METHOD, self._methods.read, conn, params, UNBOUNDED)
 
     async def cancel(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.cancel``: request cancellation of exactly that child."""
         self._require_open()
-        return await self._method(CANCEL_METHOD, self._cancel, conn, params, UNBOUNDED)
+        return await self._methods.answer(
+            CANCEL_METHOD, self._methods.cancel, conn, params, UNBOUNDED
+        )
 
     async def steer(self, conn: RunnerConnection, params: ParamsLike) -> SteerResult:
         """``child.steer``: queue a message for the running child, idempotently."""
         self._require_open()
-        return await self._method(STEER_METHOD, self._steer, conn, params, UNBOUNDED)
+        return await self._methods.answer(
+            STEER_METHOD, self._methods.steer, conn, params, UNBOUNDED
+        )
 
     async def release(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.lease.release``: revoke a lease and wait for its children to stop."""
         self._require_open()
-        return await self._method(RELEASE_METHOD, self._release, conn, params, UNBOUNDED)
-
-    def _method(
-        self,
-        method: str,
-        handler: Callable[[RunnerConnection, Params, Room], Awaitable[T]],
-        conn: RunnerConnection,
-        params: ParamsLike,
-        room: Room,
-    ) -> Awaitable[T]:
-        """``handler``'s answer to ``params``, decoded; in a span named ``method`` when
-        traced (decoding included: a malformed call is a call too)."""
-        if self._telemetry is None:
-            return handler(conn, self._params(params), room)
-        return self._telemetry.method(
-            method, lambda: self._params(params), lambda decoded: handler(conn, decoded, room)
+        return await self._methods.answer(
+            RELEASE_METHOD, self._methods.release, conn, params, UNBOUNDED
         )
-
-    def _params(self, params: ParamsLike) -> Params:
-        """``Params`` from Params, its JSON, or a dict of wire names (strictly decoded)."""
-        if isinstance(params, Params):
-            return params
-        if isinstance(params, dict):
-            try:
-                params = _json.encode(params)
-            except (TypeError, msgspec.EncodeError) as exc:
-                raise errors.MalformedInput(f"malformed child input: {exc}") from None
-        if not isinstance(params, bytes | bytearray | memoryview | str):
-            raise errors.MalformedInput("child params must be Params, JSON or a dict")
-        return decode(params, Params, providers=self.config.providers)
-
-    def _start(self, conn: RunnerConnection, params: Params, room: Room) -> Awaitable[Result]:
-        return self._supervisor.start(conn, params, room)
-
-    async def _read(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
-        now = self.clock.now()
-        limit, max_bytes = self.config.events_per_read, self.config.max_page_bytes
-        await room.reserve(max_bytes)
-
-        def locate_and_page(c: Connection) -> tuple[int, Result | None]:
-            child = service.locate_child(c, conn, params, now)
-            if self._supervisor.deciding(child.id):
-                return child.id, None  # admission still pending: wait, then read again
-            return child.id, queries.page_of(c, child, params.after, limit, max_bytes).result
-
-        child_id, result = await self._db.read_now(locate_and_page)
-        if result is not None:
-            return result
-        return await self._supervisor.answer(child_id, params.after, room)
-
-    async def _cancel(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
-        child = await self._rt.write(Use(service.cancel, conn, params))
-        if not child.terminal:
-            await self._supervisor.stop([child.id])
-        return await self._supervisor.page(child.id, params.after, room)
-
-    async def _steer(self, conn: RunnerConnection, params: Params, room: Room) -> SteerResult:
-        outcome = await self._rt.write(Use(service.steer, self.config, conn, params))
-        self._deliver_steer(outcome)
-        return outcome.result
-
-    async def _release(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
-        affected = await self._rt.write(Use(service.release, self.config, conn, params))
-        supervisor = self._supervisor
-        await supervisor.drain(await supervisor.stop(affected), self.config.release_drain_s)
-        remaining = await self._db.read(
-            lambda c: queries.active_under_lease(c, conn.runner_id, params.lease_id)
-        )
-        if remaining:
-            raise errors.ReleaseUnconfirmed()
-        return Result(done=True)
 
     # --- read models ------------------------------------------------------------------
 
@@ -584,9 +501,10 @@ class Engine:
         Every page is a read: its authority and refusals (see ``owned_pages``), and its
         room reserved in ``room`` (see :meth:`call`)."""
         self._require_open()
-        read = functools.partial(self._read, conn, room=room)
-        limit = self.config.events_per_read  # the most events _read puts in a page
-        notices, owned = self._rt.notices, self._params(params)
+        methods = self._methods
+        read = functools.partial(methods.read, conn, room=room)
+        limit = self.config.events_per_read  # the most events a read puts in a page
+        notices, owned = self._rt.notices, methods.params(params)
         return following.owned_pages(read, self.get_child, notices, owned, limit)
 
     async def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:

@@ -1,0 +1,141 @@
+"""The five child methods of SPEC §5, as :class:`~delegation.engine.api.Engine` serves
+them by wire name (``Engine.call``) and as its typed methods.
+
+Each call is decoded strictly (:class:`Params`, its JSON or a dict of wire names), runs
+in a span named by its wire name when traced, and checks authority inside the
+transaction that acts on it (:mod:`delegation.service`); what must follow a commit
+(stopping a run, delivering a steer) happens here, after it. A page is read once the
+caller's ``room`` (serve: the stream's unread bytes) holds ``max_page_bytes`` for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+
+from delegation import errors, queries, service
+from delegation.backlog import Room
+from delegation.codec import decode
+from delegation.engine.runtime import Runtime, Use
+from delegation.engine.supervisor import Supervisor
+from delegation.records import RunnerConnection
+from delegation.store import Connection
+from delegation.wire import CHILD_METHODS, Params, Result, SteerResult
+
+T = TypeVar("T")
+# What the child methods take: Params, the JSON of them, or a dict of wire names.
+ParamsLike = Params | bytes | bytearray | memoryview | str | dict[str, Any]
+Handler = Callable[[RunnerConnection, Params, Room], Awaitable[T]]
+_json = msgspec.json.Encoder()
+
+
+class ChildMethods:
+    """``child.start``, ``child.read``, ``child.cancel``, ``child.steer`` and
+    ``child.lease.release`` on the runtime and the supervisor of one engine."""
+
+    def __init__(self, rt: Runtime, supervisor: Supervisor) -> None:
+        self._rt = rt
+        self._supervisor = supervisor
+
+    def handler(self, method: str) -> Handler[Result | SteerResult]:
+        """The method a wire name names (the typed method's own body: one await less)."""
+        name = CHILD_METHODS.get(method)
+        if name is None:
+            raise errors.MethodNotFound(f"method not found: {method}")
+        handler: Handler[Result | SteerResult] = getattr(self, name)
+        return handler
+
+    def answer(
+        self,
+        method: str,
+        handler: Handler[T],
+        conn: RunnerConnection,
+        params: ParamsLike,
+        room: Room,
+    ) -> Awaitable[T]:
+        """``handler``'s answer to ``params``, decoded; in a span named ``method`` when
+        traced (decoding included: a malformed call is a call too)."""
+        tel = self._rt.telemetry
+        if tel is None:
+            return handler(conn, self.params(params), room)
+        return tel.method(
+            method, lambda: self.params(params), lambda decoded: handler(conn, decoded, room)
+        )
+
+    def params(self, params: ParamsLike) -> Params:
+        """``Params`` from Params, its JSON, or a dict of wire names (strictly decoded)."""
+        if isinstance(params, Params):
+            return params
+        if isinstance(params, dict):
+            try:
+                params = _json.encode(params)
+            except (TypeError, msgspec.EncodeError) as exc:
+                raise errors.MalformedInput(f"malformed child input: {exc}") from None
+        if not isinstance(params, bytes | bytearray | memoryview | str):
+            raise errors.MalformedInput("child params must be Params, JSON or a dict")
+        return decode(params, Params, providers=self._rt.config.providers)
+
+    # --- the five methods -------------------------------------------------------------
+
+    def start(self, conn: RunnerConnection, params: Params, room: Room) -> Awaitable[Result]:
+        return self._supervisor.start(conn, params, room)
+
+    async def read(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
+        rt, supervisor = self._rt, self._supervisor
+        now = rt.clock.now()
+        limit, max_bytes = rt.config.events_per_read, rt.config.max_page_bytes
+        await room.reserve(max_bytes)
+
+        def locate_and_page(c: Connection) -> tuple[int, Result | None]:
+            child = service.locate_child(c, conn, params, now)
+            if supervisor.deciding(child.id):
+                return child.id, None  # admission still pending: wait, then read again
+            return child.id, queries.page_of(c, child, params.after, limit, max_bytes).result
+
+        child_id, result = await rt.db.read_now(locate_and_page)
+        if result is not None:
+            return result
+        return await supervisor.answer(child_id, params.after, room)
+
+    async def cancel(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
+        child = await self._rt.write(Use(service.cancel, conn, params))
+        if not child.terminal:
+            await self._supervisor.stop([child.id])
+        return await self._supervisor.page(child.id, params.after, room)
+
+    async def steer(self, conn: RunnerConnection, params: Params, room: Room) -> SteerResult:
+        outcome = await self._rt.write(Use(service.steer, self._rt.config, conn, params))
+        self.deliver_steer(outcome)
+        return outcome.result
+
+    async def release(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
+        rt, supervisor = self._rt, self._supervisor
+        affected = await rt.write(Use(service.release, rt.config, conn, params))
+        await supervisor.drain(await supervisor.stop(affected), rt.config.release_drain_s)
+        remaining = await rt.db.read(
+            lambda c: queries.active_under_lease(c, conn.runner_id, params.lease_id)
+        )
+        if remaining:
+            raise errors.ReleaseUnconfirmed()
+        return Result(done=True)
+
+    # --- what follows a commit --------------------------------------------------------
+
+    def deliver_steer(self, outcome: service.SteerOutcome) -> None:
+        """A committed steer queued for a child: to its run, if it runs here."""
+        if outcome.queued is not None:
+            self._supervisor.deliver(outcome.child_id, *outcome.queued)
+
+    async def confirm_cancelled(self, child_id: int, waits: list[asyncio.Event]) -> None:
+        """Wait for a cancelled child's run to stop, up to ``release_drain_s``.
+
+        Raises:
+            errors.CancelUnconfirmed: it is not terminal by then.
+        """
+        await self._supervisor.drain(waits, self._rt.config.release_drain_s)
+        child = await self._rt.db.read(lambda c: queries.child_by_id(c, child_id))
+        if child is not None and not child.terminal:
+            raise errors.CancelUnconfirmed()
