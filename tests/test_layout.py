@@ -1,5 +1,5 @@
 """The package's shape (issue 25): no import circle between any two of its modules, and
-no module past 600 lines. import-linter holds the layers (pyproject.toml)."""
+every module under 600 lines. import-linter holds the layers (pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import grimp
 
 import delegation
 
-MAX_LINES = 600
+MAX_LINES = 600  # every module is under this (issue 25)
 
 
 def _cycle(graph: grimp.ImportGraph, modules: set[str]) -> list[str] | None:
@@ -49,12 +49,12 @@ def test_the_cycle_finder_finds_a_planted_circle() -> None:
     assert _cycle(graph, modules) is not None
 
 
-def test_no_module_is_past_600_lines() -> None:
+def test_every_module_is_under_600_lines() -> None:
     root = Path(delegation.__file__).parent
     long = {
         str(path.relative_to(root)): n
         for path in root.rglob("*.py")
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
+        if (n := len(path.read_text().splitlines())) >= MAX_LINES
     }
     assert long == {}
 

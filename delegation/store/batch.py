@@ -4,6 +4,7 @@ its jobs' answers reach their callers (see :mod:`delegation.store.database`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -182,6 +183,30 @@ def resolve(batch: list[Pending]) -> None:
 
 _RETRY_PAUSE_S = 0.05  # before events that failed to commit are tried again
 _AWAY_PAUSE_MAX_S = 0.4  # the longest pause between tries while the server is away
+
+
+def deliver(jobs: list[Pending], loop: asyncio.AbstractEventLoop | None, *, inline: bool) -> None:
+    """Answer a batch's jobs: right here (``inline``: on the loop's own thread), or on
+    ``loop`` from the writer's thread (None: the loop closed, nobody waits). A refused
+    background job is logged (below a warning when fenced: the host says so once,
+    ``host_fenced``; it was a lost run's)."""
+    for pending in jobs:
+        if pending.future is None and not pending.ok:
+            fenced = isinstance(pending.value, errors.HostFenced)
+            log.log(
+                logging.DEBUG if fenced else logging.WARNING,
+                "background write refused: %s",
+                pending.value,
+                extra={"action": "background_write_refused"},
+            )
+    waiting = [p for p in jobs if p.future is not None]
+    if not waiting:
+        return
+    if inline:
+        resolve(waiting)
+    elif loop is not None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+            loop.call_soon_threadsafe(resolve, waiting)
 
 
 class Outage:

@@ -49,9 +49,9 @@ from delegation.store.batch import (
     Redo,
     boot_clock,
     commit_open,
+    deliver,
     job_failed,
     report_commit,
-    resolve,
     roll_back,
     run_batch,
 )
@@ -203,7 +203,7 @@ class Database:
     def _refuse(self, left: Queue, fenced: errors.HostFenced) -> None:
         for pending in left.jobs:
             pending.ok, pending.value = False, fenced
-        self._deliver(left.jobs, inline=False)
+        deliver(left.jobs, self._loop, inline=False)
         log.info(  # what host_fenced (engine.membership) already says: its runs were lost
             "writes of a taken-over instance dropped",
             extra={"action": "fenced_writes_dropped", "events": len(left.events)},
@@ -359,7 +359,7 @@ class Database:
                 if self._queue.jobs or self._queue.events or self._stopping or self._claiming:
                     self._cond.notify_all()  # the writer, or a claim waiting for this commit
         if committed:
-            self._deliver(queue.jobs, inline=True)
+            deliver(queue.jobs, self._loop, inline=True)
 
     def _commit_inline(self, batch: Queue) -> bool:
         """Commit ``batch`` on the loop's thread unless another connection holds the
@@ -465,7 +465,7 @@ class Database:
                         self._busy = False
                         if self._claiming:
                             self._cond.notify_all()  # it waits for this batch to end
-                self._deliver(batch.jobs, inline=False)
+                deliver(batch.jobs, self._loop, inline=False)
                 if committed and batch.events and self.on_events is not None:
                     self._announce({row.child_id for row in batch.events})
         finally:
@@ -559,26 +559,6 @@ class Database:
                 f"host instance {self._claimed} was taken over by {self._taken_by};"
                 " its writes are refused"
             )
-
-    def _deliver(self, jobs: list[Pending], *, inline: bool) -> None:
-        waiting = [p for p in jobs if p.future is not None]
-        for pending in jobs:
-            if pending.future is None and not pending.ok:
-                # Fenced: the host says so once (host_fenced); the write was its lost run's.
-                fenced = isinstance(pending.value, errors.HostFenced)
-                log.log(
-                    logging.DEBUG if fenced else logging.WARNING,
-                    "background write refused: %s",
-                    pending.value,
-                    extra={"action": "background_write_refused"},
-                )
-        if not waiting:
-            return
-        if inline:
-            resolve(waiting)
-        elif self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-                self._loop.call_soon_threadsafe(resolve, waiting)
 
     # --- reading ----------------------------------------------------------------
 
