@@ -108,9 +108,15 @@ async def pages(
 
 
 async def _moved(wake: Wake, since: int, timeout: float) -> bool:
-    """``wake.moved(since)``, or True (read again) once ``timeout`` passed without it."""
+    """``wake.moved(since)``, or True (read again) once ``timeout`` passed without it.
+
+    ``asyncio.timeout``, not ``wait_for``: on Python 3.11, a cancellation that comes in
+    the turn the wake-up does (a follow stopped as its child commits), or while a
+    timed-out wait is being undone, is swallowed by ``wait_for``, and the follow runs on.
+    """
     try:
-        return await asyncio.wait_for(wake.moved(since), timeout)
+        async with asyncio.timeout(timeout):
+            return await wake.moved(since)
     except TimeoutError:
         return True
 

@@ -151,3 +151,58 @@ async def test_a_read_that_fails_otherwise_ends_the_follow_with_its_error() -> N
     with pytest.raises(errors.ChildPurged):
         async for _ in follow.events(read, Silent(), 0, 128):
             pass
+
+
+class _Waiting:
+    """A child that never ends, and a wake the test sets."""
+
+    def __init__(self) -> None:
+        self.woken = asyncio.Event()
+
+    async def read(self, after: int, limit: int) -> Page:
+        return Page([], False)
+
+    def version(self) -> int:
+        return 0
+
+    async def moved(self, since: int) -> bool:
+        await self.woken.wait()
+        self.woken.clear()
+        return True
+
+
+async def test_a_follow_cancelled_as_its_wake_up_comes_ends() -> None:
+    # A follow stopped in the very turn its child commits (serve's child.follow.stop
+    # meeting a notice) must end: Python 3.11's wait_for swallowed that cancellation,
+    # and the follow read on forever while its caller waited for its answer.
+    child = _Waiting()
+
+    async def consume() -> None:
+        async for _ in follow.pages(child.read, child, 0, 128):
+            pass
+
+    task = asyncio.create_task(consume())
+    for _ in range(5):  # into the wait for a wake-up
+        await asyncio.sleep(0)
+    child.woken.set()
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert done == {task}, "the cancelled follow still runs"
+    assert task.cancelled()
+
+
+async def test_a_follow_cancelled_as_its_recheck_times_out_ends() -> None:
+    for delay in (0.001, 0.002, 0.003):  # around the recheck's expiry
+        child = _Waiting()
+
+        async def consume(child: _Waiting = child) -> None:
+            async for _ in follow.pages(child.read, child, 0, 128, recheck=0.002):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(delay)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert done == {task}, f"the follow cancelled after {delay} s still runs"
+        task.cancel()  # none of it must outlive the test
+        await asyncio.gather(task, return_exceptions=True)
