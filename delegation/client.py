@@ -205,7 +205,8 @@ class Client:
             await self._writer.wait_closed()
         if self._process is not None:
             try:
-                await asyncio.wait_for(self._process.wait(), CLOSE_TIMEOUT_S)
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await self._process.wait()
             except TimeoutError:
                 self._process.kill()
                 await self._process.wait()

@@ -318,7 +318,8 @@ class ChildContext:
         """The next steer message, or None if none arrives within ``timeout`` seconds."""
         if not self._steers:
             try:
-                await asyncio.wait_for(self._ready().wait(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: see follow._moved
+                    await self._ready().wait()
             except TimeoutError:
                 return None
         assert self._steers is not None  # made by deliver, which set the event

@@ -125,7 +125,8 @@ class SocketOutbox:
         ``timeout`` seconds is cut off (its answers are dropped)."""
         self._writer.close()
         try:
-            await asyncio.wait_for(self._writer.wait_closed(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._writer.wait_closed()
         except TimeoutError:
             self._writer.transport.abort()
         except OSError:
@@ -166,7 +167,8 @@ class ThreadOutbox:
         """Wait up to ``timeout`` seconds for the backlog to be written, then let the
         thread go (it closes the descriptor once it is done)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
         self._frames.put(None)
 
     def _written(self, size: int) -> None:

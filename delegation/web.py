@@ -132,7 +132,8 @@ class Commits:
         when the server stops)."""
         if self.count == seen and not self.stopped:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._moved.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._moved.wait()
         return self.count != seen and not self.stopped
 
     def version(self) -> int:

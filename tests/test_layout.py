@@ -78,3 +78,20 @@ def test_the_lazy_names_are_the_names_type_checkers_see() -> None:
     missing = [name for name in delegation.__all__ if not hasattr(delegation, name)]
     assert missing == []
     assert set(delegation._LAZY) <= set(delegation.__all__)
+
+
+def test_the_library_never_waits_with_wait_for() -> None:
+    # On Python 3.11, asyncio.wait_for swallows a cancellation that comes in the turn its
+    # inner wait finishes (or while a timed-out wait is undone): a stopped follow read on
+    # forever, and a run cancelled as a steer arrived would have run on. asyncio.timeout
+    # does not. Only the tools (outside the library) and the demo's top level may use it.
+    root = Path(delegation.__file__).parent
+    allowed = {"demo.py"}
+    found = [
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if "tools" not in path.relative_to(root).parts
+        and str(path.relative_to(root)) not in allowed
+        and "wait_for(" in path.read_text()
+    ]
+    assert found == []

@@ -410,7 +410,8 @@ class Supervisor:
                         return
                 left = min(_ELSEWHERE_FALLBACK_S, deadline - loop.time())
                 try:
-                    await asyncio.wait_for(rt.notices.moved(child_id, seen), max(left, 0))
+                    async with asyncio.timeout(max(left, 0)):
+                        await rt.notices.moved(child_id, seen)
                 except TimeoutError:
                     continue
                 except errors.HostClosing:

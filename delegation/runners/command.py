@@ -494,7 +494,8 @@ async def _stop(process: asyncio.subprocess.Process, grace_s: float) -> None:
     drains = [asyncio.create_task(_collect(s, bytearray())) for s in (stdout, stderr)]
     stdin.close()
     try:
-        await asyncio.wait_for(process.wait(), grace_s)
+        async with asyncio.timeout(grace_s):
+            await process.wait()
     except TimeoutError:
         pass
     finally:
