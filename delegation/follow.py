@@ -111,8 +111,8 @@ async def _moved(wake: Wake, since: int, timeout: float) -> bool:
     """``wake.moved(since)``, or True (read again) once ``timeout`` passed without it.
 
     ``asyncio.timeout``, not ``wait_for``: on Python 3.11, a cancellation that comes in
-    the turn the wake-up does (a follow stopped as its child commits), or while a
-    timed-out wait is being undone, is swallowed by ``wait_for``, and the follow runs on.
+    the turn the wake-up does (a follow stopped as its child commits) is swallowed by
+    ``wait_for``, which returns the wake-up instead, and the follow runs on.
     """
     try:
         async with asyncio.timeout(timeout):

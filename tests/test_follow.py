@@ -189,20 +189,3 @@ async def test_a_follow_cancelled_as_its_wake_up_comes_ends() -> None:
     done, _ = await asyncio.wait({task}, timeout=5)
     assert done == {task}, "the cancelled follow still runs"
     assert task.cancelled()
-
-
-async def test_a_follow_cancelled_as_its_recheck_times_out_ends() -> None:
-    for delay in (0.001, 0.002, 0.003):  # around the recheck's expiry
-        child = _Waiting()
-
-        async def consume(child: _Waiting = child) -> None:
-            async for _ in follow.pages(child.read, child, 0, 128, recheck=0.002):
-                pass
-
-        task = asyncio.create_task(consume())
-        await asyncio.sleep(delay)
-        task.cancel()
-        done, _ = await asyncio.wait({task}, timeout=5)
-        assert done == {task}, f"the follow cancelled after {delay} s still runs"
-        task.cancel()  # none of it must outlive the test
-        await asyncio.gather(task, return_exceptions=True)

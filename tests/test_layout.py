@@ -82,9 +82,9 @@ def test_the_lazy_names_are_the_names_type_checkers_see() -> None:
 
 def test_the_library_never_waits_with_wait_for() -> None:
     # On Python 3.11, asyncio.wait_for swallows a cancellation that comes in the turn its
-    # inner wait finishes (or while a timed-out wait is undone): a stopped follow read on
-    # forever, and a run cancelled as a steer arrived would have run on. asyncio.timeout
-    # does not. Only the tools (outside the library) and the demo's top level may use it.
+    # inner wait finishes: a stopped follow read on forever, and a run cancelled as a
+    # steer arrived would have run on. asyncio.timeout does not. Only the tools (outside
+    # the library) and the demo's top level may use it.
     root = Path(delegation.__file__).parent
     allowed = {"demo.py"}
     found = [
