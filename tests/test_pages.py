@@ -110,3 +110,25 @@ def test_max_page_bytes_must_be_positive() -> None:
     for bad in (0, -1):
         with pytest.raises(ValueError, match="positive"):
             EngineConfig(max_page_bytes=bad)
+
+
+@pytest.mark.parametrize("char", list(CONTENTS.values()), ids=list(CONTENTS))
+async def test_a_runs_failure_is_cut_as_an_event_field_and_keeps_pages_bounded(
+    harness: Harness, char: str
+) -> None:
+    # Every page carries the child's error: a runner's exception of 8 MB (48 MB once
+    # escaped, for control characters) must not make each read of the child that big.
+    failure = char * (8 * 1024 * 1024)
+
+    async def run(ctx: ChildContext) -> None:
+        await ctx.admit()
+        raise RuntimeError(failure)
+
+    harness.runner.script = run
+    started = await harness.start("q1")
+    done = await harness.wait_done(started.conversation_id)
+    assert done.error == char * len(done.error)
+    assert escaped(done.error) <= FIELD_LIMIT < escaped(done.error + char)
+    page = await harness.read(started.conversation_id)
+    assert page.error == done.error
+    assert len(encode(page)) <= harness.engine.config.max_page_bytes

@@ -24,7 +24,7 @@ from delegation.engine.timers import Timers
 from delegation.journal import Journal
 from delegation.protection import Protected
 from delegation.records import ChildRecord, RunnerConnection
-from delegation.runs import ChildContext, NotResumable, Recovery, Runner
+from delegation.runs import ChildContext, NotResumable, Recovery, Runner, truncate
 from delegation.wire import Params, Result
 
 # The error of a child cancelled for running past EngineConfig.max_run_s.
@@ -278,9 +278,9 @@ class Supervisor:
             # A CancelledError that nobody asked for is the run's own failure.
             task = asyncio.current_task()
             if task is not None and not task.cancelling():
-                error = str(exc) or type(exc).__name__
+                error = self._failure(exc)
         except Exception as exc:
-            error = str(exc) or type(exc).__name__
+            error = self._failure(exc)
         finally:
             if deadline is not None:
                 deadline.cancel()
@@ -306,6 +306,13 @@ class Supervisor:
                 local.end()
                 if tel is not None:
                     tel.end(traced, ended)
+
+    def _failure(self, exc: BaseException) -> str:
+        """The error a run's exception leaves on its child: its text, cut as an event's
+        field is (``max_event_field_bytes``, measured as the wire encodes it), since
+        every page of the child carries it and a runner's exception may hold anything."""
+        text = str(exc) or type(exc).__name__
+        return truncate(text, self._rt.config.max_event_field_bytes)
 
     async def _deadline(self, child: ChildRecord, resumed: bool, limit: float) -> None:
         """Cancel the child once it has run ``limit`` seconds since its run was prepared
