@@ -29,6 +29,27 @@ from delegation import (
 Script = Callable[[ChildContext], Awaitable[None]]
 
 
+def identity() -> Identity:
+    """A child's identity for tests that call a runner or a context directly."""
+    return Identity(
+        conversation_id="c-1",
+        run_id="r-1",
+        parent_conversation_id="pc",
+        parent_run_id="pr",
+        extension_id="ext",
+        profile="worker",
+    )
+
+
+async def until_exists(path: Path, timeout_s: float = 10.0, pause_s: float = 0.05) -> None:
+    """Return once ``path`` exists (a host's socket), or after about ``timeout_s``: the
+    caller's next step then fails on its own."""
+    for _ in range(round(timeout_s / pause_s)):
+        if path.exists():
+            return
+        await asyncio.sleep(pause_s)
+
+
 async def finish_after_admit(ctx: ChildContext) -> None:
     await ctx.admit()
     ctx.emit(Event(kind="result", text=f"done: {ctx.request.message}"))

@@ -29,7 +29,7 @@ from delegation.runners.command import (
     child_env,
     parse_line,
 )
-from tests.support import Harness, open_harness
+from tests.support import Harness, identity, open_harness
 from tests.trees import alive, child_tree, launchers, program_of
 
 GENERATION = 7
@@ -357,17 +357,6 @@ async def test_the_environment_is_the_allowlist_and_the_childs_ids(
     allowed = {*DEFAULT_ENV_ALLOW, "DELEGATION_TEST_EXTRA"}
     # Whatever else is there, the interpreter put there itself (e.g. LC_CTYPE).
     assert {k for k in env if not k.startswith("DELEGATION_")} - allowed <= {"LC_CTYPE"}
-
-
-def identity() -> Identity:
-    return Identity(
-        conversation_id="c-1",
-        run_id="r-1",
-        parent_conversation_id="pc",
-        parent_run_id="pr",
-        extension_id="ext",
-        profile="worker",
-    )
 
 
 def prepare_args(

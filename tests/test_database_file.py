@@ -26,7 +26,7 @@ import pytest
 
 from delegation import ChildContext, Engine, EngineConfig, errors
 from tests.serve_runners import streaming
-from tests.support import ScriptRunner, open_harness
+from tests.support import ScriptRunner, open_harness, until_exists
 from tests.test_serve import socket_client, start_params
 
 pytestmark = pytest.mark.sqlite_only  # a SQLite file is what is replaced
@@ -102,10 +102,7 @@ async def test_serve_exits_with_one_line_when_its_file_is_replaced(
             stderr=log, cwd=ROOT,
         )  # fmt: skip
     try:
-        for _ in range(2400):
-            if sock.exists():
-                break
-            await asyncio.sleep(0.025)
+        await until_exists(sock, timeout_s=60, pause_s=0.025)
         client = await socket_client(sock)
         await client.setup(workspace)
         started = await client.ok("child.start", start_params("q1", "stream", leaseId="L1"))

@@ -14,6 +14,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests.support import until_exists
+
 ROOT = Path(__file__).resolve().parent.parent
 PRESET = {"name": "scripted", "extensionId": "ext", "generation": 3}
 OWNER = {"runId": "run-1", "toolCallId": "call-1", "extensionId": "ext", "generation": 3}
@@ -232,10 +234,7 @@ async def test_socket_serves_each_connection_as_a_runner(
     path = tmp_path / "host.sock"
     proc = await host("--socket", str(path), "--db", db_url)
     try:
-        for _ in range(200):
-            if path.exists():
-                break
-            await asyncio.sleep(0.05)
+        await until_exists(path)
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         client = await socket_client(path)
         await client.setup(workspace)
@@ -258,10 +257,7 @@ async def test_socket_refuses_a_peer_with_another_uid(db_url: str, tmp_path: Pat
     proc = await host("--socket", str(path), "--db", db_url, "--allow-uid",
                       str(os.getuid() + 4242))  # fmt: skip
     try:
-        for _ in range(200):
-            if path.exists():
-                break
-            await asyncio.sleep(0.05)
+        await until_exists(path)
         client = await socket_client(path)
         refused = await client.receive()
         assert refused["error"]["data"]["reason"] == "not_authorized"
@@ -280,10 +276,7 @@ async def test_run_finish_of_another_runner_touches_nothing_of_it(
     path = tmp_path / "host.sock"
     proc = await host("--socket", str(path), "--db", db_url)
     try:
-        for _ in range(200):
-            if path.exists():
-                break
-            await asyncio.sleep(0.05)
+        await until_exists(path)
         victim = await socket_client(path)
         await victim.setup(workspace)
         started = start_params("q1", "work in 40 steps", leaseId="L1")

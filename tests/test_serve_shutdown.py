@@ -18,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 
+from tests.support import until_exists
 from tests.test_serve import PRESET, socket_client, start_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,10 +46,7 @@ async def test_hang_up_and_shutdown_are_quiet_and_calls_in_flight_get_host_closi
             stderr=log, cwd=ROOT, env={**os.environ, "DELEGATION_LOG": "info"},
         )  # fmt: skip
     try:
-        for _ in range(400):
-            if path.exists():
-                break
-            await asyncio.sleep(0.025)
+        await until_exists(path, timeout_s=10, pause_s=0.025)
         await asyncio.to_thread(_hang_up_with_answers_pending, path, workspace)
         staying = await socket_client(path)
         await staying.setup(workspace)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from delegation import Identity, Preset, Request
+from delegation import Preset, Request
 from delegation.runs import ChildContext
+from tests.support import identity
 
 
 class Hooks:
@@ -33,16 +34,8 @@ class Hooks:
 
 
 def _context(hooks: Hooks) -> ChildContext:
-    identity = Identity(
-        conversation_id="c-1",
-        run_id="r-1",
-        parent_conversation_id="pc",
-        parent_run_id="pr",
-        extension_id="ext",
-        profile="worker",
-    )
     return ChildContext(
-        identity=identity,
+        identity=identity(),
         request=Request(request_id="q1", profile="worker", message="go"),
         preset=Preset(name="worker", extension_id="ext", generation=1),
         cwd="/",
