@@ -99,33 +99,23 @@ class LocalRun:
     @property
     def decided(self) -> asyncio.Event:
         """Set once ADMITTED or ENDED: a caller may be answered."""
-        if not isinstance(self._decided, asyncio.Event):
-            self._decided = _event(self._decided)
+        self._decided = _waitable(self._decided)
         return self._decided
 
     @property
     def ended(self) -> asyncio.Event:
         """Set once ENDED."""
-        if not isinstance(self._ended, asyncio.Event):
-            self._ended = _event(self._ended)
+        self._ended = _waitable(self._ended)
         return self._ended
 
     def is_decided(self) -> bool:
-        return self._decided is True or (
-            isinstance(self._decided, asyncio.Event) and self._decided.is_set()
-        )
-
-    def _decide(self) -> None:
-        if isinstance(self._decided, asyncio.Event):
-            self._decided.set()
-        else:
-            self._decided = True
+        return _is_set(self._decided)
 
     def admitted(self, page: Result | None) -> None:
         """Admitted: ``page`` is the first page read as the admission committed (None:
         admitted before a restart, nobody to answer)."""
         self.phase = Phase.ADMITTED
-        self._decide()
+        self._decided = _set(self._decided)
         if not self.first.done():  # or its caller went away (cancelled it)
             self.first.set_result(page)
 
@@ -134,13 +124,10 @@ class LocalRun:
 
     def end(self) -> None:
         self.phase = Phase.ENDED
-        self._decide()
+        self._decided = _set(self._decided)
         if not self.first.done():
             self.first.set_result(None)
-        if isinstance(self._ended, asyncio.Event):
-            self._ended.set()
-        else:
-            self._ended = True
+        self._ended = _set(self._ended)
 
     def cancel(self) -> None:
         """Cancel the run's task, unless its end is already being recorded."""
@@ -251,11 +238,31 @@ class LocalRun:
         )
 
 
-def _event(already: bool) -> asyncio.Event:
+# A run's two flags (decided, ended) are plain booleans until someone waits for one:
+# each event of a held run costs in every pass of the garbage collector.
+Flag = asyncio.Event | bool
+
+
+def _waitable(flag: Flag) -> asyncio.Event:
+    """The flag as an event to wait for (made, and set if it was, the first time)."""
+    if isinstance(flag, asyncio.Event):
+        return flag
     event = asyncio.Event()
-    if already:
+    if flag:
         event.set()
     return event
+
+
+def _set(flag: Flag) -> Flag:
+    """The flag, set (waking whoever waits for it)."""
+    if isinstance(flag, asyncio.Event):
+        flag.set()
+        return flag
+    return True
+
+
+def _is_set(flag: Flag) -> bool:
+    return flag.is_set() if isinstance(flag, asyncio.Event) else flag
 
 
 def _delivered(conn: Connection, now: float, steer_ids: list[int]) -> None:
