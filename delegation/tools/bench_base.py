@@ -9,7 +9,6 @@ import asyncio
 import os
 import platform
 import sqlite3
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -183,17 +182,6 @@ def raw_batches(path: Path, n: int, batch: int = 100) -> float:
     elapsed = time.perf_counter() - started
     conn.close()
     return max(1, n // batch) * batch / elapsed
-
-
-def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10) -> None:
-    """End a tool's child process: SIGTERM, and SIGKILL if it is still there after
-    ``grace_s`` seconds."""
-    proc.terminate()
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def median(values: list[float]) -> float:

@@ -21,11 +21,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-
-from delegation.tools.bench_base import stop_process
+from typing import Any
 
 BATCH = 512  # requests per send: small, so the count of what went through stays current
 STALL_S = 1.0
+
+
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10) -> None:
+    """End a tool's child process: SIGTERM, and SIGKILL if it is still there after
+    ``grace_s`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def memory_mb(pid: int, field: str = "VmRSS") -> float:

@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 from delegation import Engine, Event
 from delegation.runs import ChildContext, Run
 from delegation.tools.bench import Starter
-from delegation.tools.bench_base import CONFIG, machine, median, stop_process
-from delegation.tools.serve_flood import memory_mb
+from delegation.tools.bench_base import CONFIG, machine, median
+from delegation.tools.serve_flood import memory_mb, stop_process
 
 FIELD = "x" * CONFIG.max_event_field_bytes  # every text field at the engine's cap
 RECEIVE_BUFFER = 4096  # what each never-reading client lets its kernel take
