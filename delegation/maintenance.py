@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,9 @@ from delegation.records import ChildRecord, Resumable
 from delegation.store import Connection, children, controls, grants, lifecycle, steers
 from delegation.store import registrations as runners
 from delegation.store.controls import ControlRecord
+from delegation.store.failures import undone_if_busy
+
+log = logging.getLogger("delegation.engine")
 
 HOST_RESTARTED = "cancelled: host restarted"
 ADMISSION_INTERRUPTED = "child admission interrupted by host restart"
@@ -146,7 +150,17 @@ def heartbeat(
         raise errors.HostFenced(f"host instance {instance_id} was taken over by another host")
     if not take:  # a closing host only beats
         return dataclasses.replace(NOTHING, server_now=server_now)
-    takeover = take_over(conn, cfg, instance_id, now, everyone=False, locks=not reconnected())
+    # A takeover that meets a row another transaction holds (a paused host's batch, a
+    # deadlock with another host's bulk update) waits for the next beat; the beat
+    # commits anyway, or a live host would miss beat after beat and cut itself off.
+    try:
+        with undone_if_busy(conn):
+            takeover = take_over(
+                conn, cfg, instance_id, now, everyone=False, locks=not reconnected()
+            )
+    except errors.DatabaseBusy as exc:
+        log.info("takeover left to the next heartbeat: %s", exc, extra={"action": "takeover_busy"})
+        takeover = NOTHING
     return dataclasses.replace(takeover, server_now=server_now)
 
 

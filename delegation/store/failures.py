@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from delegation import errors
@@ -65,3 +67,22 @@ def translated(*, reading: bool = False) -> Iterator[None]:
         raise
     except Exception as exc:
         raise translate(exc, reading=reading) from exc
+
+
+@contextlib.contextmanager
+def undone_if_busy(conn: Connection) -> Iterator[None]:
+    """The block in a savepoint of ``conn``'s open transaction: if it fails, its writes
+    are undone and the transaction goes on; a failure on a row another transaction
+    holds (a lock timeout, a deadlock) is raised as :class:`errors.DatabaseBusy`, any
+    other as it came."""
+    raw: Any = conn.connection.dbapi_connection
+    raw.execute("SAVEPOINT part")
+    try:
+        yield
+    except Exception as exc:
+        raw.execute("ROLLBACK TO SAVEPOINT part")
+        failure = translate(exc)
+        if isinstance(failure, errors.DatabaseBusy):
+            raise failure from exc
+        raise
+    raw.execute("RELEASE SAVEPOINT part")

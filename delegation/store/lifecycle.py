@@ -14,7 +14,7 @@ from sqlalchemy import Connection, TextClause, text
 from delegation import errors
 from delegation.machine import Outcome, State, Trigger, sources, target
 from delegation.records import Resumable
-from delegation.store import Spelling, children, chunks, run_many, spelling_of
+from delegation.store import Spelling, children, chunks, events, spelling_of
 from delegation.store.children import ACTIVE_TERM
 
 _encoder = msgspec.json.Encoder()
@@ -213,7 +213,9 @@ def lock_lost(conn: Connection, me: str) -> bool:
     result, instead of being overwritten between its statements. Whether there is any
     (SQLite: only looked for, its write transaction already excludes other writers)."""
     lock = spelling_of(conn).for_update
-    sql = f"SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST}{lock}"
+    # In the rows' order: another host's bulk update in the same order waits, never
+    # deadlocks with it.
+    sql = f"SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST} ORDER BY id{lock}"
     return bool(conn.execute(_q(conn, sql), {"me": me}).all())
 
 
@@ -372,11 +374,12 @@ def begin_resume(conn: Connection, me: str, recovery_text: str) -> None:
         ),
         {"me": me},
     ).all()
-    run_many(
+    events.insert_events(
         conn,
-        "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)",
         [
-            (child_id, seq, _recovery_event(seq, f"{recovery_text} (attempt {attempts})"))
+            events.EventRow(
+                child_id, seq, _recovery_event(seq, f"{recovery_text} (attempt {attempts})"), None
+            )
             for child_id, attempts, seq in resumed
         ],
     )

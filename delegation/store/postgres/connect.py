@@ -55,6 +55,11 @@ def nul_safe_engine(engine: Engine) -> Engine:
     return engine
 
 
+# A session left in a transaction this long is ended by the server: its host is stopped
+# (SIGSTOP) or starved, and its locks must not hold the hosts taking over from it.
+IDLE_IN_TRANSACTION_MS = "5000"
+
+
 def make_engine(
     url: str, application: str, *, begin: str, options: dict[str, str], pool_size: int = 1
 ) -> Engine:
@@ -87,9 +92,14 @@ def reader_engine(url: str) -> Engine:
     Read-only per transaction, not per session: a session that starts read-only (a
     startup option) is one ``target_session_attrs=read-write`` refuses on every host.
     The session's default is set once it is open instead, so that ``read_now``'s
-    statements, in autocommit, cost no round trip more."""
+    statements, in autocommit, cost no round trip more.
+
+    A host stopped in a read (SIGSTOP) would keep its snapshot and its tables' share
+    locks, and a migration's lock would queue behind them and every other host's
+    statements behind that: the server ends such a session, as a writer's."""
     begin = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
-    engine = make_engine(url, "delegation-reader", begin=begin, options={})
+    idle = {"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_MS}
+    engine = make_engine(url, "delegation-reader", begin=begin, options=idle)
     event.listen(engine, "connect", _read_only_transactions)
     return engine
 

@@ -55,6 +55,7 @@ from delegation.store.failures import translate, unavailable
 from delegation.store.lifecycle import INSTANCE_LOCKS
 from delegation.store.postgres import admin
 from delegation.store.postgres.connect import (
+    IDLE_IN_TRANSACTION_MS,
     connect,
     in_transaction,
     make_engine,
@@ -118,7 +119,7 @@ class PostgresDialect:
             # the host taking over from it: the server ends its session.
             options={
                 "lock_timeout": str(INLINE_LOCK_TIMEOUT_MS),
-                "idle_in_transaction_session_timeout": "5000",
+                "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_MS,
                 **settings,
             },
         )

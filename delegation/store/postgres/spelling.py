@@ -29,6 +29,20 @@ _LOCK_HELD = (
 )
 
 
+# The statements the writer runs for many rows at once, each as one statement of its
+# columns' arrays (keyed by the store's text of it, ``?`` markers).
+_AS_ARRAYS: dict[str, str] = {
+    "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)": (
+        "INSERT INTO events (child_id, sequence, body)"
+        " SELECT * FROM unnest(%s::integer[], %s::bigint[], %s::bytea[])"
+    ),
+    "UPDATE children SET output = ? WHERE id = ?": (
+        "UPDATE children SET output = u.output"
+        " FROM unnest(%s::text[], %s::integer[]) AS u(output, id) WHERE children.id = u.id"
+    ),
+}
+
+
 class PostgresSpelling:
     active_index: str = ""  # PostgreSQL plans partial indexes by itself
     active: str = "children"
@@ -56,8 +70,18 @@ class PostgresSpelling:
 
     @staticmethod
     def run_many(raw: Any, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        with raw.cursor() as cursor:  # psycopg pipelines executemany: one round trip
-            cursor.executemany(_text(sql), list(rows))
+        """One statement for all of ``rows``: its columns bound as arrays (see
+        ``_AS_ARRAYS``), or one statement per row. Never psycopg's ``executemany``: it
+        pipelines, and a host stopped (SIGSTOP) between two of its rows leaves the
+        server waiting for the next one, its transaction's locks held for as long as
+        the host is stopped (the server ends only sessions idle in a transaction)."""
+        listed = [tuple(row) for row in rows]
+        as_arrays = _AS_ARRAYS.get(sql)
+        if as_arrays is not None and len(listed) > 1:
+            raw.execute(as_arrays, [list(column) for column in zip(*listed, strict=True)])
+            return
+        for row in listed:
+            raw.execute(_text(sql), row)
 
     @staticmethod
     def code_point_order(conn: Any) -> bool:
