@@ -62,7 +62,8 @@ async def test_a_batch_sends_many_rows_as_one_statement(postgres_db: str, tmp_pa
     psycopg's pipelined ``executemany``: a host stopped (SIGSTOP) between two rows of a
     pipeline leaves the server waiting for the next, and that session is not idle in
     its transaction, so the server never ends it; its locks (its own instance's row
-    among them) kept every other host from taking it over for as long as it was stopped."""
+    among them) kept every other host from taking it over for as long as it was stopped.
+    A NUL in an array's text is sent as U+FFFD, as in a lone parameter."""
     store = stores.open_store(postgres_db, synchronous="FULL", busy_timeout_ms=5000)
     store.open(asyncio.get_running_loop())
     trace = tmp_path / "libpq.trace"
@@ -99,7 +100,7 @@ async def test_a_batch_sends_many_rows_as_one_statement(postgres_db: str, tmp_pa
                     [EventRow(ids[0], n, body, None) for n, body in enumerate(bodies, 1)]
                     + [
                         EventRow(ids[1], 1, bodies[0], "out 1"),
-                        EventRow(ids[2], 1, bodies[0], "out 2"),
+                        EventRow(ids[2], 1, bodies[0], "out\x00 2"),
                     ],
                 )
             finally:
@@ -124,7 +125,7 @@ async def test_a_batch_sends_many_rows_as_one_statement(postgres_db: str, tmp_pa
         (ids[2], 1, bodies[0]),
     ]
     outputs = rows.rows(postgres_db, "SELECT id, output FROM children ORDER BY id")
-    assert outputs == [(ids[0], ""), (ids[1], "out 1"), (ids[2], "out 2")]
+    assert outputs == [(ids[0], ""), (ids[1], "out 1"), (ids[2], "out\ufffd 2")]
 
 
 async def test_every_session_of_a_host_is_ended_when_left_in_a_transaction(
