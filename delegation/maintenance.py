@@ -23,7 +23,7 @@ from delegation.records import ChildRecord, Resumable
 from delegation.store import Connection, children, controls, grants, lifecycle, steers
 from delegation.store import registrations as runners
 from delegation.store.controls import ControlRecord
-from delegation.store.failures import undone_if_busy
+from delegation.store.failures import undone_if_busy, waits_briefly
 
 log = logging.getLogger("delegation.engine")
 
@@ -109,6 +109,7 @@ class Takeover:
     ended: Mapping[Outcome, int] = dataclasses.field(default_factory=dict)  # what it ended
     # The run ids of the children it ended because what they stored no longer decodes.
     unreadable: list[str] = dataclasses.field(default_factory=list)
+    deferred: bool = False  # a heartbeat's takeover met a held row: the next beat tries
 
 
 NOTHING = Takeover([], [], [], [])
@@ -153,14 +154,18 @@ def heartbeat(
     # A takeover that meets a row another transaction holds (a paused host's batch, a
     # deadlock with another host's bulk update) waits for the next beat; the beat
     # commits anyway, or a live host would miss beat after beat and cut itself off.
+    # Committed on the loop's thread (a lock waited for only briefly) the beat goes
+    # to the writer instead, which waits the whole busy timeout first.
     try:
         with undone_if_busy(conn):
             takeover = take_over(
                 conn, cfg, instance_id, now, everyone=False, locks=not reconnected()
             )
     except errors.DatabaseBusy as exc:
+        if waits_briefly():
+            raise
         log.info("takeover left to the next heartbeat: %s", exc, extra={"action": "takeover_busy"})
-        takeover = NOTHING
+        return dataclasses.replace(NOTHING, server_now=server_now, deferred=True)
     return dataclasses.replace(takeover, server_now=server_now)
 
 

@@ -153,49 +153,110 @@ async def test_every_session_of_a_host_is_ended_when_left_in_a_transaction(
     assert seen == ["5s"] * 4
 
 
+def _dead_instance_child(conn: Connection) -> int:
+    """Instances 'me' and 'dead' (no heartbeat: dead), and a child of 'dead'; its id."""
+    run(conn, "INSERT INTO engine_instances (id, started_at) VALUES ('me', 1), ('dead', 1)")
+    cursor = run(
+        conn,
+        "INSERT INTO children (conversation_id, run_id, request_id, runner_id,"
+        " runner_host_instance_id, parent_conversation_id, parent_run_id, extension_id,"
+        " profile, generation, request, preset, cwd, depth, state, created_at, updated_at,"
+        " engine_instance_id) VALUES ('c', 'r', 'q', 'rn', 'h', 'pc', 'pr', 'e', 'p', 1,"
+        " ?, ?, '/', 1, 'prepared', 1, 1, 'dead') RETURNING id",
+        (b"", b""),
+    )
+    return int(cursor.fetchone()[0])
+
+
+def _beat(conn: Connection) -> maintenance.Takeover:
+    return maintenance.heartbeat(conn, time.time(), EngineConfig(), "me", True, lambda: False)
+
+
+def _taken_by(url: str, instance: str) -> str | None:
+    found = rows.rows(url, "SELECT taken_by FROM engine_instances WHERE id = :i", {"i": instance})
+    return found[0][0]
+
+
 async def test_a_heartbeat_commits_when_its_takeover_meets_a_locked_row(postgres_db: str) -> None:
-    """A takeover that meets a row another transaction holds (a lock timeout, or a
-    deadlock with another host's bulk update) is undone alone and tried at the next
+    """A takeover that meets a row another transaction holds past the busy timeout (or
+    deadlocks with another host's bulk update) is undone alone and tried at the next
     beat: the heartbeat still commits. It used to fail with it, beat after beat, until
     the live host cut itself off and was taken over."""
     import psycopg
 
     store = stores.open_store(postgres_db, synchronous="FULL", busy_timeout_ms=300)
     store.open(asyncio.get_running_loop())
-
-    def setup(conn: Connection) -> int:
-        run(conn, "INSERT INTO engine_instances (id, started_at) VALUES ('me', 1), ('dead', 1)")
-        cursor = run(
-            conn,
-            "INSERT INTO children (conversation_id, run_id, request_id, runner_id,"
-            " runner_host_instance_id, parent_conversation_id, parent_run_id, extension_id,"
-            " profile, generation, request, preset, cwd, depth, state, created_at, updated_at,"
-            " engine_instance_id) VALUES ('c', 'r', 'q', 'rn', 'h', 'pc', 'pr', 'e', 'p', 1,"
-            " ?, ?, '/', 1, 'prepared', 1, 1, 'dead') RETURNING id",
-            (b"", b""),
-        )
-        return int(cursor.fetchone()[0])
-
-    def beat(conn: Connection) -> maintenance.Takeover:
-        return maintenance.heartbeat(conn, time.time(), EngineConfig(), "me", True, lambda: False)
-
-    def beaten(url: str) -> bool:
-        found = rows.rows(url, "SELECT heartbeat_at FROM engine_instances WHERE id = 'me'")
-        return found[0][0] is not None
-
     try:
-        child = await store.write(setup)
+        child = await store.write(_dead_instance_child)
         store.claim("me")
         with psycopg.connect(libpq(postgres_db)) as holder:  # a transaction until rollback
             holder.execute("SELECT id FROM children WHERE id = %s FOR UPDATE", (child,))
-            first = await store.write(beat)
-            assert first.taken == [] and beaten(postgres_db)
-            taken = rows.rows(
-                postgres_db, "SELECT taken_by FROM engine_instances WHERE id = 'dead'"
+            first = await store.write(_beat)
+            assert first.taken == [] and first.deferred
+            beaten = rows.rows(
+                postgres_db, "SELECT heartbeat_at FROM engine_instances WHERE id = 'me'"
             )
-            assert taken == [(None,)], "the takeover was undone, the beat was not"
+            assert beaten[0][0] is not None, "the beat committed"
+            assert _taken_by(postgres_db, "dead") is None, "the takeover was undone"
             holder.rollback()
-        second = await store.write(beat)
-        assert second.taken == ["dead"]
+        second = await store.write(_beat)
+        assert second.taken == ["dead"] and not second.deferred
     finally:
         await store.aclose()
+
+
+async def test_a_heartbeats_takeover_waits_the_busy_timeout_before_the_next_beat(
+    postgres_db: str,
+) -> None:
+    """A beat committed on the loop's thread waits for a lock only 20 ms: a takeover
+    that meets a held row there goes to the writer, which waits the whole busy timeout
+    (5 s), and takes over in the same beat once the row is free (here after 0.5 s),
+    instead of leaving it to the next beat."""
+    import psycopg
+
+    store = stores.open_store(postgres_db, synchronous="FULL", busy_timeout_ms=5000)
+    store.open(asyncio.get_running_loop())
+    try:
+        child = await store.write(_dead_instance_child)
+        store.claim("me")
+        with psycopg.connect(libpq(postgres_db)) as holder:
+            holder.execute("SELECT id FROM children WHERE id = %s FOR UPDATE", (child,))
+            asyncio.get_running_loop().call_later(0.5, holder.rollback)
+            beat = await store.write(_beat)
+        assert beat.taken == ["dead"] and not beat.deferred
+        assert _taken_by(postgres_db, "dead") == "me"
+    finally:
+        await store.aclose()
+
+
+async def test_many_rows_go_as_array_statements_of_bounded_size(
+    postgres_db: str, tmp_path: Path
+) -> None:
+    """2,500 events of one batch go as three statements (at most 1,000 rows each, as
+    bounded in bytes too), and every one is stored."""
+    store = stores.open_store(postgres_db, synchronous="FULL", busy_timeout_ms=5000)
+    store.open(asyncio.get_running_loop())
+    trace = tmp_path / "libpq.trace"
+    total = 2500
+
+    def write(conn: Connection) -> None:
+        child = _dead_instance_child(conn)
+        pgconn = dbapi(conn).pgconn
+        with trace.open("w") as sink:
+            pgconn.trace(sink.fileno())
+            pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+            try:
+                insert_events(conn, [EventRow(child, n, b"{}", None) for n in range(1, total + 1)])
+            finally:
+                pgconn.untrace()
+
+    try:
+        await store.write(write)
+    finally:
+        await store.aclose()
+    sent = [
+        line.split("\t")[2] for line in trace.read_text().splitlines() if line.startswith("F\t")
+    ]
+    assert sent.count("Execute") == 3, sent.count("Execute")
+    stored = rows.rows(postgres_db, "SELECT COUNT(*), MIN(sequence), MAX(sequence) FROM events")
+    assert stored == [(total, 1, total)]

@@ -24,6 +24,8 @@ from delegation.store.batch import boot_clock
 
 log = logging.getLogger("delegation.engine")
 
+DEFERRALS_WARNED = 3  # heartbeats in a row whose takeover was held back: said once
+
 
 class Membership:
     """One engine's place among the hosts of its database (see the module)."""
@@ -37,6 +39,7 @@ class Membership:
         self._cut = False  # runs were stopped for a heartbeat lapse (see _cut_off)
         self.open = False  # a closing host only beats: it takes nothing over
         self._given_up = asyncio.Event()  # a replaced database was let go (see lost)
+        self._deferred = 0  # heartbeats in a row whose takeover met a held row
 
     # --- boot ---------------------------------------------------------------------------
 
@@ -182,6 +185,14 @@ class Membership:
             await self._fenced()
             return
         self._alive_since(beat)
+        self._deferred = self._deferred + 1 if takeover.deferred else 0
+        if self._deferred == DEFERRALS_WARNED:
+            log.warning(
+                "the takeover of dead hosts met rows held by another transaction"
+                " %d heartbeats in a row",
+                self._deferred,
+                extra={"action": "takeover_held_back", "instance": rt.instance_id},
+            )
         if self._cut:
             await self._back_from_cut()
         self._supervisor.ended(takeover.ended)

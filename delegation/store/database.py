@@ -57,7 +57,7 @@ from delegation.store.batch import (
 )
 from delegation.store.dialect import Dialect
 from delegation.store.events import EventRow
-from delegation.store.failures import refused, translate
+from delegation.store.failures import refused, translate, waiting_briefly
 from delegation.store.reading import Reads, healthy
 from delegation.store.watch import Watch
 
@@ -375,7 +375,8 @@ class Database:
         if not begun:
             return False
         try:
-            self._commit_batch(self._conn, batch, begun=True)
+            with waiting_briefly():
+                self._commit_batch(self._conn, batch, begun=True)
         except Redo:
             return False  # undone: the writer runs it again, with savepoints
         return True

@@ -5,6 +5,7 @@ domain errors. What each driver's codes mean is its dialect's (``sqlite.errors``
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,6 +68,26 @@ def translated(*, reading: bool = False) -> Iterator[None]:
         raise
     except Exception as exc:
         raise translate(exc, reading=reading) from exc
+
+
+_waits = threading.local()  # .briefly: statements on this thread wait a lock only briefly
+
+
+@contextlib.contextmanager
+def waiting_briefly() -> Iterator[None]:
+    """The block's statements wait for another transaction's lock only briefly (a
+    commit on the loop's thread, which the writer runs again if one was busy)."""
+    _waits.briefly = True
+    try:
+        yield
+    finally:
+        _waits.briefly = False
+
+
+def waits_briefly() -> bool:
+    """Whether this thread's statements now wait for a lock only briefly: a busy
+    failure is then the writer's to wait out, not a reason to give up."""
+    return bool(getattr(_waits, "briefly", False))
 
 
 @contextlib.contextmanager

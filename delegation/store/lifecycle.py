@@ -213,8 +213,9 @@ def lock_lost(conn: Connection, me: str) -> bool:
     result, instead of being overwritten between its statements. Whether there is any
     (SQLite: only looked for, its write transaction already excludes other writers)."""
     lock = spelling_of(conn).for_update
-    # In the rows' order: another host's bulk update in the same order waits, never
-    # deadlocks with it.
+    # In the rows' order, which makes a deadlock with another host's bulk update rarer
+    # (that one's order is its plan's); a heartbeat's takeover that meets one anyway
+    # is undone alone (maintenance.heartbeat).
     sql = f"SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST} ORDER BY id{lock}"
     return bool(conn.execute(_q(conn, sql), {"me": me}).all())
 

@@ -13,7 +13,7 @@ from delegation import errors
 from delegation.store import migrate
 from delegation.store.failures import translated
 from delegation.store.lifecycle import INSTANCE_LOCKS
-from delegation.store.postgres.connect import nul_safe_engine
+from delegation.store.postgres.connect import IDLE_IN_TRANSACTION_MS, nul_safe_engine
 
 T = TypeVar("T")
 
@@ -32,7 +32,10 @@ def upgrade(
         errors.HostConflict: a live host uses the database (``delegation db upgrade``).
         errors.SchemaMismatch: not a delegation database, or a newer one's.
     """
-    engine = create_engine(url, poolclass=NullPool)
+    # A host stopped while it migrates must not hold the migration lock, which every
+    # other host's boot waits for: the server ends its session.
+    idle = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
+    engine = create_engine(url, poolclass=NullPool, connect_args={"options": idle})
     try:
         with translated(), engine.connect() as conn:
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 # The texts psycopg was given, by the store's text (``?`` markers): one per statement.
@@ -43,6 +43,27 @@ _AS_ARRAYS: dict[str, str] = {
 }
 
 
+# One array statement binds at most this many rows, and about this many bytes of their
+# texts and bytes (a batch after a long outage can hold many; a bound value is at most
+# 1 GB, a bytea array's text twice its bytes).
+ARRAY_ROWS = 1000
+ARRAY_BYTES = 16 << 20
+
+
+def _parts(rows: list[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
+    part: list[tuple[Any, ...]] = []
+    size = 0
+    for row in rows:
+        weight = sum(len(v) for v in row if isinstance(v, (bytes, str)))
+        if part and (len(part) == ARRAY_ROWS or size + weight > ARRAY_BYTES):
+            yield part
+            part, size = [], 0
+        part.append(row)
+        size += weight
+    if part:
+        yield part
+
+
 class PostgresSpelling:
     active_index: str = ""  # PostgreSQL plans partial indexes by itself
     active: str = "children"
@@ -78,7 +99,8 @@ class PostgresSpelling:
         listed = [tuple(row) for row in rows]
         as_arrays = _AS_ARRAYS.get(sql)
         if as_arrays is not None and len(listed) > 1:
-            raw.execute(as_arrays, [list(column) for column in zip(*listed, strict=True)])
+            for part in _parts(listed):
+                raw.execute(as_arrays, [list(column) for column in zip(*part, strict=True)])
             return
         for row in listed:
             raw.execute(_text(sql), row)
