@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from psycopg import pq
@@ -12,6 +14,7 @@ from sqlalchemy import Connection, create_engine, text
 from delegation import Engine, EngineConfig, errors, maintenance
 from delegation.store import dbapi, run, stores
 from delegation.store.events import EventRow, insert_events
+from delegation.store.interface import Store
 from delegation.store.postgres.connect import libpq
 from tests import rows
 from tests.support import ScriptRunner, open_harness
@@ -57,6 +60,48 @@ async def test_a_dropped_connection_fails_one_call_at_most_then_the_store_connec
         assert again is not None and again.state == "done"
 
 
+@contextlib.asynccontextmanager
+async def _opened(url: str, busy_timeout_ms: int = 5000) -> AsyncIterator[Store]:
+    store = stores.open_store(url, synchronous="FULL", busy_timeout_ms=busy_timeout_ms)
+    store.open(asyncio.get_running_loop())
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+def _child(conn: Connection, name: str, instance: str | None = None) -> int:
+    """A bare child row (of host instance ``instance``); its id."""
+    cursor = run(
+        conn,
+        "INSERT INTO children (conversation_id, run_id, request_id, runner_id,"
+        " runner_host_instance_id, parent_conversation_id, parent_run_id, extension_id,"
+        " profile, generation, request, preset, cwd, depth, state, created_at, updated_at,"
+        " engine_instance_id) VALUES (?, ?, ?, 'rn', 'h', 'pc', 'pr', 'e', 'p', 1,"
+        " ?, ?, '/', 1, 'prepared', 1, 1, ?) RETURNING id",
+        (f"c-{name}", f"r-{name}", f"q-{name}", b"", b"", instance),
+    )
+    return int(cursor.fetchone()[0])
+
+
+def _insert_traced(conn: Connection, trace: Path, events: list[EventRow]) -> None:
+    """``insert_events`` with libpq's trace of what the connection sent in ``trace``."""
+    pgconn = dbapi(conn).pgconn
+    with trace.open("w") as sink:
+        pgconn.trace(sink.fileno())
+        pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            insert_events(conn, events)
+        finally:
+            pgconn.untrace()
+
+
+def _sent(trace: Path) -> list[str]:
+    """The kinds of the messages the client sent (Parse, Bind, Execute, Sync …)."""
+    lines = trace.read_text().splitlines()
+    return [line.split("\t")[2] for line in lines if line.startswith("F\t")]
+
+
 async def test_a_batch_sends_many_rows_as_one_statement(postgres_db: str, tmp_path: Path) -> None:
     """Many rows (events, outputs) go to the server as one statement each, never as
     psycopg's pipelined ``executemany``: a host stopped (SIGSTOP) between two rows of a
@@ -64,56 +109,25 @@ async def test_a_batch_sends_many_rows_as_one_statement(postgres_db: str, tmp_pa
     its transaction, so the server never ends it; its locks (its own instance's row
     among them) kept every other host from taking it over for as long as it was stopped.
     A NUL in an array's text is sent as U+FFFD, as in a lone parameter."""
-    store = stores.open_store(postgres_db, synchronous="FULL", busy_timeout_ms=5000)
-    store.open(asyncio.get_running_loop())
     trace = tmp_path / "libpq.trace"
     bodies = [f'{{"sequence":{n},"kind":"text","text":"t{n}"}}'.encode() for n in (1, 2, 3)]
 
     def write(conn: Connection) -> list[int]:
-        run(
+        ids = [_child(conn, str(n)) for n in range(3)]
+        _insert_traced(
             conn,
-            "INSERT INTO grants (id, kind, runner_id, extension_id, lease_id, run_id, presets,"
-            " created_at, expires_at) VALUES ('g', 'lease', 'rn', 'e', 'L', 'pr', ?, 1, 9)",
-            (b"",),
+            trace,
+            [EventRow(ids[0], n, body, None) for n, body in enumerate(bodies, 1)]
+            + [
+                EventRow(ids[1], 1, bodies[0], "out 1"),
+                EventRow(ids[2], 1, bodies[0], "out\x00 2"),
+            ],
         )
-        ids = []
-        for n in range(3):
-            run(
-                conn,
-                "INSERT INTO children (conversation_id, run_id, request_id, runner_id,"
-                " runner_host_instance_id, parent_conversation_id, parent_run_id, extension_id,"
-                " profile, generation, request, preset, cwd, depth, state, created_at,"
-                " updated_at, grant_id) VALUES (?, ?, ?, 'rn', 'h', 'pc', 'pr', 'e', 'p', 1,"
-                " ?, ?, '/', 1, 'prepared', 1, 1, 'g')",
-                (f"c{n}", f"r{n}", f"q{n}", b"", b""),
-            )
-            ids.append(
-                run(conn, "SELECT id FROM children WHERE run_id = ?", (f"r{n}",)).fetchone()[0]
-            )
-        pgconn = dbapi(conn).pgconn
-        with trace.open("w") as sink:
-            pgconn.trace(sink.fileno())
-            pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-            try:
-                insert_events(
-                    conn,
-                    [EventRow(ids[0], n, body, None) for n, body in enumerate(bodies, 1)]
-                    + [
-                        EventRow(ids[1], 1, bodies[0], "out 1"),
-                        EventRow(ids[2], 1, bodies[0], "out\x00 2"),
-                    ],
-                )
-            finally:
-                pgconn.untrace()
         return ids
 
-    try:
+    async with _opened(postgres_db) as store:
         ids = await store.write(write)
-    finally:
-        await store.aclose()
-    sent = [
-        line.split("\t")[2] for line in trace.read_text().splitlines() if line.startswith("F\t")
-    ]
+    sent = _sent(trace)
     assert sent.count("Execute") == 2, sent  # the events' insert, the outputs' update
     assert sent.count("Sync") == 2, sent
     stored = rows.rows(postgres_db, "SELECT child_id, sequence, body FROM events ORDER BY 1, 2")
@@ -135,37 +149,24 @@ async def test_every_session_of_a_host_is_ended_when_left_in_a_transaction(
     server ends once left in a transaction 5 s (its host stopped, or starved): a stopped
     reader's share locks would otherwise queue a migration's lock, and every other
     host's statements behind it, for as long as the host is stopped."""
-    store = stores.open_store(postgres_db, synchronous="FULL", busy_timeout_ms=5000)
-    store.open(asyncio.get_running_loop())
 
     def setting(conn: Connection) -> str:
         return str(conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar())
 
-    try:
+    async with _opened(postgres_db) as store:
         seen = [
             await store.read(setting),
             await store.read_now(setting),
             await store.write(setting),
             await store.submit(setting, durable=False),
         ]
-    finally:
-        await store.aclose()
     assert seen == ["5s"] * 4
 
 
 def _dead_instance_child(conn: Connection) -> int:
     """Instances 'me' and 'dead' (no heartbeat: dead), and a child of 'dead'; its id."""
     run(conn, "INSERT INTO engine_instances (id, started_at) VALUES ('me', 1), ('dead', 1)")
-    cursor = run(
-        conn,
-        "INSERT INTO children (conversation_id, run_id, request_id, runner_id,"
-        " runner_host_instance_id, parent_conversation_id, parent_run_id, extension_id,"
-        " profile, generation, request, preset, cwd, depth, state, created_at, updated_at,"
-        " engine_instance_id) VALUES ('c', 'r', 'q', 'rn', 'h', 'pc', 'pr', 'e', 'p', 1,"
-        " ?, ?, '/', 1, 'prepared', 1, 1, 'dead') RETURNING id",
-        (b"", b""),
-    )
-    return int(cursor.fetchone()[0])
+    return _child(conn, "lost", "dead")
 
 
 def _beat(conn: Connection) -> maintenance.Takeover:
@@ -184,9 +185,7 @@ async def test_a_heartbeat_commits_when_its_takeover_meets_a_locked_row(postgres
     the live host cut itself off and was taken over."""
     import psycopg
 
-    store = stores.open_store(postgres_db, synchronous="FULL", busy_timeout_ms=300)
-    store.open(asyncio.get_running_loop())
-    try:
+    async with _opened(postgres_db, busy_timeout_ms=300) as store:
         child = await store.write(_dead_instance_child)
         store.claim("me")
         with psycopg.connect(libpq(postgres_db)) as holder:  # a transaction until rollback
@@ -201,8 +200,6 @@ async def test_a_heartbeat_commits_when_its_takeover_meets_a_locked_row(postgres
             holder.rollback()
         second = await store.write(_beat)
         assert second.taken == ["dead"] and not second.deferred
-    finally:
-        await store.aclose()
 
 
 async def test_a_heartbeats_takeover_waits_the_busy_timeout_before_the_next_beat(
@@ -214,9 +211,7 @@ async def test_a_heartbeats_takeover_waits_the_busy_timeout_before_the_next_beat
     instead of leaving it to the next beat."""
     import psycopg
 
-    store = stores.open_store(postgres_db, synchronous="FULL", busy_timeout_ms=5000)
-    store.open(asyncio.get_running_loop())
-    try:
+    async with _opened(postgres_db) as store:
         child = await store.write(_dead_instance_child)
         store.claim("me")
         with psycopg.connect(libpq(postgres_db)) as holder:
@@ -225,8 +220,6 @@ async def test_a_heartbeats_takeover_waits_the_busy_timeout_before_the_next_beat
             beat = await store.write(_beat)
         assert beat.taken == ["dead"] and not beat.deferred
         assert _taken_by(postgres_db, "dead") == "me"
-    finally:
-        await store.aclose()
 
 
 async def test_many_rows_go_as_array_statements_of_bounded_size(
@@ -234,29 +227,16 @@ async def test_many_rows_go_as_array_statements_of_bounded_size(
 ) -> None:
     """2,500 events of one batch go as three statements (at most 1,000 rows each, as
     bounded in bytes too), and every one is stored."""
-    store = stores.open_store(postgres_db, synchronous="FULL", busy_timeout_ms=5000)
-    store.open(asyncio.get_running_loop())
     trace = tmp_path / "libpq.trace"
     total = 2500
 
     def write(conn: Connection) -> None:
-        child = _dead_instance_child(conn)
-        pgconn = dbapi(conn).pgconn
-        with trace.open("w") as sink:
-            pgconn.trace(sink.fileno())
-            pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-            try:
-                insert_events(conn, [EventRow(child, n, b"{}", None) for n in range(1, total + 1)])
-            finally:
-                pgconn.untrace()
+        child = _child(conn, "many")
+        _insert_traced(conn, trace, [EventRow(child, n, b"{}", None) for n in range(1, total + 1)])
 
-    try:
+    async with _opened(postgres_db) as store:
         await store.write(write)
-    finally:
-        await store.aclose()
-    sent = [
-        line.split("\t")[2] for line in trace.read_text().splitlines() if line.startswith("F\t")
-    ]
+    sent = _sent(trace)
     assert sent.count("Execute") == 3, sent.count("Execute")
     stored = rows.rows(postgres_db, "SELECT COUNT(*), MIN(sequence), MAX(sequence) FROM events")
     assert stored == [(total, 1, total)]

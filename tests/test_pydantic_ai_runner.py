@@ -36,7 +36,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 from delegation import Engine, EngineConfig, ExecutionOptions, Preset  # noqa: E402
 from delegation.runners import pydantic_ai as runner_module  # noqa: E402
 from delegation.runners.pydantic_ai import PydanticAIRunner, UnknownAgent  # noqa: E402
-from tests.support import Harness, open_harness  # noqa: E402
+from tests.support import Harness, identity, open_harness  # noqa: E402
 
 GENERATION = 7
 PRESET = Preset(name="worker", extension_id="ext", generation=GENERATION)
@@ -259,17 +259,9 @@ async def test_an_unknown_preset_fails_in_prepare(db_url: str, workspace: Path) 
 
 
 def _prepare_args() -> tuple[Any, ...]:
-    from delegation import Identity, Request
+    from delegation import Request
 
-    identity = Identity(
-        conversation_id="c",
-        run_id="r",
-        parent_conversation_id="p",
-        parent_run_id="pr",
-        extension_id="ext",
-        profile="worker",
-    )
-    return Request(request_id="q", profile="worker", message="m"), PRESET, identity, None
+    return Request(request_id="q", profile="worker", message="m"), PRESET, identity(), None
 
 
 # --- steers, cancellation, follow-ups -----------------------------------------------
