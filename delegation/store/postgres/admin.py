@@ -13,7 +13,11 @@ from delegation import errors
 from delegation.store import migrate
 from delegation.store.failures import translated
 from delegation.store.lifecycle import INSTANCE_LOCKS
-from delegation.store.postgres.connect import IDLE_IN_TRANSACTION_MS, nul_safe_engine
+from delegation.store.postgres.connect import (
+    IDLE_IN_TRANSACTION_MS,
+    nul_safe_engine,
+    startup_options,
+)
 
 T = TypeVar("T")
 
@@ -34,7 +38,7 @@ def upgrade(
     """
     # A host stopped while it migrates must not hold the migration lock, which every
     # other host's boot waits for: the server ends its session.
-    idle = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"
+    idle = startup_options({"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_MS})
     engine = create_engine(url, poolclass=NullPool, connect_args={"options": idle})
     try:
         with translated(), engine.connect() as conn:
@@ -109,7 +113,7 @@ def write_once(url: str, fn: Callable[[Connection], T], *, busy_timeout_ms: int 
         create_engine(
             url,
             poolclass=NullPool,
-            connect_args={"options": f"-c lock_timeout={busy_timeout_ms}"},
+            connect_args={"options": startup_options({"lock_timeout": str(busy_timeout_ms)})},
         )
     )
     try:

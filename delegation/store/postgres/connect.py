@@ -4,6 +4,7 @@ text dumper, and the host's lock sessions."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
@@ -60,11 +61,16 @@ def nul_safe_engine(engine: Engine) -> Engine:
 IDLE_IN_TRANSACTION_MS = "5000"
 
 
+def startup_options(settings: Mapping[str, str]) -> str:
+    """libpq's ``options``: these server settings for every session of a connection."""
+    return " ".join(f"-c {name}={value}" for name, value in settings.items())
+
+
 def make_engine(
     url: str, application: str, *, begin: str, options: dict[str, str], pool_size: int = 1
 ) -> Engine:
     """Connections in autocommit mode; a transaction SQLAlchemy starts is ``begin``."""
-    settings = " ".join(f"-c {name}={value}" for name, value in options.items())
+    settings = startup_options(options)
     engine = nul_safe_engine(
         create_engine(
             url,
