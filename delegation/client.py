@@ -29,7 +29,6 @@ import sys
 import threading
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterator,
     Callable,
     Coroutine,
     Iterator,
@@ -42,6 +41,18 @@ import msgspec
 
 from delegation import errors, rpc
 from delegation._struct import WireStruct
+from delegation.client_wire import (
+    READ_CHUNK,
+    FollowPages,
+    ParamsLike,
+    answers,
+    encoder,
+    notices,
+    params_after,
+    read_lines,
+    unreadable,
+    wire_params,
+)
 from delegation.codec import decode
 from delegation.options import ExecutionOptions
 from delegation.protocol import (
@@ -65,7 +76,7 @@ from delegation.protocol import (
     ToolBegin,
     ToolEnd,
 )
-from delegation.wire import Event, Params, Preset, Result, SteerResult
+from delegation.wire import Event, Preset, Result, SteerResult
 
 __all__ = ["Client", "ParamsLike", "Registration", "SyncClient"]
 
@@ -73,58 +84,11 @@ log = logging.getLogger("delegation.client")
 R = TypeVar("R")
 W = TypeVar("W", bound=WireStruct)
 
-# How much one read of the host's answers takes at most. An answer is one line of any
-# length: a page is bounded by the host's max_page_bytes, but a child's output and error
-# come whole. Requests are bounded by the host at 4 MiB.
-READ_CHUNK = 1024 * 1024
 # How long closing waits for a spawned host to exit after its input ends.
 CLOSE_TIMEOUT_S = 15.0
-
-ParamsLike = Params | bytes | bytearray | memoryview | str | Mapping[str, Any]
-"""Child params: a :class:`Params`, its JSON, or a dict of wire (camelCase) names."""
-
-
-class _Failure(msgspec.Struct, frozen=True):
-    code: int
-    message: str
-    data: dict[str, Any] | None = None
-
-
-class _Id(msgspec.Struct, frozen=True):
-    id: int | str | None = None
-
-
-class _Answer(_Id, frozen=True):
-    result: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-    error: _Failure | msgspec.UnsetType = msgspec.UNSET
-
-
-class _Notice(msgspec.Struct, frozen=True):
-    method: str = ""
-    params: msgspec.Raw = msgspec.Raw(b"{}")
-
-
-_answers = msgspec.json.Decoder(_Answer)
-_notices = msgspec.json.Decoder(_Notice)
-_ids = msgspec.json.Decoder(_Id)
-_json_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_encoder = msgspec.json.Encoder()
-
-
-def _wire_params(params: ParamsLike) -> Params | Mapping[str, Any] | msgspec.Raw:
-    """What a child method sends; the host decodes it strictly (with its own providers)."""
-    if isinstance(params, Params):
-        return params
-    if isinstance(params, Mapping):
-        return dict(params)
-    if isinstance(params, bytes | bytearray | memoryview | str):
-        try:
-            data = params.encode() if isinstance(params, str) else bytes(params)
-            _json_object.decode(data)
-        except (msgspec.MsgspecError, ValueError, RecursionError) as exc:
-            raise errors.MalformedInput(f"malformed child input: {exc}") from exc
-        return msgspec.Raw(msgspec.json.format(data, indent=0))  # one line: one frame
-    raise errors.MalformedInput("child params must be Params, JSON or a dict")
+# How many bytes of a follow's events (as they came on the wire) may wait here for its
+# caller by default; past it the follow is stopped and later started again (Client.follow).
+FOLLOW_BUFFER_BYTES = 16 * 1024 * 1024
 
 
 class Client:
@@ -147,8 +111,9 @@ class Client:
         self._process = process
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[msgspec.Raw]] = {}
-        # Each follow's pages of events as the host pushes them; None: its answer came.
-        self._follows: dict[int, asyncio.Queue[list[Event] | None]] = {}
+        # Each follow's pages of events as the host pushes them, until taken.
+        self._follows: dict[int, FollowPages] = {}
+        self._stops: set[asyncio.Task[None]] = set()  # of follows that overflowed
         self._sending = asyncio.Lock()
         self._ended: errors.DelegationError | None = None
         self._closing = False
@@ -256,25 +221,27 @@ class Client:
     async def start(self, params: ParamsLike) -> Result:
         """``child.start``: start (or replay, by requestId) a child; answers once it is
         admitted, with its first page of events."""
-        return await self._ask(START, _wire_params(params))
+        return await self._ask(START, wire_params(params))
 
     async def read(self, params: ParamsLike) -> Result:
         """``child.read``: a child's state and its events after ``params.after``."""
-        return await self._ask(READ, _wire_params(params))
+        return await self._ask(READ, wire_params(params))
 
     async def cancel(self, params: ParamsLike) -> Result:
         """``child.cancel``: cancel a child; answers once it has stopped."""
-        return await self._ask(CANCEL, _wire_params(params))
+        return await self._ask(CANCEL, wire_params(params))
 
     async def steer(self, params: ParamsLike) -> SteerResult:
         """``child.steer``: hand a running child a message."""
-        return await self._ask(STEER, _wire_params(params))
+        return await self._ask(STEER, wire_params(params))
 
     async def release(self, params: ParamsLike) -> Result:
         """``child.lease.release``: release a lease and stop its children."""
-        return await self._ask(RELEASE, _wire_params(params))
+        return await self._ask(RELEASE, wire_params(params))
 
-    async def follow(self, params: ParamsLike) -> AsyncGenerator[Event]:
+    async def follow(
+        self, params: ParamsLike, *, max_buffered: int = FOLLOW_BUFFER_BYTES
+    ) -> AsyncGenerator[Event]:
         """``child.follow``: every event of the child after ``params.after``, each once,
         in order, as it commits (the host pushes them: nothing polls); ends once the
         child is terminal and its last event was given. The host reads each page as a
@@ -283,25 +250,35 @@ class Client:
         Closing the iterator early (``aclose()``, or leaving ``contextlib.aclosing``)
         stops the follow on the host and returns once the host has answered it. Events
         are read off the connection as they arrive (other calls' answers never wait
-        behind them) and wait here until taken.
+        behind them) and wait here until taken, at most ``max_buffered`` bytes of them
+        (as they came on the wire; one page always fits): past it the follow is stopped
+        on the host, what came after is dropped, and once the caller has taken what
+        waits, the follow starts again after the last event given.
         """
-        wire = _wire_params(params)
-        request_id = next(self._ids)
-        pages: asyncio.Queue[list[Event] | None] = asyncio.Queue()
-        self._follows[request_id] = pages
-        answer = asyncio.ensure_future(self._call(request_id, FOLLOW.name, wire))
-        answer.add_done_callback(lambda _: pages.put_nowait(None))  # after every page
-        try:
-            while (page := await pages.get()) is not None:
-                for event in page:
-                    yield event
-            decode(answer.result(), FOLLOW.result)  # a refusal raises here
-        finally:
-            del self._follows[request_id]
-            if not answer.done():
-                with contextlib.suppress(OSError, errors.DelegationError):
-                    await self._notify(FOLLOW_STOP.name, FollowStop(request_id))
-                await asyncio.gather(answer, return_exceptions=True)
+        wire = wire_params(params)
+        last: int | None = None  # the sequence of the last event given
+        while True:
+            request_id = next(self._ids)
+            pages = self._follows[request_id] = FollowPages(max_buffered)
+            answer = asyncio.ensure_future(self._call(request_id, FOLLOW.name, wire))
+            answer.add_done_callback(pages.end)  # after every page
+            try:
+                while (page := await pages.get()) is not None:
+                    for event in page:
+                        yield event
+                        last = event.sequence
+                decode(answer.result(), FOLLOW.result)  # a refusal raises here
+            finally:
+                del self._follows[request_id]
+                if not answer.done():
+                    with contextlib.suppress(OSError, errors.DelegationError):
+                        await self._notify(FOLLOW_STOP.name, FollowStop(request_id))
+                    await asyncio.gather(answer, return_exceptions=True)
+            if not pages.overflowed:
+                return
+            log.debug("follow started again", extra={"action": "client_follow_again"})
+            if last is not None:  # (always: a page was kept before one overflowed)
+                wire = params_after(wire, last)
 
     # --- JSON-RPC -----------------------------------------------------------------------
 
@@ -322,7 +299,7 @@ class Client:
             raise errors.HostClosing("the client is closed")
         envelope = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         try:
-            frame = _encoder.encode(envelope)
+            frame = encoder.encode(envelope)
         except (TypeError, ValueError, OverflowError) as exc:
             raise errors.MalformedInput(f"malformed params: {exc}") from exc
         if len(frame) > rpc.MAX_FRAME_BYTES:  # the host would answer it with no id
@@ -343,7 +320,7 @@ class Client:
         """Send a notification (no answer comes); nothing once the connection ended."""
         if self._ended is not None or self._closing:
             return
-        frame = _encoder.encode({"jsonrpc": "2.0", "method": method, "params": params})
+        frame = encoder.encode({"jsonrpc": "2.0", "method": method, "params": params})
         async with self._sending:
             self._writer.write(frame + b"\n")
             await self._writer.drain()
@@ -352,7 +329,7 @@ class Client:
         ended: errors.DelegationError = errors.HostClosing("the host closed the connection")
         said = False  # the host said why the stream ends (an error for no call)
         try:
-            async for line in _lines(self._reader):
+            async for line in read_lines(self._reader):
                 if (why := self._deliver(line)) is not None:
                     ended, said = why, True
         except OSError as exc:
@@ -373,10 +350,10 @@ class Client:
         """Settle the call ``line`` answers. An error for no call (a refused peer, a
         frame the host could not read) is returned: it says why the stream ends."""
         try:
-            answer = _answers.decode(line)
+            answer = answers.decode(line)
         except (msgspec.MsgspecError, ValueError) as exc:
             log.warning("unreadable answer: %s", exc, extra={"action": "client_bad_answer"})
-            answer = _unreadable(line, exc)
+            answer = unreadable(line, exc)
         error = None
         if not isinstance(answer.error, msgspec.UnsetType):
             data = answer.error.data or {}
@@ -399,7 +376,7 @@ class Client:
     def _notified(self, line: bytes) -> None:
         """A message of the host's own: a follow's next events (others are ignored)."""
         try:
-            notice = _notices.decode(line)
+            notice = notices.decode(line)
             if notice.method != EVENTS.name:
                 return
             page = decode(notice.params, EVENTS.params)
@@ -407,37 +384,16 @@ class Client:
             log.warning("unreadable notice: %s", exc, extra={"action": "client_bad_notice"})
             return
         pages = self._follows.get(page.follow) if isinstance(page.follow, int) else None
-        if pages is not None:  # else a follow its caller stopped: nobody's business
-            pages.put_nowait(page.events)
+        # None: a follow its caller stopped, nobody's business.
+        if pages is not None and pages.put(page.events, len(line)):
+            stop = asyncio.ensure_future(self._stop_follow(page.follow))
+            self._stops.add(stop)
+            stop.add_done_callback(self._stops.discard)
 
-
-async def _lines(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
-    """The lines of ``reader`` (a last one without its newline too), whatever their
-    length: ``readline`` would end the whole stream at its buffer's limit, failing
-    every call in flight for one long answer."""
-    partial = bytearray()  # the start of a line the chunks so far did not end
-    while chunk := await reader.read(READ_CHUNK):
-        first, *lines = chunk.split(b"\n")
-        if not lines:
-            partial += first
-            continue
-        lines.insert(0, bytes(partial + first) if partial else first)  # it ends the partial
-        partial = bytearray(lines.pop())
-        for line in lines:
-            if line.strip():
-                yield line
-    if partial.strip():
-        yield bytes(partial)
-
-
-def _unreadable(line: bytes, exc: Exception) -> _Answer:
-    """An answer that is not the JSON-RPC shape fails its call (when its id is readable)."""
-    try:
-        request_id = _ids.decode(line).id
-    except (msgspec.MsgspecError, ValueError):
-        request_id = None
-    failure = _Failure(-32603, f"unreadable answer: {exc}", {"reason": "internal_error"})
-    return _Answer(request_id, error=failure)
+    async def _stop_follow(self, request_id: int | str) -> None:
+        """Stop a follow whose caller left too much waiting (see :meth:`follow`)."""
+        with contextlib.suppress(OSError, errors.DelegationError):
+            await self._notify(FOLLOW_STOP.name, FollowStop(request_id))
 
 
 P = ParamSpec("P")
@@ -536,11 +492,13 @@ class SyncClient:
             future.cancel()  # an interrupted caller leaves no call behind
             raise
 
-    def follow(self, params: ParamsLike) -> Iterator[Event]:
+    def follow(
+        self, params: ParamsLike, *, max_buffered: int = FOLLOW_BUFFER_BYTES
+    ) -> Iterator[Event]:
         """:meth:`Client.follow`, blocking: a generator of the child's events as they
         commit. Closing it early (``close()``, or leaving ``contextlib.closing``) stops
         the follow on the host."""
-        follower = self._client.follow(params)
+        follower = self._client.follow(params, max_buffered=max_buffered)
         try:
             while True:
                 try:

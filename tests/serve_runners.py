@@ -9,6 +9,12 @@ from delegation import ChildContext, Event, Identity, Preset, Recovery, Request
 from delegation.runs import Run
 
 
+def number_in(message: str) -> float:
+    """The first number a child's message names (0 if none)."""
+    found = re.search(r"\d+(\.\d+)?", message)
+    return float(found.group()) if found else 0.0
+
+
 class SlowAdmit:
     """Each child waits the seconds its message names ("admit after 0.5") before its
     admission, so a ``child.start`` stays in flight that long."""
@@ -16,8 +22,7 @@ class SlowAdmit:
     async def prepare(
         self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
     ) -> Run:
-        found = re.search(r"\d+(\.\d+)?", request.message)
-        delay = float(found.group()) if found else 0.0
+        delay = number_in(request.message)
 
         async def run(ctx: ChildContext) -> None:
             await asyncio.sleep(delay)
@@ -42,6 +47,23 @@ class Echo:
                 heard = await ctx.wait_steer() or ""
                 ctx.emit(Event(kind="text", text=f"heard: {heard}"))
             ctx.emit(Event(kind="result", text="bye"))
+
+        return run
+
+
+class Chatty:
+    """Each child emits the events its message counts, each 1,000 characters long
+    ("emit 300"), and ends."""
+
+    async def prepare(
+        self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
+    ) -> Run:
+        count = int(number_in(request.message))
+
+        async def run(ctx: ChildContext) -> None:
+            await ctx.admit()
+            for n in range(count):
+                ctx.emit(Event(kind="text", text=f"{n:<1000}"))
 
         return run
 

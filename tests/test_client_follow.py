@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
-from delegation import Event, errors
+from delegation import Event, Params, errors
 from delegation.client import Client, SyncClient
 from delegation.serve_follow import MAX_FOLLOWS
 from tests import test_client
@@ -29,12 +31,15 @@ from tests.test_client import (
     ROOT,
     Opener,
     SocketHost,
+    read_until_done,
     settled_threads,
     setup,
     start_params,
 )
 
 ECHO = ("--runner", "tests.serve_runners:Echo")
+PAGE_BYTES = 8192
+CHATTY = ("--runner", "tests.serve_runners:Chatty", "--max-page-bytes", str(PAGE_BYTES))
 
 # test_client's fixtures: serve --socket hosts on the test's database, and a Client
 # opened over a socket or over the stdio of a host it spawns.
@@ -171,6 +176,42 @@ async def test_stopping_a_follow_frees_it_and_the_follows_are_bounded(echo: Clie
     for follow in follows:  # the rest end with the child
         assert [e.text async for e in follow] == ["heard: bye", "bye"]
     assert (await within(anext(echo.follow({**child, "after": 1})))).text == "heard: bye"
+
+
+@pytest.mark.parametrize(("bound", "spelled"), [(1, "json"), (5_000, "struct"), (20_000, "dict")])
+async def test_a_lagging_follow_waits_in_bounded_bytes_and_misses_no_event(
+    socket_host: SocketHost,
+    workspace: Path,
+    caplog: pytest.LogCaptureFixture,
+    bound: int,
+    spelled: str,
+) -> None:
+    """300 events of about 1 kB, pushed at once in pages of 8 KiB to a caller that takes
+    one and then lags: what waits in the client stays within ``max_buffered`` (or one
+    page), and the caller still gets every event once, in order, however its params
+    were spelled (the follow starts again after the last event given)."""
+    caplog.set_level(logging.DEBUG, logger="delegation.client")
+    async with await Client.connect(socket_host.start(*CHATTY)) as client:
+        await setup(client, workspace)
+        started = await client.start(start_params("q1", "emit 300"))
+        child = {**OWNER, "childId": started.conversation_id}
+        await within(read_until_done(client, child))
+        params: Any = child
+        if spelled != "dict":
+            params = msgspec.json.encode(child).decode()
+        if spelled == "struct":
+            params = msgspec.json.decode(params, type=Params)
+        events = client.follow(params, max_buffered=bound)
+        first = await within(anext(events))
+        waiting = 0
+        for _ in range(50):  # the host pushes all it can meanwhile
+            await asyncio.sleep(0.01)
+            waiting = max(waiting, sum(pages.bytes for pages in client._follows.values()))
+        rest = await within(sequences(events))
+        assert not client._follows
+    assert [first.sequence, *rest] == list(range(1, 301))
+    assert waiting <= max(bound, PAGE_BYTES + 1024)
+    assert any(getattr(r, "action", "") == "client_follow_again" for r in caplog.records)
 
 
 async def test_ids_that_spell_a_lifecycle_method_do_not_hold_the_stream_behind_a_follow(
