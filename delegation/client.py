@@ -89,6 +89,8 @@ CLOSE_TIMEOUT_S = 15.0
 # How many bytes of a follow's events (as they came on the wire) may wait here for its
 # caller by default; past it the follow is stopped and later started again (Client.follow).
 FOLLOW_BUFFER_BYTES = 16 * 1024 * 1024
+# A follow starting again that finds the connection's follows all taken waits for one.
+FOLLOW_AGAIN_PAUSE_S, FOLLOW_AGAIN_PAUSE_MAX_S = 0.05, 1.0
 
 
 class Client:
@@ -168,6 +170,7 @@ class Client:
         self._writer.close()
         with contextlib.suppress(OSError):
             await self._writer.wait_closed()
+        await asyncio.gather(*self._stops, return_exceptions=True)  # they send nothing now
         if self._process is not None:
             try:
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
@@ -253,30 +256,49 @@ class Client:
         behind them) and wait here until taken, at most ``max_buffered`` bytes of them
         (as they came on the wire; one page always fits): past it the follow is stopped
         on the host, what came after is dropped, and once the caller has taken what
-        waits, the follow starts again after the last event given.
+        waits, the follow starts again after the last event given. Starting again takes
+        one of the connection's follows (``follow_limit``) as a new follow does: if
+        others took them all meanwhile, it waits until one ends (pauses from 50 ms up
+        to 1 s). A refusal (say the lease was released meanwhile) then comes from the
+        follow started again, so events dropped before it are not given.
         """
         wire = wire_params(params)
         last: int | None = None  # the sequence of the last event given
+        pause = FOLLOW_AGAIN_PAUSE_S
         while True:
             request_id = next(self._ids)
             pages = self._follows[request_id] = FollowPages(max_buffered)
             answer = asyncio.ensure_future(self._call(request_id, FOLLOW.name, wire))
             answer.add_done_callback(pages.end)  # after every page
+            refused = False  # this follow starting again found no follow free
             try:
                 while (page := await pages.get()) is not None:
-                    for event in page:
+                    events, size = page
+                    for event in events:
                         yield event
                         last = event.sequence
-                decode(answer.result(), FOLLOW.result)  # a refusal raises here
+                    pages.given(size)
+                try:
+                    decode(answer.result(), FOLLOW.result)  # a refusal raises here
+                except errors.FollowLimit:
+                    if last is None:  # the caller's own follow, not one started again
+                        raise
+                    refused = True
             finally:
                 del self._follows[request_id]
                 if not answer.done():
                     with contextlib.suppress(OSError, errors.DelegationError):
                         await self._notify(FOLLOW_STOP.name, FollowStop(request_id))
                     await asyncio.gather(answer, return_exceptions=True)
+            if refused:
+                log.debug("follow waits for a free one", extra={"action": "client_follow_waits"})
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, FOLLOW_AGAIN_PAUSE_MAX_S)
+                continue
             if not pages.overflowed:
                 return
             log.debug("follow started again", extra={"action": "client_follow_again"})
+            pause = FOLLOW_AGAIN_PAUSE_S
             if last is not None:  # (always: a page was kept before one overflowed)
                 wire = params_after(wire, last)
 

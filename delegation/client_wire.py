@@ -50,7 +50,8 @@ encoder = msgspec.json.Encoder()
 
 
 class FollowPages:
-    """One follow's pages of events that came and were not taken yet, with their size on
+    """One follow's pages of events that came and whose events were not all given yet
+    (the page in the caller's hands counts until its last event is), with their size on
     the wire, bounded: a page that would take them past ``limit`` (while any wait; one
     page is always taken) overflows the follow, and it and every later page are dropped.
     ``None`` after the last page: the follow's answer came."""
@@ -77,12 +78,13 @@ class FollowPages:
     def end(self, _answer: object = None) -> None:
         self.queue.put_nowait(None)
 
-    async def get(self) -> list[Event] | None:
-        page = await self.queue.get()
-        if page is None:
-            return None
-        self.bytes -= page[1]
-        return page[0]
+    async def get(self) -> tuple[list[Event], int] | None:
+        """The next page and its size (hand it back with :meth:`given`), or None."""
+        return await self.queue.get()
+
+    def given(self, size: int) -> None:
+        """The last event of a page of ``size`` bytes was given to the caller."""
+        self.bytes -= size
 
 
 def params_after(wire: Params | Mapping[str, Any] | msgspec.Raw, after: int) -> Any:

@@ -53,7 +53,7 @@ class Echo:
 
 class Chatty:
     """Each child emits the events its message counts, each 1,000 characters long
-    ("emit 300"), and ends."""
+    ("emit 300"), and ends, or with "and wait" ends after the steer ``bye``."""
 
     async def prepare(
         self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
@@ -64,6 +64,9 @@ class Chatty:
             await ctx.admit()
             for n in range(count):
                 ctx.emit(Event(kind="text", text=f"{n:<1000}"))
+            if "and wait" in request.message:
+                while await ctx.wait_steer() != "bye":
+                    pass
 
         return run
 

@@ -203,15 +203,72 @@ async def test_a_lagging_follow_waits_in_bounded_bytes_and_misses_no_event(
             params = msgspec.json.decode(params, type=Params)
         events = client.follow(params, max_buffered=bound)
         first = await within(anext(events))
-        waiting = 0
-        for _ in range(50):  # the host pushes all it can meanwhile
-            await asyncio.sleep(0.01)
-            waiting = max(waiting, sum(pages.bytes for pages in client._follows.values()))
+        waiting = await within(until_overflowed(client))  # the host pushes meanwhile
         rest = await within(sequences(events))
         assert not client._follows
+        assert not client._stops
     assert [first.sequence, *rest] == list(range(1, 301))
     assert waiting <= max(bound, PAGE_BYTES + 1024)
-    assert any(getattr(r, "action", "") == "client_follow_again" for r in caplog.records)
+    assert logged(caplog, "client_follow_again")
+
+
+async def until_overflowed(client: Client) -> int:
+    """Wait until a follow of ``client`` overflows; the most bytes that waited till then."""
+    waiting = 0
+    while True:
+        waiting = max(waiting, sum(pages.bytes for pages in client._follows.values()))
+        if any(pages.overflowed for pages in client._follows.values()):
+            return waiting
+        await asyncio.sleep(0.005)
+
+
+def logged(caplog: pytest.LogCaptureFixture, action: str) -> bool:
+    return any(getattr(record, "action", "") == action for record in caplog.records)
+
+
+async def until_logged(caplog: pytest.LogCaptureFixture, action: str) -> None:
+    while not logged(caplog, action):
+        await asyncio.sleep(0.005)
+
+
+async def slot_taken(client: Client, child: dict[str, Any]) -> AsyncIterator[Event]:
+    """A new follow of ``child``, once the host has a follow free for it (given its first
+    event)."""
+    while True:
+        follow = client.follow(child)
+        try:
+            assert (await anext(follow)).sequence == 1
+        except errors.FollowLimit:
+            await asyncio.sleep(0.005)
+        else:
+            return follow
+
+
+async def test_a_follow_started_again_waits_for_a_free_follow_and_misses_no_event(
+    socket_host: SocketHost, workspace: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lagging follow overflows and its slot is taken by another follow before it
+    starts again: it waits until a follow ends, then gives every event once, in order."""
+    caplog.set_level(logging.DEBUG, logger="delegation.client")
+    async with await Client.connect(socket_host.start(*CHATTY)) as client:
+        await setup(client, workspace)
+        started = await client.start(start_params("q1", "emit 300 and wait"))
+        child = {**OWNER, "childId": started.conversation_id}
+        lagging = client.follow(child, max_buffered=1)
+        first = await within(anext(lagging))
+        others = [client.follow(child) for _ in range(MAX_FOLLOWS - 1)]
+        for other in others:  # every follow of the connection is taken
+            assert (await within(anext(other))).sequence == 1
+        await within(until_overflowed(client))
+        late = await within(slot_taken(client, child))  # the one the lagging follow gave back
+        rest = asyncio.create_task(sequences(lagging))
+        await within(until_logged(caplog, "client_follow_waits"))
+        await others.pop().aclose()  # a follow ends: the lagging one starts again
+        await steer(client, child, "bye")
+        sequence = await within(rest)
+        for follow in [*others, late]:
+            await follow.aclose()
+    assert [first.sequence, *sequence] == list(range(1, 301))  # ended after the steer
 
 
 async def test_ids_that_spell_a_lifecycle_method_do_not_hold_the_stream_behind_a_follow(
