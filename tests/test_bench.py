@@ -116,6 +116,22 @@ def test_bench_table_for_people() -> None:
     assert "machine:" in proc.stdout
 
 
+@pytest.mark.sqlite_only  # a tool of SQLite's start
+def test_the_start_floor_times_the_engine_and_the_bare_start_on_the_same_schema() -> None:
+    """The bare start writes the engine's own statements on a file the engine made: a
+    schema they no longer fit fails it here. No timing is asserted."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "delegation.tools.start_floor", "--starts", "20", "--runs",
+         "1", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    names = {f"{who}_{what}_us" for who in ("engine", "floor") for what in ("wall", "cpu")}
+    assert set(report) == {*names, "engine_to_floor"}
+    assert all(report[name] > 0 for name in names)
+
+
 async def test_a_held_child_costs_the_collector_few_objects(tmp_path: Path) -> None:
     """Every object a running child keeps alive is walked by each full collection, and
     their growth is what triggers collections at all: a host holding thousands of
