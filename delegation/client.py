@@ -287,8 +287,7 @@ class Client:
             finally:
                 del self._follows[request_id]
                 if not answer.done():
-                    with contextlib.suppress(OSError, errors.DelegationError):
-                        await self._notify(FOLLOW_STOP.name, FollowStop(request_id))
+                    await self._stop_follow(request_id)
                     await asyncio.gather(answer, return_exceptions=True)
             if refused:
                 log.debug("follow waits for a free one", extra={"action": "client_follow_waits"})
@@ -413,7 +412,8 @@ class Client:
             stop.add_done_callback(self._stops.discard)
 
     async def _stop_follow(self, request_id: int | str) -> None:
-        """Stop a follow whose caller left too much waiting (see :meth:`follow`)."""
+        """Ask the host to end a follow (its caller left it, or left too much waiting:
+        see :meth:`follow`); nothing if the connection ended."""
         with contextlib.suppress(OSError, errors.DelegationError):
             await self._notify(FOLLOW_STOP.name, FollowStop(request_id))
 

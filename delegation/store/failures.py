@@ -7,12 +7,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from delegation import errors
+from delegation.store import dbapi
 from delegation.store.postgres import errors as postgres
 from delegation.store.sqlite import errors as sqlite
 
@@ -96,7 +96,7 @@ def undone_if_busy(conn: Connection) -> Iterator[None]:
     are undone and the transaction goes on; a failure on a row another transaction
     holds (a lock timeout, a deadlock) is raised as :class:`errors.DatabaseBusy`, any
     other as it came."""
-    raw: Any = conn.connection.dbapi_connection
+    raw = dbapi(conn)
     raw.execute("SAVEPOINT part")
     try:
         yield

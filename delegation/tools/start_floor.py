@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from delegation import Engine, Request, Result
+from delegation.tools import bench
 from delegation.tools.bench import Starter
 from delegation.tools.bench_base import Bench, Runner, median
 
@@ -73,7 +74,7 @@ async def _starter(path: Path) -> Starter:
     runner = Runner()
     runner.hold = True
     engine: Engine = await Bench(path.parent).engine(path, runner)
-    return Starter(engine, await engine.connect("bench-runner", "bench-host"))
+    return await bench._starter(engine)
 
 
 async def _engine(path: Path, starts: int) -> tuple[float, float]:
