@@ -85,9 +85,12 @@ class Progress:
     def update(
         self, what: str | None = None, *, done: float | None = None, total: float | None = None
     ) -> None:
-        """Say what is being done now, how much is done, or of how much."""
+        """Say what is being done now, how much is done, or of how much. A new step is
+        drawn at once: a short one would otherwise pass between two refreshes unseen."""
         if self._live is not None:
-            self._live.update(self._task, description=what, completed=done, total=total)
+            self._live.update(
+                self._task, description=what, completed=done, total=total, refresh=what is not None
+            )
 
     def note(self, line: str) -> None:
         """A line that stays (a step's result): above the progress line, or on its own
