@@ -155,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="connections served at once on --socket; the next is refused (default 64)",
     )
     serve.add_argument(
+        "--idle-timeout",
+        type=positive_seconds,
+        help="close a --socket connection that sends nothing for this long while nothing"
+        " of it is in flight or unread (default 60)",
+    )
+    serve.add_argument(
         "--max-page-bytes",
         type=positive_int,
         help="the encoded size a page of events stops before (default 4 MiB)",
@@ -373,7 +379,7 @@ def _serve(args: argparse.Namespace) -> int:
     from delegation.config import EngineConfig
     from delegation.engine import Engine
     from delegation.runners import load_runner
-    from delegation.serve import MAX_CONNECTIONS, MAX_INFLIGHT, serve
+    from delegation.serve import IDLE_TIMEOUT_S, MAX_CONNECTIONS, MAX_INFLIGHT, serve
 
     # Every refusal before the engine opens: a refused start creates nothing.
     refusal = _serve_paths(args)
@@ -394,6 +400,7 @@ def _serve(args: argparse.Namespace) -> int:
                 allowed_uid=args.allow_uid,
                 max_inflight=args.max_inflight or MAX_INFLIGHT,
                 max_connections=args.max_connections or MAX_CONNECTIONS,
+                idle_timeout=args.idle_timeout or IDLE_TIMEOUT_S,
             )
         )
     except FileExistsError as exc:

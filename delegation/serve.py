@@ -11,7 +11,9 @@ requests of a stream are served at once; its answers count in bytes against its
 16 MiB backlog from the moment room is reserved for a page until the peer has read
 them, and while the backlog is full the stream is not read further and no page of it
 is computed. At most ``max_connections`` streams are served at once; the next is
-refused with one error line. Other streams are served meanwhile. At shutdown, reading
+refused with one error line. Other streams are served meanwhile. A socket stream that
+sends nothing for ``idle_timeout`` (60 s) while nothing of it is in flight or unread is
+closed (SPEC §23): idle peers cannot hold every slot. At shutdown, reading
 stops; calls still in flight after a short grace are answered ``host_closing``, and
 the host closes only once every stream has been answered.
 """
@@ -25,6 +27,8 @@ import logging
 import os
 import signal
 import sys
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -55,6 +59,7 @@ log = logging.getLogger("delegation.serve")
 
 MAX_INFLIGHT = 64
 MAX_CONNECTIONS = 64
+IDLE_TIMEOUT_S = 60.0
 # At shutdown, calls in flight get this long to end with their own answer.
 SHUTDOWN_GRACE_S = 0.5
 CLOSING = "the host is closing: the call was not answered; retry it"
@@ -67,8 +72,17 @@ class Session:
     full, and each child method reserves room there before it reads a page.
     """
 
-    def __init__(self, engine: Engine, outbox: Outbox, *, max_inflight: int = MAX_INFLIGHT) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        outbox: Outbox,
+        *,
+        max_inflight: int = MAX_INFLIGHT,
+        idle_timeout: float | None = None,
+    ) -> None:
         self.engine = engine
+        self._idle_timeout = idle_timeout
+        self._active_at = time.monotonic()
         self._outbox = outbox
         self._backlog = outbox.backlog
         self.conn: RunnerConnection | None = None
@@ -123,17 +137,44 @@ class Session:
                 await self._slots.acquire()
                 try:
                     await self._backlog.room()
-                    line = await anext(lines)
+                    line = await self._next(lines)
                 except BaseException:
                     self._slots.release()
                     raise
+                self._active_at = time.monotonic()
                 self._spawn(line)
         except StopAsyncIteration:
+            return
+        except _Idle:
+            runner = self.conn.runner_id if self.conn is not None else None
+            extra = {"action": "idle_connection_closed", "runner_id": runner}
+            log.info("closing a connection idle for %.0f s", self._idle_timeout, extra=extra)
             return
         except OSError:  # the peer hung up mid-stream (a reset): the same as its end
             return
         finally:
             await lines.aclose()
+
+    async def _next(self, lines: AsyncIterator[bytes | None]) -> bytes | None:
+        """The next line; raises :class:`_Idle` once the stream is idle: nothing sent
+        for ``idle_timeout`` while no request is in flight and nothing is unread."""
+        if self._idle_timeout is None:
+            return await anext(lines)
+        reading = asyncio.ensure_future(anext(lines))
+        try:
+            while True:
+                left = self._active_at + self._idle_timeout - time.monotonic()
+                done, _ = await asyncio.wait({reading}, timeout=max(left, 0.05))
+                if done:
+                    return reading.result()
+                if self._tasks or self._backlog.used:
+                    self._active_at = time.monotonic()  # busy: idle only from its end
+                elif time.monotonic() - self._active_at >= self._idle_timeout:
+                    raise _Idle
+        finally:
+            if not reading.done():
+                reading.cancel()
+                await asyncio.gather(reading, return_exceptions=True)
 
     def _spawn(self, line: bytes | None) -> None:
         if line is None:
@@ -148,6 +189,7 @@ class Session:
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._slots.release()
+        self._active_at = time.monotonic()
 
     async def _settle(self) -> None:
         """Wait for the requests in flight: up to ``release_drain_s`` after the peer's
@@ -272,6 +314,10 @@ class _Method(msgspec.Struct):
 _method = msgspec.json.Decoder(_Method)
 
 
+class _Idle(Exception):
+    """The stream has been idle for its ``idle_timeout``."""
+
+
 def _is_lifecycle(line: bytes) -> bool:
     """Whether ``line`` is a lifecycle request: a cheap look for a lifecycle method name,
     then, when one is there, the method read. An id that spells one (``"runId":
@@ -320,11 +366,13 @@ async def serve_socket(
     *,
     max_inflight: int = MAX_INFLIGHT,
     max_connections: int = MAX_CONNECTIONS,
+    idle_timeout: float | None = IDLE_TIMEOUT_S,
 ) -> None:
     """Accept runner connections on a Unix socket (mode 0600) until ``stop`` is set,
     then stop every connection and wait until each has been answered and closed. At
     most ``max_connections`` are served at once: the next gets one error line
-    (``connection_limit``) and is closed."""
+    (``connection_limit``) and is closed. A connection idle for ``idle_timeout``
+    seconds (None: never) is closed as if its peer had hung up."""
     streams = Streams()
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -339,7 +387,9 @@ async def serve_socket(
                 log.info("connection refused", extra={"action": "connection_limit"})
                 await _refuse(reader, outbox, errors.ConnectionLimit())
             elif not streams.stopping:
-                session = Session(engine, outbox, max_inflight=max_inflight)
+                session = Session(
+                    engine, outbox, max_inflight=max_inflight, idle_timeout=idle_timeout
+                )
                 streams.sessions.add(session)
                 try:
                     await session.run(reader.read)
@@ -407,9 +457,11 @@ async def serve(
     allowed_uid: int | None = None,
     max_inflight: int = MAX_INFLIGHT,
     max_connections: int = MAX_CONNECTIONS,
+    idle_timeout: float | None = IDLE_TIMEOUT_S,
 ) -> None:
     """Run the host until SIGTERM/SIGINT (or end of input on stdio), then close gracefully.
-    ``max_connections`` bounds the streams of a socket at once.
+    ``max_connections`` bounds the streams of a socket at once; ``idle_timeout`` closes
+    a socket's idle streams.
 
     A host whose database file was replaced while in use (SPEC §18) stops as well:
     its close then raises ``DatabaseReplaced`` (the command's one line, exit 1)."""
@@ -435,6 +487,7 @@ async def serve(
                     uid,
                     max_inflight=max_inflight,
                     max_connections=max_connections,
+                    idle_timeout=idle_timeout,
                 )
             else:
                 await serve_stdio(engine, stop, max_inflight=max_inflight)

@@ -110,6 +110,42 @@ def test_past_max_connections_a_peer_gets_one_error_line_and_is_closed(tmp_path:
                 peer.close()
 
 
+def test_idle_connections_are_closed_and_free_their_slots(tmp_path: Path) -> None:
+    """Issue 35, finding 6: 64 connections that sent nothing held every slot for as long
+    as they stayed open. ``--idle-timeout`` closes one that sends nothing while nothing
+    of it is in flight or unread; a peer that keeps talking stays."""
+    idle_host = ("--max-connections", "2", "--idle-timeout", "1", "--log-level", "info")
+    with host(tmp_path, *idle_host) as (_proc, path):
+        idle, talking = Peer(path, timeout=30), Peer(path, timeout=30)
+        try:
+            talking.call("runner.register", {"runnerId": "r1", "hostInstanceId": "h1"})
+            _past_the_limit(path)  # both slots are held
+            began = time.monotonic()
+            for n in range(8):  # 2.4 s of a request every 0.3 s: never idle for 1 s
+                time.sleep(0.3)
+                talking.call("run.finish", {"runId": f"run-{n}", "succeeded": True}, n + 2)
+            with pytest.raises(ConnectionError):  # the idle one was closed meanwhile
+                idle.line()
+            assert time.monotonic() - began >= 0.9, "not before its idle timeout"
+            asyncio.run(_register_with_a_client(path))  # its slot is free again
+        finally:
+            idle.close()
+            talking.close()
+    log = (tmp_path / "host.log").read_text()
+    assert log.count("action=idle_connection_closed") >= 1, log
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "1e300"])
+def test_an_idle_timeout_is_a_positive_number_of_seconds(tmp_path: Path, value: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "delegation.cli", "serve", "--socket", str(tmp_path / "s"),
+         "--db", str(tmp_path / "d.db"), "--idle-timeout", value],
+        cwd=ROOT, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--idle-timeout" in done.stderr, done.stderr
+    assert not (tmp_path / "d.db").exists()
+
+
 def _past_the_limit(path: Path) -> None:
     """A peer past the limit reads one JSON-RPC error, then the end; a Client's call
     raises ConnectionLimit."""
