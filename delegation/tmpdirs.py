@@ -99,14 +99,20 @@ def remove_stale(where: str | None = None) -> list[str]:
 def _stale(path: str, name: str) -> bool:
     """Whether ``path`` is this user's directory, made by a host of this pid namespace
     that no longer runs."""
-    match = _NAME.match(name)
-    if match is None or int(match[1]) != _pid_namespace():
+    if not made_by_ended_host(name):
         return False
     try:
         found = os.lstat(path)
     except OSError:
         return False
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
+    return stat.S_ISDIR(found.st_mode) and found.st_uid == os.geteuid()
+
+
+def made_by_ended_host(name: str) -> bool:
+    """Whether ``name`` (a temp dir's, or a child's control group's) is one a host of
+    this pid namespace made, and that host no longer runs."""
+    match = _NAME.match(name)
+    if match is None or int(match[1]) != _pid_namespace():
         return False
     boot = processes.boot_id()
     if match[4] != _boot(boot):

@@ -5,7 +5,8 @@
 
 ``plant`` runs one command child in ``WORKSPACE`` (``READ_WRITE`` added to what it may
 write) that writes ``LINE`` into the file ``TARGET``, and prints the child's error and
-event count as one JSON line. ``hold`` starts a command child that fills its private
+event count as one JSON line (the runner's own, with no event, when it refused to be
+made). ``hold`` starts a command child that fills its private
 ``TMPDIR`` (a file, a symlink to ``OUTSIDE``), prints ``STARTED <conversationId>
 <TMPDIR>``, and runs until it is killed.
 """
@@ -19,7 +20,7 @@ import sys
 from contain_host import start  # this script's own directory is first on sys.path
 
 from delegation import Engine
-from delegation.runners.command import CommandRunner
+from delegation.runners.command import CommandConfigError, CommandRunner
 
 PLANT = 'printf "%s\\n" "$2" > "$1"'
 HOLD = 'echo x > "$TMPDIR/file"; ln -s "$1" "$TMPDIR/out"; echo "tmp $TMPDIR"; read a; read b'
@@ -27,7 +28,11 @@ HOLD = 'echo x > "$TMPDIR/file"; ln -s "$1" "$TMPDIR/out"; echo "tmp $TMPDIR"; r
 
 async def plant(db: str, workspace: str, target: str, line: str, *read_write: str) -> None:
     argv = ["/bin/sh", "-c", PLANT, "sh", target, line]
-    runner = CommandRunner({"plant": argv}, read_write=read_write)
+    try:
+        runner = CommandRunner({"plant": argv}, read_write=read_write)
+    except CommandConfigError as exc:  # refused as the host starts, before any child
+        print(json.dumps({"error": str(exc), "events": 0}), flush=True)
+        return
     async with Engine(f"sqlite:///{db}", runner=runner) as engine:
         child = await start(engine, "plant", workspace)
         while (record := await engine.get_child(child.conversation_id)) and not record.terminal:

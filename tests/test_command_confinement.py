@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from delegation import Engine, Params, Preset, Request
-from delegation.runners import child_launcher
+from delegation.runners import child_launcher, socket_filter
 from delegation.runners.command import CommandRunner
 from delegation.runners.containment import Containment, landlock_abi
 from tests import rows
@@ -76,13 +76,17 @@ def test_a_child_gets_no_unix_socket_through_io_uring(place: Path) -> None:
 # --- the filter, run by a classic-BPF interpreter ----------------------------------------
 
 
-def _run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
-    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+def _run_bpf(program: bytes, nr: int, arch: int, *args: int) -> int:
+    padded = [*args, *[0] * (6 - len(args))]
+    data = struct.pack("=iIQ6Q", nr, arch, 0, *padded)
     pc, acc = 0, 0
     while True:
         code, jt, jf, k = struct.unpack_from("=HBBI", program, pc * 8)
         if code == 0x20:
             (acc,) = struct.unpack_from("=I", data, k)
+            pc += 1
+        elif code == 0x54:  # and
+            acc &= k
             pc += 1
         elif code in (0x15, 0x35):
             hit = acc == k if code == 0x15 else acc >= k
@@ -93,38 +97,72 @@ def _run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
             raise AssertionError(f"opcode {code:#x}")
 
 
+ALLOW, EACCES = 0x7FFF0000, 0x00050000 | 13
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_VSOCK = 1, 2, 10, 16, 17, 40
+STREAM, DGRAM, RAW, SEQPACKET = 1, 2, 3, 5
+NONBLOCK_CLOEXEC = 0o4000 | 0o2000000
+
+
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
-def test_the_socket_filter_leaves_no_architecture_and_no_io_uring_open(
-    machine: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    captured: list[bytes] = []
-    monkeypatch.setattr(child_launcher.platform, "machine", lambda: machine)
-    monkeypatch.setattr(child_launcher, "_assemble", _capture(child_launcher._assemble, captured))
-
-    class NoLibc:
-        def prctl(self, *args: object) -> int:
-            return 0
-
-    assert child_launcher.no_unix_sockets(NoLibc())  # type: ignore[arg-type]
-    (program,) = captured
-    allow = 0x7FFF0000
-    native = child_launcher._AUDIT_ARCH[machine]
-    assert _run_bpf(program, child_launcher._SOCKET_NR[machine], native, 1) != allow
-    assert _run_bpf(program, child_launcher._SOCKET_NR[machine], native, 2) == allow  # AF_INET
-    assert _run_bpf(program, 425, native) != allow, "io_uring_setup makes sockets too"
+def test_the_socket_filter_leaves_no_architecture_and_no_io_uring_open(machine: str) -> None:
+    program = socket_filter.compiled(machine)
+    native = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[machine]
+    socket_nr = {"x86_64": 41, "aarch64": 198}[machine]
+    assert _run_bpf(program, socket_nr, native, AF_UNIX, STREAM) == EACCES
+    assert _run_bpf(program, socket_nr, native, AF_INET, STREAM) == ALLOW
+    assert _run_bpf(program, 425, native) != ALLOW, "io_uring_setup makes sockets too"
     if machine == "x86_64":
-        assert _run_bpf(program, 359, 0x40000003, 1) != allow
-        assert _run_bpf(program, 425, 0x40000003) != allow, "i386 io_uring_setup"
+        assert _run_bpf(program, 359, 0x40000003, AF_UNIX, STREAM) != ALLOW
+        assert _run_bpf(program, 359, 0x40000003, AF_INET, STREAM, 262) != ALLOW, "i386 MPTCP"
+        assert _run_bpf(program, 102, 0x40000003) != ALLOW, "i386 socketcall"
+        assert _run_bpf(program, 425, 0x40000003) != ALLOW, "i386 io_uring_setup"
+        assert _run_bpf(program, 0x40000000 + 41, native, AF_INET, STREAM) != ALLOW, "x32"
     else:  # arm32 compat tasks on arm64: socket is 281 there
-        assert _run_bpf(program, 281, 0x40000028, 1) != allow, "AUDIT_ARCH_ARM is let through"
+        assert _run_bpf(program, 281, 0x40000028, 1) != ALLOW, "AUDIT_ARCH_ARM is let through"
 
 
-def _capture(assemble, captured):  # type: ignore[no-untyped-def]
-    def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
-        captured.append(assemble(*args, **kwargs))
-        return captured[-1]
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+@pytest.mark.parametrize(
+    ("family", "kind", "protocol", "allowed"),
+    [
+        (AF_INET, STREAM, 0, True),
+        (AF_INET, STREAM, 6, True),
+        (AF_INET6, STREAM | NONBLOCK_CLOEXEC, 0, True),
+        (AF_INET, DGRAM, 0, True),
+        (AF_INET6, DGRAM, 17, True),
+        (AF_INET, STREAM, 262, False),  # MPTCP: Landlock's TCP rules do not see it
+        (AF_INET6, STREAM, 262, False),
+        (AF_INET, STREAM, 132, False),  # SCTP
+        (AF_INET, SEQPACKET, 132, False),
+        (AF_INET, DGRAM, 1, False),  # ICMP (ping sockets)
+        (AF_INET, DGRAM, 136, False),  # UDP-Lite
+        (AF_INET, RAW, 6, False),
+        (AF_UNIX, STREAM, 0, False),
+        (AF_NETLINK, DGRAM, 0, False),
+        (AF_PACKET, RAW, 0, False),
+        (AF_VSOCK, STREAM, 0, False),
+        (AF_INET | (1 << 32), STREAM, 0, True),  # the high half of an int is not read
+    ],
+)
+def test_the_socket_filter_allows_tcp_and_udp_only(
+    machine: str, family: int, kind: int, protocol: int, allowed: bool
+) -> None:
+    program = socket_filter.compiled(machine)
+    native = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[machine]
+    socket_nr = {"x86_64": 41, "aarch64": 198}[machine]
+    verdict = _run_bpf(program, socket_nr, native, family, kind, protocol)
+    assert verdict == (ALLOW if allowed else EACCES)
 
-    return wrapped
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_listen_and_socket_pairs_as_the_filter_says(machine: str) -> None:
+    native = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[machine]
+    pair, listen = {"x86_64": (53, 50), "aarch64": (199, 201)}[machine]
+    closed, opened = socket_filter.compiled(machine), socket_filter.compiled(machine, listen=True)
+    assert _run_bpf(closed, listen, native, 3, 16) == EACCES
+    assert _run_bpf(opened, listen, native, 3, 16) == ALLOW
+    assert _run_bpf(closed, pair, native, AF_UNIX, STREAM) == ALLOW
+    assert _run_bpf(closed, pair, native, AF_INET, STREAM) == EACCES
 
 
 # --- Landlock's rule for the cwd follows no path the check no longer holds ---------------

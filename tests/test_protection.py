@@ -29,8 +29,9 @@ from delegation.protection import (
     PACKAGE,
     Protected,
     host_code,
+    host_imports,
 )
-from delegation.runners.command import CommandRunner
+from delegation.runners.command import CommandConfigError, CommandRunner
 from delegation.runners.containment import ContainmentRefused
 from tests.contain_host import start
 
@@ -95,24 +96,37 @@ def _purelib_package() -> str:
 
 
 @pytest.mark.parametrize(
-    ("workspace", "read_write", "reached"),
+    "workspace",
     [
-        pytest.param(os.path.dirname(PACKAGE), (), "workspace", id="holds-the-package"),
-        pytest.param(sys.prefix, (), "workspace", id="is-the-prefix"),
-        pytest.param(None, (sysconfig.get_path("purelib"),), "read_write", id="site-packages"),
-        pytest.param(None, (_purelib_package(),), "read_write", id="inside-site-packages"),
+        pytest.param(os.path.dirname(PACKAGE), id="holds-the-package"),
+        pytest.param(sys.prefix, id="is-the-prefix"),
     ],
 )
 async def test_a_child_that_could_write_the_hosts_code_is_refused(
-    tmp_path: Path, workspace: str | None, read_write: tuple[str, ...], reached: str
+    tmp_path: Path, workspace: str
 ) -> None:
-    ws = Path(os.path.realpath(workspace)) if workspace else tmp_path / "ws"
-    ws.mkdir(exist_ok=True)
+    ws = Path(os.path.realpath(workspace))
     (tmp_path / "db").mkdir()
-    pwd = CommandRunner({"pwd": ["/bin/pwd"]}, read_write=read_write)  # writes nothing
+    pwd = CommandRunner({"pwd": ["/bin/pwd"]})  # writes nothing
     error, events = await _run_once(tmp_path / "db" / "x.db", Wrapping(pwd), ws, "pwd")
-    where = str(ws) if reached == "workspace" else read_write[0]
-    assert (error, events) == (f"{HOST_REACHED}: {where}", 0)
+    assert (error, events) == (f"{HOST_REACHED}: {ws}", 0)
+
+
+@pytest.mark.parametrize(
+    "read_write",
+    [
+        pytest.param(sysconfig.get_path("purelib"), id="site-packages"),
+        pytest.param(_purelib_package(), id="inside-site-packages"),
+        pytest.param(str(ROOT), id="holds-a-directory-the-host-imports-from"),
+    ],
+)
+def test_a_read_write_that_reaches_the_hosts_code_is_refused_as_the_host_starts(
+    read_write: str,
+) -> None:
+    """Issue 35, finding 6: such a ``read_write`` was refused only per child."""
+    with pytest.raises(CommandConfigError) as refused:
+        CommandRunner({"pwd": ["/bin/pwd"]}, read_write=[read_write])
+    assert str(refused.value) == f"read_write: {HOST_REACHED}: {read_write}"
 
 
 # --- the attack itself, with a host whose venv lies in the workspace --------------------
@@ -138,14 +152,56 @@ def test_a_pth_planted_in_the_hosts_site_packages_never_runs(tmp_path: Path, off
         capture_output=True, text=True, timeout=60, cwd=ROOT, env=env, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    refused = str(workspace) if offered == "workspace" else purelib
-    assert json.loads(proc.stdout.splitlines()[-1]) == {
-        "error": f"{HOST_REACHED}: {refused}",
-        "events": 0,
-    }
+    refused = f"{HOST_REACHED}: {workspace}" if offered == "workspace" else purelib
+    if offered == "read_write":  # refused as the host starts, before any child
+        refused = f"read_write: {HOST_REACHED}: {purelib}"
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"error": refused, "events": 0}
     assert not target.exists()
     subprocess.run([python, "-c", "pass"], check=True)  # the host's next start
     assert not mark.exists()
+
+
+@pytest.mark.parametrize("started", ["script", "-c"])
+def test_a_host_started_from_its_workspace_never_gives_it_to_a_child(
+    tmp_path: Path, started: str
+) -> None:
+    """Issue 35, finding 3: a host run from a project directory (``python -m …`` or a
+    script in it) imports from that directory first; with it as the workspace a child
+    planted ``msgspec.py`` there, which the next host start imported unconfined. Every
+    ``sys.path`` entry of the host and ``__main__``'s directory is host code now."""
+    project, db = tmp_path / "project", tmp_path / "db" / "x.db"
+    project.mkdir()
+    db.parent.mkdir()
+    target = project / "msgspec.py"
+    plant = ["plant", str(db), str(project), str(target), "raise SystemExit('planted')"]
+    if started == "script":  # the script's directory is sys.path[0]
+        for helper in ("protect_host.py", "contain_host.py"):
+            (project / helper).write_text((HERE / helper).read_text())
+        argv = [sys.executable, str(project / "protect_host.py"), *plant]
+    else:  # -c (and -m) put the working directory first
+        run = "import runpy, sys; sys.argv = ['h', *%r]; runpy.run_path(%r, run_name='__main__')"
+        argv = [sys.executable, "-c", run % (plant, str(HOST))]
+    env = {**os.environ, "PYTHONPATH": str(HERE)}  # the helpers, after sys.path[0]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=project,
+                          env=env, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == {
+        "error": f"{HOST_REACHED}: {project}",
+        "events": 0,
+    }
+    assert not target.exists()
+
+
+def test_the_hosts_imports_are_its_path_and_mains_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", str(tmp_path / "lib"), *sys.path])
+    imports = host_imports()
+    assert str(tmp_path) in imports and str(tmp_path / "lib") in imports
+    protected = Protected.of(imports=imports)
+    assert protected.refusal([str(tmp_path)], []) == f"{HOST_REACHED}: {tmp_path}"
+    assert protected.refusal([str(tmp_path / "ws")], []) is None, "beneath one is fine"
 
 
 # --- the rule ---------------------------------------------------------------------------

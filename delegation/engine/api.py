@@ -34,7 +34,7 @@ from delegation.engine.supervisor import Supervisor, collector_paused
 from delegation.engine.timers import Timers
 from delegation.engine.upkeep import Upkeep
 from delegation.options import ExecutionOptions
-from delegation.protection import Protected, host_code
+from delegation.protection import Protected, host_code, host_imports
 from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
 from delegation.runs import Runner
 from delegation.store import Connection
@@ -139,7 +139,22 @@ class Engine:
         """Open (and migrate) the database, take over from the previous host instance,
         arm the lease timer and resume the children this host owns (SPEC §7). Before
         resuming, kill what lost runs left running and remove the private temp dirs
-        hosts that ended left (:mod:`delegation.tmpdirs`)."""
+        hosts that ended left (:mod:`delegation.tmpdirs`).
+
+        Before anything is opened, a runner whose own confinement settings would give
+        its children the database, its credentials or the host's code (SPEC §23:
+        ``check_confinement``, as the command runner's ``read_write``) is refused: its
+        error is raised and nothing is created."""
+        # Every run is handed this set: no runner that wraps another can forget it.
+        self._supervisor.protected = Protected.of(
+            database=self._db.protected_paths(),
+            host=host_code(),
+            imports=host_imports(),
+            secret=self._db.secret_paths(),
+        )
+        check = getattr(self._runner, "check_confinement", None)
+        if callable(check):
+            check(self._supervisor.protected)
         loop = asyncio.get_running_loop()
         opening = loop.run_in_executor(None, self._db.open, loop)
         try:
@@ -164,8 +179,6 @@ class Engine:
 
     async def _boot(self, loop: asyncio.AbstractEventLoop) -> None:
         """Take over, arm the timers, resume what this host owns (see :meth:`open`)."""
-        # Every run is handed this set: no runner that wraps another can forget it.
-        self._supervisor.protected = Protected.of(self._db.protected_paths(), host_code())
         protect = getattr(self._runner, "protect_paths", None)
         if callable(protect):  # the v2 way, kept for runners written for it
             protect(self._db.protected_paths())

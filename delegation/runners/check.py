@@ -3,8 +3,9 @@ sees it (SPEC §17).
 
 It starts a real child through the same launcher and confinement a command runner
 uses (with a runner TOML's settings, if given) in a scratch workspace, and the child
-reports what it could and could not do: its view of processes, its capabilities, the
-file system, the network, Unix sockets and the host's environment. Nothing is assumed
+reports what it could and could not do: its user, its view of processes, its
+capabilities, the file system (``/etc/shadow`` too), the network, the sockets it may
+create, and the host's environment; the host adds the child's limits. Nothing is assumed
 from the kernel's version: every line is something a child just tried.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 
 from delegation import os_processes as processes
 from delegation.runners.containment import Containment, refusal
+from delegation.runners.limits import ChildLimits
 
 # Run by the child with -I: the standard library only. Each attempt is "allowed",
 # "denied (errno)" or what it saw.
@@ -60,8 +62,23 @@ def bind():
         s.bind(("127.0.0.1", 0))
     return "allowed"
 
+def make(family, kind, protocol=0):
+    socket.socket(family, kind, protocol).close()
+    return "allowed"
+
+def listen():
+    with socket.socket() as s:
+        s.listen()
+    return "allowed"
+
+def read(path):
+    with open(path, "rb") as f:
+        f.read(1)
+    return "allowed"
+
 pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
 print(json.dumps({
+    "uid": os.getuid(),
     "pid": os.getpid(),
     "processes_visible": len(pids),
     "host_visible": os.path.exists(f"/proc/{host}"),
@@ -75,7 +92,12 @@ print(json.dumps({
     "host_environ": attempt(lambda: open(f"/proc/{host}/environ", "rb").read() and "allowed"),
     "tcp_connect_other_port": attempt(lambda: connect(socket.AF_INET, ("127.0.0.1", port))),
     "tcp_bind": attempt(bind),
+    "listen": attempt(listen),
     "unix_socket": attempt(lambda: connect(socket.AF_UNIX, "/nonexistent") or "allowed"),
+    "mptcp_socket": attempt(lambda: make(socket.AF_INET, socket.SOCK_STREAM, 262)),
+    "netlink_socket": attempt(lambda: make(16, socket.SOCK_RAW)),
+    "udp_socket": attempt(lambda: make(socket.AF_INET, socket.SOCK_DGRAM)),
+    "read_etc_shadow": attempt(lambda: read("/etc/shadow")),
 }))
 """
 
@@ -85,17 +107,19 @@ def observe(containment: Containment) -> dict[str, Any]:
     the host's side of the settings (``landlock``, ``namespaces``, ``net_connect``)."""
     processes.make_undumpable()  # as a host is before its first command child
     scratch = Path(tempfile.mkdtemp(prefix="delegation-check-"))
+    scratch.chmod(0o755)  # one anyone may enter: what stops the child there is Landlock
     workspace, outside = scratch / "workspace", scratch / "outside"
     workspace.mkdir()
     outside.mkdir()
     listener = socket.create_server(("127.0.0.1", 0))  # a port the child is not given
     go_read, go_write = os.pipe()
+    bounds = containment.bounds()
     try:
         os.write(go_write, b"1")
         os.close(go_write)
         port = str(listener.getsockname()[1])
         program = [sys.executable, "-I", "-c", _PROBE, str(os.getpid()), str(outside), port]
-        argv = containment.launcher(program, str(workspace), str(workspace), go_read)
+        argv = containment.launcher(program, str(workspace), str(workspace), go_read, bounds=bounds)
         done = subprocess.run(
             argv, pass_fds=(go_read,), capture_output=True, text=True, timeout=60, check=False,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, cwd="/",
@@ -104,12 +128,16 @@ def observe(containment: Containment) -> dict[str, Any]:
         os.close(go_read)
         listener.close()
         shutil.rmtree(scratch, ignore_errors=True)
+        _gone(bounds)
     host = {
         "landlock_abi": containment.landlock,
         "namespaces": containment.namespaces,
         "net_connect": list(containment.net_connect),
         "socket_filter": containment.socket_filter,
         "host_uid": os.geteuid(),
+        "limits": "cgroups" if containment.cgroups is not None else "rlimits",
+        "max_processes": containment.max_processes,
+        "max_memory": containment.max_memory,
     }
     if done.returncode != 0:
         why = refusal(done.returncode, done.stderr) or done.stderr.strip()[-500:]
@@ -123,6 +151,7 @@ _LINES = (
     ("host_uid", "host uid"),
     ("landlock_abi", "Landlock ABI (0: none)"),
     ("namespaces", "namespaces (root, user, or none)"),
+    ("uid", "child's uid"),
     ("pid", "child's pid (1: first of its own namespace)"),
     ("processes_visible", "processes it sees"),
     ("host_visible", "host visible in its /proc"),
@@ -137,10 +166,26 @@ _LINES = (
     ("net_connect", "TCP ports it may connect to"),
     ("tcp_connect_other_port", "TCP connect to another port"),
     ("tcp_bind", "TCP bind"),
+    ("listen", "listen"),
+    ("udp_socket", "UDP socket"),
     ("unix_socket", "Unix socket"),
+    ("mptcp_socket", "MPTCP socket"),
+    ("netlink_socket", "netlink socket"),
+    ("read_etc_shadow", "read /etc/shadow"),
+    ("limits", "limits (cgroups or rlimits)"),
+    ("max_processes", "max processes"),
+    ("max_memory", "max memory, bytes"),
     ("spawn_to_first_line", "spawn to first line, median ms"),
     ("error", "the probe child failed"),
 )
+
+
+def _gone(bounds: ChildLimits) -> None:
+    """Remove the probe's control groups once its processes have left them."""
+    for _ in range(50):
+        if bounds.remove():
+            return
+        time.sleep(0.02)
 
 
 def render(report: dict[str, Any]) -> str:

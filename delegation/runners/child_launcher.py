@@ -1,35 +1,47 @@
-"""The launcher every command child starts through (SPEC §10); it then becomes the child.
+"""The launcher every command child starts through (SPEC §10, §17, §23); it then becomes
+the child.
 
     python -I -S child_launcher.py SPEC_JSON PROGRAM [ARG ...]
 
 It runs in the child process, between the host's fork and the program's exec, and does
 in order what only the child itself can do soundly:
 
-1. ties its life to the host: ``PR_SET_PDEATHSIG`` (SIGKILL), then checks that the host
+1. joins the child's own control groups (``cgroups``: the host made them, with its
+   process and memory limits) and sets its resource limits (``rlimits``), so that
+   everything it becomes is counted;
+2. ties its life to the host: ``PR_SET_PDEATHSIG`` (SIGKILL), then checks that the host
    is still its parent (it may have died before the signal was armed);
-2. changes into the child's working directory and checks, **after** the change, that
+3. changes into the child's working directory and checks, **after** the change, that
    the directory it is in really is the one the engine confined to the workspace: a
    directory swapped for a symlink at any moment before cannot move it out, since the
    check reads where the process is, not where a path leads;
-3. where the host found namespaces allowed, makes a PID namespace (and, for a host that
+4. where the host found namespaces allowed, makes a PID namespace (and, for a host that
    is not root, a user namespace mapping only its own uid and gid) and forks: the fork
    is the namespace's first process and becomes the program, with a ``/proc`` of its
    own in a private mount namespace; this launcher stays outside as its *keeper*
    (:func:`keep`), dies with the host, and the program dies with it (a second
    ``PR_SET_PDEATHSIG``); when the program ends, the kernel kills every process left
    in its namespace, ``setsid`` and double forks included;
-4. confines itself with Landlock where the kernel has it: read-write only beneath its
+5. for a root host (``uid``), gives the program a user of its own: in its mount
+   namespace, the directories it may write (its working directory, ``read_write``)
+   are remounted *idmapped*, so that what root owns there is the child user's, and the
+   root-owned directories on the way to what it may read that others may not enter
+   (``/root`` above a Python installed there) likewise, read-only; it then runs as that
+   user (:func:`give_away`), so a file only root may read (``/etc/shadow``, a disk
+   device) is closed to it by its mode;
+6. confines itself with Landlock where the kernel has it: read-write only beneath its
    working directory and its private temp dir, read-only beneath the configured system
-   directories, nothing else; TCP connect only to the ``net_connect`` ports and no
-   bind (ABI 4+); and scopes abstract Unix sockets and signals to itself (ABI 6+);
-5. installs a seccomp filter that refuses ``socket(AF_UNIX, ...)`` with EACCES, so no
-   process of the child, however it forks, can connect to a Unix socket (the serve
-   socket, a session bus, a terminal multiplexer); ``socketpair`` still works;
-6. gives up every capability for good (bounding and ambient sets cleared, the
+   directories except the ``hidden`` files beneath them (the database's credentials),
+   nothing else; TCP connect only to the ``net_connect`` ports and no bind (ABI 4+);
+   and scopes abstract Unix sockets and signals to itself (ABI 6+);
+7. installs the host's seccomp filter (``seccomp``, :mod:`delegation.runners.socket_filter`):
+   only TCP and UDP sockets and Unix socket pairs, ``listen`` only where allowed, no
+   io_uring, no foreign system calls; filters are inherited and cannot be removed;
+8. gives up every capability for good (bounding and ambient sets cleared, the
    securebits that keep uid 0 from regaining them locked, ``no_new_privs``): a child
    of a root host is as powerless towards the host as an ordinary user's;
-7. waits on the go-ahead descriptor until the host has recorded its pid durably;
-8. executes the program; the PATH lookup uses the child's own environment.
+9. waits on the go-ahead descriptor until the host has recorded its pid durably;
+10. executes the program; the PATH lookup uses the child's own environment.
 
 A refusal exits with :data:`REFUSED` after one line on stderr that starts with
 :data:`MARKER`: the program never ran. It uses only the standard library and imports
@@ -44,9 +56,10 @@ import os
 import platform
 import select
 import signal
+import stat
 import struct
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 MARKER = "delegation-contain: "
 REFUSED = 125
@@ -85,15 +98,13 @@ _SYSCALLS = {  # landlock_create_ruleset, landlock_add_rule, landlock_restrict_s
     "aarch64": (444, 445, 446),
 }
 
-# seccomp: the architecture, and the socket syscalls to filter there.
-_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
-_SOCKET_NR = {"x86_64": 41, "aarch64": 198}
-_AUDIT_ARCH_I386 = 0x40000003  # x86_64 runs i386 code too: its socket calls are filtered
-_I386_SOCKETCALL, _I386_SOCKET = 102, 359
-_X32_BIT = 0x40000000
-_AF_UNIX = 1
-_EACCES, _ENOSYS = 13, 38
-_IO_URING_SETUP = 425  # the same number on x86_64, i386 and aarch64
+# Mounts made idmapped (include/uapi/linux/mount.h); the same numbers on x86_64 and aarch64.
+_OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442
+_OPEN_TREE_CLONE, _AT_FDCWD, _AT_EMPTY_PATH, _MOVE_MOUNT_F_EMPTY_PATH = 1, -100, 0x1000, 4
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_IDMAP = 1, 0x100000
+
+# Resource limits (include/uapi/asm-generic/resource.h).
+_RLIMITS = {"data": 2, "nproc": 6}  # RLIMIT_DATA, RLIMIT_NPROC
 
 
 def _libc() -> ctypes.CDLL:
@@ -126,11 +137,16 @@ def enter(cwd: str) -> None:
 
 
 def landlock(
-    libc: ctypes.CDLL, read_write: list[str], read_only: list[str], ports: list[int]
+    libc: ctypes.CDLL,
+    read_write: list[str],
+    read_only: list[Any],
+    ports: list[int],
 ) -> int:
     """Confine this process (and so the program and all it starts); returns the ABI
-    version used, 0 where the kernel has no Landlock. From ABI 4 on, TCP may connect
-    only to ``ports`` and bind nowhere."""
+    version used, 0 where the kernel has no Landlock. ``read_only`` holds directories
+    (or files) to read beneath, or rules ``[path, access, follow]`` the host carved
+    around what must stay hidden (:mod:`delegation.runners.child_view`). From ABI 4 on,
+    TCP may connect only to ``ports`` and bind nowhere."""
     calls = _SYSCALLS.get(platform.machine())
     if calls is None:
         return 0
@@ -155,9 +171,11 @@ def landlock(
     if ruleset < 0:
         refuse(f"cannot create a Landlock ruleset: {os.strerror(ctypes.get_errno())}")
     try:
-        for paths, access in ((read_write, handled), (read_only, _READ_ONLY)):
-            for path in paths:
-                _allow(libc, add, ruleset, path, access & handled)
+        for path in read_write:
+            _allow(libc, add, ruleset, path, handled)
+        for rule in read_only:
+            path, access, follow = (rule, _READ_ONLY, True) if isinstance(rule, str) else rule
+            _allow(libc, add, ruleset, path, access & handled, follow)
         for port in ports if network else ():
             _allow_port(libc, add, ruleset, port)
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -176,14 +194,19 @@ def _allow_port(libc: ctypes.CDLL, add: int, ruleset: int, port: int) -> None:
         refuse(f"cannot allow TCP port {port}: {os.strerror(ctypes.get_errno())}")
 
 
-def _allow(libc: ctypes.CDLL, add: int, ruleset: int, path: str, access: int) -> None:
+def _allow(
+    libc: ctypes.CDLL, add: int, ruleset: int, path: str, access: int, follow: bool = True
+) -> None:
+    flags = os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError:
         return  # a configured directory this system does not have
     try:
-        if not os.path.isdir(path):
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):  # a file, or a symlink opened as itself
             access &= _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
+        if not access:
+            return  # a file carved beside the way: READ_DIR means nothing for it
         # struct landlock_path_beneath_attr { u64 allowed_access; s32 parent_fd } (packed)
         rule = ctypes.create_string_buffer(struct.pack("=Qi", access, fd), 12)
         if libc.syscall(add, ruleset, _LANDLOCK_RULE_PATH_BENEATH, rule, 0) != 0:
@@ -192,58 +215,17 @@ def _allow(libc: ctypes.CDLL, add: int, ruleset: int, path: str, access: int) ->
         os.close(fd)
 
 
-def no_unix_sockets(libc: ctypes.CDLL) -> bool:
-    """Refuse ``socket(AF_UNIX, ...)`` to this process and all it starts (seccomp), and
-    ``io_uring_setup``, whose ``IORING_OP_SOCKET`` makes sockets no filter sees; a
-    foreign architecture (other than i386 on x86_64) is killed. Returns False on an
-    architecture this filter does not know."""
-    machine = platform.machine()
-    if machine not in _AUDIT_ARCH:
-        return False
-    arch, nr, arg0 = 4, 0, 16  # offsets in struct seccomp_data (args[0]: its low half)
-    program: list[tuple[str, int, str, str]] = [
-        ("ld", arch, "", ""),
-        ("jeq", _AUDIT_ARCH[machine], "", "other"),
-        ("ld", nr, "", ""),
-        ("jge", _X32_BIT, "deny", ""),  # x32 system calls
-        ("jeq", _IO_URING_SETUP, "nosys", ""),
-        ("jeq", _SOCKET_NR[machine], "", "allow"),
-        ("ld", arg0, "", ""),
-        ("jeq", _AF_UNIX, "deny", "allow"),
-        ("other:jeq", _AUDIT_ARCH_I386 if machine == "x86_64" else 0, "", "kill"),
-        ("ld", nr, "", ""),
-        ("jeq", _I386_SOCKETCALL, "deny", ""),  # its arguments are behind a pointer
-        ("jeq", _IO_URING_SETUP, "nosys", ""),
-        ("jeq", _I386_SOCKET, "", "allow"),
-        ("ld", arg0, "", ""),
-        ("jeq", _AF_UNIX, "deny", "allow"),
-        ("allow:ret", 0x7FFF0000, "", ""),  # SECCOMP_RET_ALLOW
-        ("deny:ret", 0x00050000 | _EACCES, "", ""),  # SECCOMP_RET_ERRNO | EACCES
-        ("nosys:ret", 0x00050000 | _ENOSYS, "", ""),  # no io_uring: programs fall back
-        ("kill:ret", 0x80000000, "", ""),  # SECCOMP_RET_KILL_PROCESS (e.g. arm32 compat)
-    ]
-    filters = _assemble(program)
-    buffer = ctypes.create_string_buffer(filters, len(filters))
+def install_filter(libc: ctypes.CDLL, program: bytes) -> None:
+    """Install the host's seccomp filter (classic BPF, :mod:`socket_filter`) for this
+    process and all it starts; ``no_new_privs`` first, as an unprivileged filter needs."""
+    buffer = ctypes.create_string_buffer(program, len(program))
     # struct sock_fprog { unsigned short len; struct sock_filter *filter; }
-    prog = struct.pack("@HP", len(program), ctypes.addressof(buffer))  # native alignment
+    prog = struct.pack("@HP", len(program) // 8, ctypes.addressof(buffer))  # native alignment
     fprog = ctypes.create_string_buffer(prog, len(prog))
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         refuse(f"cannot set no_new_privs: {os.strerror(ctypes.get_errno())}")
     if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, fprog, 0, 0) != 0:
         refuse(f"cannot install the socket filter: {os.strerror(ctypes.get_errno())}")
-    return True
-
-
-def _assemble(program: list[tuple[str, int, str, str]]) -> bytes:
-    """Classic BPF from ("[label:]op", k, jump if true, jump if false); "" falls through."""
-    codes = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "ret": 0x06}  # LD|W|ABS, JMP|K, RET|K
-    labels = {op.split(":")[0]: pc for pc, (op, *_) in enumerate(program) if ":" in op}
-    out = b""
-    for pc, (op, k, if_true, if_false) in enumerate(program):
-        jt = labels[if_true] - pc - 1 if if_true else 0
-        jf = labels[if_false] - pc - 1 if if_false else 0
-        out += struct.pack("=HBBI", codes[op.split(":")[-1]], jt, jf, k)
-    return out
 
 
 def wait_go(fd: int) -> None:
@@ -284,21 +266,27 @@ def own_proc(libc: ctypes.CDLL) -> None:
         refuse(f"cannot mount the child's /proc: {os.strerror(ctypes.get_errno())}")
 
 
-def fork_first(libc: ctypes.CDLL) -> None:
+def fork_first(libc: ctypes.CDLL) -> int:
     """Fork after :func:`unshare`: the fork returns, as the namespace's first process,
     tied to this launcher's life; the launcher itself stays outside as its keeper and
-    never returns."""
+    never returns. Returns the end of a pipe that reads EOF once the keeper has died,
+    for :func:`tied_to_keeper` (a change of user clears the parent-death signal)."""
     alive_read, alive_write = os.pipe()  # the keeper holds the write end while it lives
     pid = os.fork()
     if pid:
         os.close(alive_read)
         keep(pid)
     os.close(alive_write)
+    tied_to_keeper(libc, alive_read)
+    return alive_read
+
+
+def tied_to_keeper(libc: ctypes.CDLL, alive: int) -> None:
+    """Arm the parent-death signal for the keeper, then check it still lives."""
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         refuse(f"cannot set the parent-death signal: {os.strerror(ctypes.get_errno())}")
-    if select.select([alive_read], [], [], 0)[0]:  # EOF: the keeper died before that
+    if select.select([alive], [], [], 0)[0]:  # EOF: the keeper died before that
         os._exit(REFUSED)
-    os.close(alive_read)
 
 
 def keep(child: int) -> NoReturn:
@@ -324,8 +312,9 @@ def keep(child: int) -> NoReturn:
         signal.signal(sig, pass_on)
     _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)
-    if code < 0:  # die of the same signal
-        signal.signal(-code, signal.SIG_DFL)
+    if code < 0:  # die of the same signal (SIGKILL, the OOM killer's, has no handler)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code)
 
@@ -342,10 +331,11 @@ def _catches(pid: int, sig: int) -> bool:
     return bool((masks.get("SigCgt", 0) | masks.get("SigIgn", 0)) & bit)
 
 
-def drop_capabilities(libc: ctypes.CDLL) -> None:
+def drop_capabilities(libc: ctypes.CDLL, user: tuple[int, int] | None = None) -> None:
     """Give up every capability for good: the bounding set (so no exec brings them back,
     not even to uid 0), the ambient set, the securebits that would re-grant them to
-    uid 0 (locked), then the effective, permitted and inheritable sets.
+    uid 0 (locked), then the effective, permitted and inheritable sets. ``user`` (uid,
+    gid), for a root host: become that user, with no supplementary group, on the way.
 
     A process without capabilities cannot clear its bounding set; it has nothing to
     give up, and ``no_new_privs`` (set before) keeps it from gaining any."""
@@ -359,9 +349,161 @@ def drop_capabilities(libc: ctypes.CDLL) -> None:
     if not powerless and libc.prctl(_PR_SET_SECUREBITS, _SECUREBITS_LOCKED, 0, 0, 0) != 0:
         refuse(f"cannot lock the securebits: {os.strerror(ctypes.get_errno())}")
     libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if user is not None:  # NO_SETUID_FIXUP (locked above) keeps CAP_SETUID for this
+        try:
+            os.setgroups([])
+            os.setresgid(user[1], user[1], user[1])
+            os.setresuid(user[0], user[0], user[0])
+        except OSError as exc:
+            refuse(f"cannot become the child's user {user[0]}: {exc.strerror}")
     header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
     if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0 or _capabilities() != 0:
         refuse(f"cannot give up capabilities: {os.strerror(ctypes.get_errno())}")
+
+
+# --- a root host's child gets a user of its own -----------------------------------
+
+
+def give_away(libc: ctypes.CDLL, user: tuple[int, int], cwd: str, spec: dict[str, Any]) -> None:
+    """In this (private) mount namespace, make what the child may write its user's and
+    what it may read reachable for it, before it becomes ``user`` (uid, gid), as the host
+    planned it (:mod:`delegation.runners.child_view`):
+
+    * its working directory (``.``, checked by :func:`enter`) and each ``idmapped``
+      path (its private temp dir and ``read_write`` paths) is mounted over itself
+      *idmapped*: root's files there are ``user``'s, and what it creates is root's on
+      disk, as a root child's was; the working directory must be, a device file or a
+      file system without idmapped mounts stays as it is;
+    * each ``closed`` directory (root's, which ``user`` could not enter on the way to a
+      root: ``/root`` above a Python installed there) is covered with an empty tmpfs
+      that holds only the way to the roots beneath it, each mounted back there as it is
+      (read-only for a read-only root): nothing else of it is there to see;
+    * each ``lent`` read-only root (root's, which ``user`` could not read) is mounted
+      over itself idmapped and read-only, as it was given to the child to read.
+
+    Then the process stands in its cwd's new mount, checked as :func:`enter` checks."""
+    mapping = _idmapping(libc, user)
+    try:
+        here = _clone(libc, ".", mapping)
+        if here[0] < 0:
+            refuse(f"cannot give the workspace to the child's user {user[0]}: {_NO_IDMAP}")
+        mounts = [(p, _clone(libc, p, mapping)) for p in spec["idmapped"]]
+        mounts += [(p, _clone(libc, p, None, read_only=True)) for p in spec["beneath"]]
+        mounts += [(p, _clone(libc, p, mapping, read_only=True)) for p in spec["lent"]]
+        for way in spec["closed"]:
+            flags = _MS_NOSUID | _MS_NODEV
+            if libc.mount(b"tmpfs", way.encode(), b"tmpfs", flags, b"mode=0755") != 0:
+                refuse(f"cannot cover {way}: {os.strerror(ctypes.get_errno())}")
+        for path, clone in [*sorted(mounts, key=lambda m: m[0].count("/")), (cwd, here)]:
+            _mount(libc, clone, path)  # outer first: an inner one goes over it
+        os.fchdir(here[0])
+        if os.getcwd() != cwd:
+            refuse(OUTSIDE)
+        os.close(here[0])
+    finally:
+        os.close(mapping)
+
+
+_NO_IDMAP = (
+    "its file system has no idmapped mounts (child_uid = 0 under [command] runs children as root)"
+)
+
+
+def _idmapping(libc: ctypes.CDLL, user: tuple[int, int]) -> int:
+    """A user namespace mapping 0 to ``user`` (its fd): the idmapping of the mounts."""
+    ready_read, ready_write = os.pipe()
+    done_read, done_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_read)
+        os.close(done_write)
+        code = 0 if libc.unshare(_CLONE_NEWUSER) == 0 else 1
+        os.write(ready_write, b"1")
+        os.read(done_read, 1)
+        os._exit(code)
+    os.close(ready_write)
+    os.close(done_read)
+    try:
+        os.read(ready_read, 1)
+        for name, text in (("uid_map", f"0 {user[0]} 1"), ("setgroups", "deny"),
+                           ("gid_map", f"0 {user[1]} 1")):  # fmt: skip
+            with open(f"/proc/{pid}/{name}", "w") as file:
+                file.write(text)
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        refuse(f"cannot map the child's user {user[0]}: {exc.strerror}")
+        raise
+    finally:
+        os.close(ready_read)
+        os.close(done_write)
+        os.waitpid(pid, 0)
+
+
+def _clone(
+    libc: ctypes.CDLL, path: str, mapping: int | None, *, read_only: bool = False
+) -> tuple[int, bool]:
+    """A detached copy of the mount at ``path`` (idmapped by ``mapping``, read-only):
+    its fd and whether it is a directory; fd -1 where it cannot be had (no such path,
+    a device file, no idmapped mounts)."""
+    try:
+        kind = os.stat(path).st_mode
+    except OSError:
+        return -1, False
+    if not (stat.S_ISDIR(kind) or stat.S_ISREG(kind)):
+        return -1, False
+    fd = libc.syscall(_OPEN_TREE, _AT_FDCWD, path.encode(), _OPEN_TREE_CLONE | os.O_CLOEXEC)
+    if fd < 0:
+        return -1, False
+    attr = (_MOUNT_ATTR_IDMAP if mapping is not None else 0) | (
+        _MOUNT_ATTR_RDONLY if read_only else 0
+    )
+    # struct mount_attr { u64 attr_set, attr_clr, propagation, userns_fd }
+    packed = ctypes.create_string_buffer(struct.pack("=QQQQ", attr, 0, 0, mapping or 0), 32)
+    if attr and libc.syscall(_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, packed, ctypes.c_size_t(32)):
+        os.close(fd)
+        return -1, False
+    return int(fd), stat.S_ISDIR(kind)
+
+
+def _mount(libc: ctypes.CDLL, clone: tuple[int, bool], path: str) -> None:
+    """Mount ``clone`` at ``path``, made first where a tmpfs covers the way to it."""
+    fd, directory = clone
+    if fd < 0:
+        return
+    if not os.path.lexists(path):  # only beneath a cover: every other path existed
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        if directory:
+            os.mkdir(path, 0o755)
+        else:
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+    flags = _MOVE_MOUNT_F_EMPTY_PATH
+    if libc.syscall(_MOVE_MOUNT, fd, b"", _AT_FDCWD, path.encode(), flags) != 0:
+        refuse(f"cannot mount {path} for the child's user: {os.strerror(ctypes.get_errno())}")
+
+
+# --- limits -------------------------------------------------------------------------
+
+
+def join_cgroups(procs: list[str]) -> None:
+    """Move this process into each control group (a ``cgroup.procs`` file): all it
+    starts is counted there, against the limits the host set."""
+    for path in procs:
+        try:
+            with open(path, "w") as file:
+                file.write(str(os.getpid()))
+        except OSError as exc:
+            refuse(f"cannot join the child's control group {path}: {exc.strerror}")
+
+
+def set_limits(limits: dict[str, int]) -> None:
+    """Set resource limits (``data``, ``nproc``: soft and hard)."""
+    import resource  # the standard library's; only where limits are asked for
+
+    for name, value in limits.items():
+        try:
+            resource.setrlimit(_RLIMITS[name], (value, value))
+        except (OSError, ValueError) as exc:
+            refuse(f"cannot set the child's {name} limit: {exc}")
 
 
 def _capabilities() -> int:
@@ -375,10 +517,13 @@ def _capabilities() -> int:
 
 
 def probe() -> None:
-    """Print (as JSON) the namespace mode this machine allows a child, or null: the
-    first of :data:`NAMESPACE_MODES` whose namespaces and ``/proc`` a fork could make."""
+    """Print (as JSON) what this machine allows a child: ``namespaces``, the first of
+    :data:`NAMESPACE_MODES` whose namespaces and ``/proc`` a fork could make (or null),
+    and ``idmap``, whether a root host may mount a directory idmapped for its child's
+    user there (:func:`give_away`, tried on the temp directory given, if any)."""
     libc = _libc()
     modes = NAMESPACE_MODES if os.geteuid() == 0 else NAMESPACE_MODES[1:]
+    found: dict[str, object] = {"namespaces": None, "idmap": False}
     for mode in modes:
         pid = os.fork()
         if pid == 0:
@@ -386,38 +531,55 @@ def probe() -> None:
             unshare(libc, mode)
             if os.fork() == 0:
                 own_proc(libc)
+                if mode == "root" and len(sys.argv) > 2:
+                    os.chdir(sys.argv[2])
+                    fd, _ = _clone(libc, ".", _idmapping(libc, (65534, 65534)))
+                    os._exit(3 if fd >= 0 else 0 if os.getpid() == 1 else 1)
                 os._exit(0 if os.getpid() == 1 else 1)
             _, status = os.wait()
             os._exit(os.waitstatus_to_exitcode(status))
         _, status = os.waitpid(pid, 0)
-        if os.waitstatus_to_exitcode(status) == 0:
-            print(json.dumps(mode))
-            return
-    print(json.dumps(None))
+        code = os.waitstatus_to_exitcode(status)
+        if code in (0, 3):
+            found = {"namespaces": mode, "idmap": code == 3}
+            break
+    print(json.dumps(found))
 
 
 def main(argv: list[str]) -> None:
-    if argv[1:] == ["--probe"]:
+    if argv[1:2] == ["--probe"]:
         probe()
         return
     spec = json.loads(argv[1])
     program = argv[2:]
     libc = _libc()
+    join_cgroups(spec.get("cgroups", []))
+    set_limits(spec.get("rlimits", {}))
     tie_to_parent(libc, spec["parent"])
     enter(spec["cwd"])
+    user = spec.get("user")
     if spec.get("namespaces"):
         unshare(libc, spec["namespaces"])
+        # Its process count is its user namespace's from here: nothing of the host's.
+        set_limits({"nproc": spec["nproc"]} if spec.get("nproc") else {})
         tie_to_parent(libc, spec["parent"])  # a change of credentials may disarm it
-        fork_first(libc)
+        alive = fork_first(libc)
         own_proc(libc)
+        if user is not None:
+            give_away(libc, (user[0], user[1]), spec["cwd"], spec)
     if spec.get("landlock", True):
         # The cwd's rule is for the directory checked above, which "." is whatever its
         # path leads to now: reopening the path would follow a symlink swapped in since.
         writable = ["." if path == spec["cwd"] else path for path in spec["read_write"]]
         landlock(libc, writable, spec["read_only"], spec.get("net_connect", []))
-    if spec.get("seccomp", True) and not no_unix_sockets(libc):
-        refuse(f"no socket filter for this architecture ({platform.machine()})")
-    drop_capabilities(libc)
+    if spec.get("seccomp"):
+        install_filter(libc, bytes.fromhex(spec["seccomp"]))
+    if spec.get("namespaces"):
+        drop_capabilities(libc, (user[0], user[1]) if user else None)
+        tied_to_keeper(libc, alive)  # again: becoming the child's user disarmed it
+        os.close(alive)
+    else:
+        drop_capabilities(libc)
     wait_go(spec["go_fd"])
     try:
         os.execvp(program[0], program)

@@ -45,11 +45,9 @@ session (keyed, say, by ``DELEGATION_RUN_ID``) does so. Hazard:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
-import signal
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,20 +55,35 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from delegation import errors, tmpdirs
 from delegation import os_processes as processes
-from delegation.codec import decode
+from delegation import tmpdirs
+from delegation.protection import Protected, host_code, host_imports
+from delegation.runners import limits
 from delegation.runners.command_config import (
     DATABASE_CREDENTIALS,
     PLACEHOLDERS,
     CommandConfigError,
     ProfileOptions,
     check_env_names,
+    check_flag,
     check_grace,
+    check_id,
     check_profile,
     settings,
 )
+from delegation.runners.command_process import (
+    CommandFailed,
+    converse,
+    failure,
+    parse_line,
+    remove_groups,
+    spawn,
+    steer_line,
+    stop,
+    watch_limits,
+)
 from delegation.runners.containment import (
+    DEFAULT_CHILD_USER,
     DEFAULT_NET_CONNECT,
     DEFAULT_READ_ONLY,
     DEFAULT_READ_WRITE,
@@ -80,8 +93,9 @@ from delegation.runners.containment import (
     check_ports,
     refusal,
 )
+from delegation.runners.limits import ChildLimits
 from delegation.runs import ChildContext, Recovery
-from delegation.wire import Event, Identity, Preset, Request
+from delegation.wire import Identity, Preset, Request
 
 __all__ = [
     "DATABASE_CREDENTIALS",
@@ -102,25 +116,10 @@ log = logging.getLogger("delegation.runners.command")
 
 DEFAULT_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 DEFAULT_GRACE_S = 5.0
-STDERR_TAIL_BYTES = 64 * 1024
-ERROR_TAIL_CHARS = 4096
-MAX_LINE_BYTES = 8 * 1024 * 1024  # one stdout line; a result line is kept whole
-FLUSH_EVERY = 256  # events between commits awaited, so a chatty command cannot outrun SQLite
-_CHUNK = 64 * 1024
-_POLL_S = 0.01
-_PIPES_S = 1.0
 
 
 class UnknownProfile(LookupError):
     """No command is configured for the requested profile (raised by ``prepare``)."""
-
-
-class CommandFailed(RuntimeError):
-    """The command could not start or exited non-zero; ``stderr`` keeps its tail."""
-
-    def __init__(self, message: str, stderr: str = "") -> None:
-        super().__init__(message)
-        self.stderr = stderr
 
 
 class CommandRunner:
@@ -132,9 +131,14 @@ class CommandRunner:
     :data:`DEFAULT_ENV_ALLOW`; ``grace_s`` is the wait between SIGTERM and SIGKILL;
     ``read_only`` and ``read_write`` add directories (or files) a child may read, or
     read and write, to the defaults of :mod:`delegation.runners.containment`;
-    ``net_connect`` replaces the TCP ports a child may connect to (default ``[443]``).
-    Everything is checked and frozen here: a bad template, name, option or grace raises
-    :class:`CommandConfigError` now, never at run time.
+    ``net_connect`` replaces the TCP ports a child may connect to (default ``[443]``);
+    ``listen`` lets a child listen (on an ephemeral port: Landlock still refuses it
+    every bind); ``max_processes`` (256) and ``max_memory`` (2 GiB; bytes, or text as
+    ``"2 GiB"``) bound each child (:mod:`delegation.runners.limits`); ``child_uid`` and
+    ``child_gid`` (65534) are the user a root host's children run as (0: root).
+    Everything is checked and frozen here: a bad template, name, option or grace, or a
+    ``read_write`` path that holds or lies in the host's code (or holds a directory it
+    imports from), raises :class:`CommandConfigError` now, never at run time.
     """
 
     def __init__(
@@ -146,6 +150,11 @@ class CommandRunner:
         read_only: Sequence[str] = (),
         read_write: Sequence[str] = (),
         net_connect: Sequence[int] = DEFAULT_NET_CONNECT,
+        listen: bool = False,
+        max_processes: int = limits.DEFAULT_MAX_PROCESSES,
+        max_memory: int | str = limits.DEFAULT_MAX_MEMORY,
+        child_uid: int = DEFAULT_CHILD_USER[0],
+        child_gid: int = DEFAULT_CHILD_USER[1],
     ) -> None:
         if not isinstance(profiles, Mapping) or not profiles:
             raise CommandConfigError("the command runner needs at least one profile")
@@ -166,13 +175,38 @@ class CommandRunner:
                 check_paths(read_write, "read_write"),
                 check_ports(net_connect, "net_connect"),
             )
+            processes, memory = limits.check_count(max_processes), limits.parse_size(max_memory)
         except ValueError as exc:
             raise CommandConfigError(str(exc)) from None
         self.containment = Containment(
             read_only=tuple(dict.fromkeys([*DEFAULT_READ_ONLY, *extra_ro])),
             read_write=tuple(dict.fromkeys([*DEFAULT_READ_WRITE, *extra_rw])),
             net_connect=ports,
+            listen=check_flag("listen", listen),
+            max_processes=processes,
+            max_memory=memory,
+            child_user=(check_id("child_uid", child_uid), check_id("child_gid", child_gid)),
         )
+        self._check_reach()
+
+    def _check_reach(self, protected: Protected | None = None) -> None:
+        """Refuse ``read_write`` paths that would let a child write the host's code or a
+        directory it imports from (and, given ``protected``, anything else the engine
+        protects), when the host starts rather than at each child."""
+        own = Protected.of(host=host_code(), imports=host_imports())
+        try:
+            self.containment.check(own if protected is None else own | protected)
+        except ContainmentRefused as exc:
+            raise CommandConfigError(f"read_write: {exc}") from None
+
+    def check_confinement(self, protected: Protected) -> None:
+        """The engine's check at open: this runner's own roots against what it protects
+        (its database, credentials, code).
+
+        Raises:
+            CommandConfigError: as the constructor does.
+        """
+        self._check_reach(protected)
 
     def protect_paths(self, paths: Iterable[str]) -> None:
         """Directories no child may reach, beyond ``ctx.protected`` (the engine's own set,
@@ -195,6 +229,10 @@ class CommandRunner:
         except (tomllib.TOMLDecodeError, CommandConfigError) as exc:
             raise CommandConfigError(f"{path}: {exc}") from exc
         runner.containment.protect_host([str(path)])
+        try:
+            runner.containment.check()
+        except ContainmentRefused as exc:
+            raise CommandConfigError(f"{path}: read_write: {exc}") from None
         return runner
 
     async def prepare(
@@ -272,34 +310,44 @@ class CommandRun:
 
     async def __call__(self, ctx: ChildContext) -> None:
         """Admit, run the command to its end, and raise :class:`CommandFailed` on a
-        non-zero exit (or when its launcher refused it before the program ran). On
-        cancellation the process is stopped and reaped first."""
+        non-zero exit (or when its launcher refused it before the program ran, or when
+        it reached a limit and was ended). On cancellation the process is stopped and
+        reaped first."""
         await ctx.admit()
         processes.make_undumpable()  # before any child exists: none may read the host
-        self.containment.announce()
+        if not self.containment.announced:
+            self.containment.announce()
+            await asyncio.get_running_loop().run_in_executor(None, limits.remove_stale)
         tmpdir = tmpdirs.make()  # named for this host: the next boot removes it if we die
         try:
-            await self._run(ctx, tmpdir)
+            bounds = self.containment.bounds()
+        except OSError as exc:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            raise CommandFailed(f"cannot make the child's limits: {exc}") from None
+        try:
+            await self._run(ctx, tmpdir, bounds)
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
+            await remove_groups(bounds)
 
-    async def _run(self, ctx: ChildContext, tmpdir: str) -> None:
+    async def _run(self, ctx: ChildContext, tmpdir: str, bounds: ChildLimits) -> None:
         go_read, go_write = os.pipe()
         try:
             try:
                 argv = self.containment.launcher(
-                    self.argv(ctx.cwd), ctx.cwd, tmpdir, go_read, protected=ctx.protected
+                    self.argv(ctx.cwd), ctx.cwd, tmpdir, go_read, ctx.protected, bounds
                 )
             except ContainmentRefused as exc:
                 raise CommandFailed(str(exc)) from None
             env = {**self.env, "TMPDIR": tmpdir}
-            process = await _spawn(argv, env, go_read)
+            process = await spawn(argv, env, go_read)
         except BaseException:
             os.close(go_write)  # no launcher waits on it
             raise
         finally:
             os.close(go_read)
         finished = False
+        watcher = asyncio.create_task(watch_limits(process, bounds))
         try:
             try:
                 await ctx.track_process(process.pid)  # durable before the program runs
@@ -308,13 +356,14 @@ class CommandRun:
                 pass  # the launcher refused already; its exit says why
             finally:
                 os.close(go_write)
-            code, stderr = await _converse(
+            code, stderr = await converse(
                 process, ctx, self.message.encode(), close=self.close_stdin
             )
             finished = True
         finally:
+            watcher.cancel()
             if not finished:
-                await _stop(process, self.grace_s)
+                await stop(process, self.grace_s)
             if self.close_stdin and ctx.steers_waiting:
                 log.warning(
                     "%d steer(s) not delivered: profile %r closes the command's stdin",
@@ -322,6 +371,18 @@ class CommandRun:
                     self.values["profile"],
                     extra={"action": "steers_not_delivered", "run_id": ctx.identity.run_id},
                 )
+        # Done by now if it killed the child: that kill is what ended the conversation.
+        exceeded = watcher.result() if watcher.done() and not watcher.cancelled() else None
+        if exceeded is None and code != 0:  # the kernel may have ended it first (OOM)
+            exceeded = bounds.exceeded(process.pid)
+        if exceeded is not None:
+            log.warning(
+                "command child %s: %s",
+                ctx.identity.conversation_id,
+                exceeded,
+                extra={"action": "child_limit_reached", "run_id": ctx.identity.run_id},
+            )
+            raise CommandFailed(exceeded, stderr)
         reach = self.containment.refused_reach(stderr, ctx.cwd, tmpdir)
         if reach is not None:  # a bare "Permission denied" is all the child was told
             log.warning(
@@ -334,206 +395,4 @@ class CommandRun:
             refused = refusal(code, stderr)
             if refused is not None:
                 raise CommandFailed(refused, stderr)
-            raise CommandFailed(_failure(self.template[0], code, stderr), stderr)
-
-
-# --- the process ------------------------------------------------------------------
-
-
-async def _spawn(argv: list[str], env: Mapping[str, str], go_fd: int) -> asyncio.subprocess.Process:
-    try:
-        return await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd="/",  # the launcher changes into the child's cwd and checks it there
-            env=dict(env),
-            limit=MAX_LINE_BYTES,
-            start_new_session=True,  # its own process group: a stop reaches its children too
-            pass_fds=(go_fd,),
-        )
-    except (OSError, ValueError) as exc:
-        raise CommandFailed(f"command {argv[0]!r} could not start: {exc}") from exc
-
-
-async def _converse(
-    process: asyncio.subprocess.Process, ctx: ChildContext, message: bytes, *, close: bool
-) -> tuple[int, str]:
-    """Feed stdin (the message, then steers; or, ``close``, the message and its end) and
-    read stdout and stderr until the command exits; its code and stderr.
-
-    The command's end is its process's exit: a descendant that left its process group
-    (where no PID namespace ends it) may hold stdout open for ever, so once the process
-    has exited its pipes get :data:`_PIPES_S` to drain, and its group is killed."""
-    stdin, stdout, stderr = _pipes(process)
-    tail = bytearray()
-    feeder = asyncio.create_task(_feed(stdin, ctx, message, close))
-    collector = asyncio.create_task(_collect(stderr, tail))
-    reader = asyncio.create_task(_read_events(stdout, ctx))
-    exited = asyncio.create_task(_exited(process))
-    tasks = (feeder, collector, reader, exited)
-    try:
-        await asyncio.wait((reader, exited), return_when=asyncio.FIRST_COMPLETED)
-        await asyncio.wait((reader,), timeout=_PIPES_S if exited.done() else None)
-        if reader.done():
-            reader.result()  # a line over the limit fails the run
-        feeder.cancel()
-        stdin.close()
-        await exited
-        _signal_group(process, signal.SIGKILL)  # nothing of its group outlives it
-        await asyncio.wait((collector,), timeout=_PIPES_S)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    _release(process)
-    assert process.returncode is not None
-    return process.returncode, tail.decode("utf-8", "replace")
-
-
-async def _exited(process: asyncio.subprocess.Process) -> None:
-    """Return once the process has exited; ``process.wait()`` also waits for every pipe
-    to close, which a descendant may put off for ever. Linux's pidfd says when it exits;
-    elsewhere this waits for ``wait()``."""
-    try:
-        fd = os.pidfd_open(process.pid) if process.returncode is None else -1
-    except ProcessLookupError:
-        fd = -1  # reaped already: its return code is on its way
-    except (AttributeError, OSError):
-        await process.wait()  # no pidfd here
-        return
-    if fd >= 0:
-        loop = asyncio.get_running_loop()
-        ended = loop.create_future()
-
-        def readable() -> None:
-            if not ended.done():
-                ended.set_result(None)
-
-        loop.add_reader(fd, readable)
-        try:
-            await ended
-        finally:
-            loop.remove_reader(fd)
-            os.close(fd)
-    while process.returncode is None:  # set once the child watcher has reaped it
-        await asyncio.sleep(_POLL_S)
-
-
-async def _read_events(stdout: asyncio.StreamReader, ctx: ChildContext) -> None:
-    emitted = 0
-    while True:
-        try:
-            line = await stdout.readline()
-        except ValueError as exc:  # asyncio's LimitOverrunError, re-raised by readline
-            raise CommandFailed(f"command wrote a line over {MAX_LINE_BYTES} bytes") from exc
-        if not line:
-            return
-        event = parse_line(line)
-        if event is None:
-            continue
-        ctx.emit(event)
-        emitted += 1
-        if emitted % FLUSH_EVERY == 0:
-            await ctx.flush()
-
-
-def parse_line(line: bytes) -> Event | None:
-    """The event one stdout line stands for, or None for a blank line."""
-    text = line.decode("utf-8", "replace").rstrip("\r\n")
-    if not text.strip():
-        return None
-    if text.lstrip().startswith("{"):
-        try:
-            event = decode(text, Event)
-        except errors.DelegationError:
-            pass  # a JSON line that is not an event is still something the command said
-        else:
-            if event.kind.strip():
-                return event  # its sequence is replaced by the engine's in ctx.emit
-    return Event(kind="text", text=text)
-
-
-async def _feed(
-    stdin: asyncio.StreamWriter, ctx: ChildContext, message: bytes, close: bool
-) -> None:
-    """Write the message, then every steer as one line, until stdin breaks; or, with
-    ``close``, the message and then the end of stdin (steers stay queued, untaken)."""
-    line = message
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        while not stdin.is_closing():  # closing: the command stopped reading
-            stdin.write(line)
-            await stdin.drain()
-            if close:
-                stdin.close()  # the command reads to its end: give it one
-                return
-            steer = await ctx.wait_steer(None)  # no timeout: never None
-            line = steer_line(str(steer)).encode()
-
-
-def steer_line(steer: str) -> str:
-    """A steer as the one stdin line a command reads: its line breaks become spaces."""
-    return " ".join(steer.splitlines()) + "\n"
-
-
-async def _collect(stderr: asyncio.StreamReader, tail: bytearray) -> None:
-    while chunk := await stderr.read(_CHUNK):
-        tail += chunk
-        del tail[:-STDERR_TAIL_BYTES]
-
-
-async def _stop(process: asyncio.subprocess.Process, grace_s: float) -> None:
-    """SIGTERM the process group, SIGKILL it after ``grace_s``; return once reaped.
-
-    A second cancellation while waiting skips to SIGKILL; the process is reaped anyway.
-    """
-    stdin, stdout, stderr = _pipes(process)
-    _signal_group(process, signal.SIGTERM)
-    # wait() also waits for every pipe to close: keep reading so none stays paused.
-    drains = [asyncio.create_task(_collect(s, bytearray())) for s in (stdout, stderr)]
-    stdin.close()
-    try:
-        async with asyncio.timeout(grace_s):
-            await process.wait()
-    except TimeoutError:
-        pass
-    finally:
-        _signal_group(process, signal.SIGKILL)  # also whatever of the group outlived SIGTERM
-        while process.returncode is None:  # set once the child watcher has reaped it
-            await asyncio.sleep(_POLL_S)
-        # A descendant that left the group may hold the pipes open: wait only so long.
-        await asyncio.wait(drains, timeout=_PIPES_S)
-        for drain in drains:
-            drain.cancel()
-        await asyncio.gather(*drains, return_exceptions=True)
-        _release(process)
-
-
-def _release(process: asyncio.subprocess.Process) -> None:
-    """Close the pipes of an exited process: a descendant that still holds one must not
-    keep it open in this process (asyncio's ``Process`` has no public close)."""
-    if process.returncode is not None:
-        getattr(process, "_transport").close()  # noqa: B009
-
-
-def _pipes(
-    process: asyncio.subprocess.Process,
-) -> tuple[asyncio.StreamWriter, asyncio.StreamReader, asyncio.StreamReader]:
-    if process.stdin is None or process.stdout is None or process.stderr is None:
-        raise RuntimeError("the command was started without pipes")
-    return process.stdin, process.stdout, process.stderr
-
-
-def _signal_group(process: asyncio.subprocess.Process, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, sig)  # the group id is the leader's pid (start_new_session)
-
-
-def _failure(program: str, code: int, stderr: str) -> str:
-    how = f"exited with code {code}"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            how += f" (killed by {signal.Signals(-code).name})"
-    quoted = stderr[-ERROR_TAIL_CHARS:].strip()
-    return f"command {program!r} {how}" + (f": {quoted}" if quoted else "")
+            raise CommandFailed(failure(self.template[0], code, stderr), stderr)

@@ -21,12 +21,36 @@ from typing import Any
 PLACEHOLDERS = frozenset({"message", "profile", "conversation_id", "run_id", "cwd"})
 # Where the host's database URL or its password may be: never a child's (SPEC §17).
 DATABASE_CREDENTIALS = frozenset(
-    {"DELEGATION_DB", "PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE", "PGSERVICE", "PGSYSCONFDIR"}
+    {
+        "DELEGATION_DB",
+        "PGPASSWORD",
+        "PGPASSFILE",
+        "PGSERVICEFILE",
+        "PGSERVICE",
+        "PGSYSCONFDIR",
+        "PGSSLKEY",
+        "PGSSLCERT",
+        "PGSSLROOTCERT",
+        "PGSSLCRL",
+        "PGSSLCRLDIR",
+    }
 )
 # What a number of seconds may be at most (EngineConfig.max_run_s's bound too).
 MAX_SECONDS = 10**9
 _SETTINGS = frozenset(
-    {"profiles", "env_allow", "grace_s", "read_only", "read_write", "net_connect"}
+    {
+        "profiles",
+        "env_allow",
+        "grace_s",
+        "read_only",
+        "read_write",
+        "net_connect",
+        "listen",
+        "max_processes",
+        "max_memory",
+        "child_uid",
+        "child_gid",
+    }
 )
 _PROFILE_KEYS = frozenset({"argv", "timeout_s", "close_stdin"})
 
@@ -102,6 +126,21 @@ def check_env_names(names: Iterable[str]) -> list[str]:
                 f"env_allow may not name {name}: it gives the host's database to a child"
             )
     return checked
+
+
+def check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise CommandConfigError(f"{name} must be true or false, not {value!r}")
+    return value
+
+
+def check_id(name: str, value: object) -> int:
+    """A user or group id for a root host's children (0 keeps them root)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**32 - 1:
+        raise CommandConfigError(
+            f"{name} must be a user or group id (0 to 4294967294), not {value!r}"
+        )
+    return value
 
 
 def check_grace(grace_s: object) -> float:

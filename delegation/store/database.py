@@ -249,6 +249,9 @@ class Database:
     def protected_paths(self) -> list[str]:
         return self._dialect.protected_paths()
 
+    def secret_paths(self) -> list[str]:
+        return self._dialect.secret_paths()
+
     # --- writing ----------------------------------------------------------------
 
     async def write(self, fn: Callable[[Connection], T]) -> T:

@@ -143,3 +143,7 @@ class Store(Protocol):
     def protected_paths(self) -> list[str]:
         """What a child process must never reach (SQLite: the file's directory)."""
         ...
+
+    def secret_paths(self) -> list[str]:
+        """Files no child process may read (PostgreSQL: libpq's credentials)."""
+        ...

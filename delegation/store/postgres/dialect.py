@@ -43,13 +43,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 from typing import Any
 
 from sqlalchemy import Engine
 
-from delegation import errors
+from delegation import credentials, errors
 from delegation.store.dialect import Engines
 from delegation.store.failures import translate, unavailable
 from delegation.store.lifecycle import INSTANCE_LOCKS
@@ -305,11 +304,10 @@ class PostgresDialect:
         return PostgresWatch(self.url, interval)
 
     def protected_paths(self) -> list[str]:
-        """No file of the database, but libpq's files of credentials the host may use:
-        its password file, its service file and its client certificates (SPEC §17)."""
-        home = os.path.expanduser("~")
-        return [
-            os.environ.get("PGPASSFILE") or os.path.join(home, ".pgpass"),
-            os.environ.get("PGSERVICEFILE") or os.path.join(home, ".pg_service.conf"),
-            os.path.join(home, ".postgresql"),
-        ]
+        """No file of the database: a server's (see :meth:`secret_paths`)."""
+        return []
+
+    def secret_paths(self) -> list[str]:
+        """libpq's files of credentials the host may use, named in its URL, its
+        environment or by default (SPEC §23, :mod:`delegation.credentials`)."""
+        return credentials.files(self.url)

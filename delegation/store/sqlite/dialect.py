@@ -214,3 +214,6 @@ class SqliteDialect:
 
     def protected_paths(self) -> list[str]:
         return [str(self.path.parent)]
+
+    def secret_paths(self) -> list[str]:
+        return []  # the database's directory stands for it whole
