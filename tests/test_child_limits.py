@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from delegation import Engine, EngineConfig, Preset
+from delegation import Engine, EngineConfig, Preset, tmpdirs
+from delegation import os_processes as processes
 from delegation.runners import limits
 from delegation.runners.command import CommandConfigError, CommandRunner
 from tests.support import PRESET, Harness, open_harness
@@ -46,6 +47,12 @@ FORKS = """
 QUICK = """
     import json
     print(json.dumps({"kind": "result", "text": "quick"}), flush=True)
+"""
+
+HELD = """
+    import json, sys
+    print(json.dumps({"kind": "text", "text": sys.stdin.readline().strip()}), flush=True)
+    sys.stdin.readline()  # until a steer lets it go
 """
 
 
@@ -115,19 +122,26 @@ async def test_a_child_past_its_memory_is_ended(tmp_path: Path) -> None:
 
 @needs_cgroups
 async def test_a_childs_groups_are_gone_when_it_ends(tmp_path: Path) -> None:
-    runner = CommandRunner({"worker": script(QUICK)})
+    runner = CommandRunner({"worker": script(HELD)})
     roots = limits.group_roots()
     assert roots is not None
-    before = {name: set(os.listdir(root)) for name, root in roots.items()}
+    mine = tmpdirs.prefix(processes.identify(os.getpid()))  # this host's, not another test's
+
+    def groups() -> list[str]:
+        return [n for root in roots.values() for n in os.listdir(root) if n.startswith(mine)]
+
     async with hosted(tmp_path, runner) as h:
         started = await h.start("q1")
+        await first_text(h, started.conversation_id)
+        assert len(groups()) == 2, "one in pids, one in memory"
+        steer = h.params(child_id=started.conversation_id, request_id="s1", message="go")
+        await h.engine.call(h.conn, "child.steer", steer)
         assert await ended(h, started.conversation_id) == ""
         for _ in range(100):
-            after = {name: set(os.listdir(root)) for name, root in roots.items()}
-            if after == before:
+            if not groups():
                 break
             await asyncio.sleep(0.05)
-    assert after == before
+    assert groups() == []
 
 
 def test_limits_come_from_the_toml_and_are_checked(tmp_path: Path) -> None:

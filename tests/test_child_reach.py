@@ -304,12 +304,7 @@ async def test_a_path_outside_a_childs_reach_is_named_in_the_hosts_log_once(
     async with hosted(tmp_path, CommandRunner({"worker": argv})) as h:
         started = await h.start()
         error = await ended(h, started.conversation_id)
-    # A root host's child, as a user of its own, finds root's 0700 directory above the
-    # workspace covered (tmp_path lies in one): the path is not there for it to see.
-    hidden = os.geteuid() == 0 and CommandRunner({"worker": argv}).containment.user
-    assert (
-        f"cat: {secret}: {'No such file or directory' if hidden else 'Permission denied'}" in error
-    )
+    assert f"cat: {secret}: Permission denied" in error, error
     (said,) = refusals(caplog)
     assert f"its confinement refused what its stderr names: {secret} (outside it)" in said
     assert said.startswith(f"command child {started.conversation_id}: ")
@@ -317,14 +312,10 @@ async def test_a_path_outside_a_childs_reach_is_named_in_the_hosts_log_once(
 
 @needs_landlock
 async def test_a_refusal_naming_no_path_gets_the_childs_roots_in_the_log(
-    request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Where it stops: a path the program names relative to its cwd is not resolved; the
     log lists what the child may reach instead."""
-    place = Path(tempfile.mkdtemp(prefix="dlg-reach-", dir="/tmp"))  # 0700, as tmp_path
-    place.chmod(0o755)  # a directory anyone may enter: the child sees it, Landlock refuses
-    request.addfinalizer(lambda: shutil.rmtree(place, ignore_errors=True))
-    tmp_path = place
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "secret.txt").write_text("not for the child")
     argv = ["sh", "-c", "cat ../outside/secret.txt"]
@@ -425,7 +416,6 @@ def test_an_ordinary_users_child_gets_its_own_namespace(tmp_path: Path, escapees
 
 def tempfile_dir(tmp_path: Path) -> str:
     """A directory uid 65534 may enter and write (pytest's tmp_path is root's, 0700)."""
-    import tempfile
 
     place = tempfile.mkdtemp(prefix="dlg-nobody-", dir="/tmp")
     os.chmod(place, 0o777)

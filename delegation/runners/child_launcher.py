@@ -375,9 +375,10 @@ def give_away(libc: ctypes.CDLL, user: tuple[int, int], cwd: str, spec: dict[str
       disk, as a root child's was; the working directory must be, a device file or a
       file system without idmapped mounts stays as it is;
     * each ``closed`` directory (root's, which ``user`` could not enter on the way to a
-      root: ``/root`` above a Python installed there) is covered with an empty tmpfs
-      that holds only the way to the roots beneath it, each mounted back there as it is
-      (read-only for a read-only root): nothing else of it is there to see;
+      root: ``/root`` above a Python installed there) is mounted over itself idmapped and
+      read-only, so that ``user`` may enter it; Landlock keeps it from everything there
+      but its roots, and each read-only root ``beneath`` one is mounted back over it as
+      it is, so that its files keep their modes (a file only root may read stays so);
     * each ``lent`` read-only root (root's, which ``user`` could not read) is mounted
       over itself idmapped and read-only, as it was given to the child to read.
 
@@ -390,10 +391,7 @@ def give_away(libc: ctypes.CDLL, user: tuple[int, int], cwd: str, spec: dict[str
         mounts = [(p, _clone(libc, p, mapping)) for p in spec["idmapped"]]
         mounts += [(p, _clone(libc, p, None, read_only=True)) for p in spec["beneath"]]
         mounts += [(p, _clone(libc, p, mapping, read_only=True)) for p in spec["lent"]]
-        for way in spec["closed"]:
-            flags = _MS_NOSUID | _MS_NODEV
-            if libc.mount(b"tmpfs", way.encode(), b"tmpfs", flags, b"mode=0755") != 0:
-                refuse(f"cannot cover {way}: {os.strerror(ctypes.get_errno())}")
+        mounts += [(p, _clone(libc, p, mapping, read_only=True)) for p in spec["closed"]]
         for path, clone in [*sorted(mounts, key=lambda m: m[0].count("/")), (cwd, here)]:
             _mount(libc, clone, path)  # outer first: an inner one goes over it
         os.fchdir(here[0])
@@ -466,16 +464,9 @@ def _clone(
 
 
 def _mount(libc: ctypes.CDLL, clone: tuple[int, bool], path: str) -> None:
-    """Mount ``clone`` at ``path``, made first where a tmpfs covers the way to it."""
-    fd, directory = clone
+    fd, _ = clone
     if fd < 0:
         return
-    if not os.path.lexists(path):  # only beneath a cover: every other path existed
-        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-        if directory:
-            os.mkdir(path, 0o755)
-        else:
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
     flags = _MOVE_MOUNT_F_EMPTY_PATH
     if libc.syscall(_MOVE_MOUNT, fd, b"", _AT_FDCWD, path.encode(), flags) != 0:
         refuse(f"cannot mount {path} for the child's user: {os.strerror(ctypes.get_errno())}")

@@ -10,9 +10,10 @@ host's side for the launcher to carry out (:mod:`delegation.runners.child_launch
   it is used). An entry made after the child started is not readable to it.
 * :func:`user_plan`: for a root host whose children run as a user of their own, how
   the launcher lets that user reach its roots: a root-owned directory it could not
-  enter on the way to one (``/root`` above a Python installed there) is covered with an
-  empty tmpfs that holds only the way to the roots beneath it, so nothing else of it is
-  there to see, and each of those roots keeps its own files' modes.
+  enter on the way to one (``/root`` above a Python installed there) is mounted over
+  itself idmapped and read-only, so the user may enter it (Landlock keeps it from all
+  there but its roots), and each read-only root beneath it is mounted back as it is,
+  so its files keep their modes.
 """
 
 from __future__ import annotations
@@ -75,10 +76,9 @@ def user_plan(
     supplementary group), the roots it may write and read (real paths):
 
     * ``closed``: the outermost root-owned directories ``user`` could not enter on
-      the way to a root (never ``/``): each is covered with an empty tmpfs holding only
-      the way to the roots beneath it;
-    * ``beneath``: the read-only roots beneath a closed directory, mounted back there
-      as they are, read-only (the writable ones are mounted idmapped anyway);
+      the way to a root (never ``/``): each is mounted idmapped and read-only;
+    * ``beneath``: the read-only roots beneath a closed directory, mounted back over
+      it as they are, read-only (the writable ones are mounted idmapped anyway);
     * ``lent``: the read-only roots of root's that ``user`` could not read itself:
       mounted idmapped and read-only, as they were given to it to read.
     """

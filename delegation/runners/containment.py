@@ -242,37 +242,28 @@ class Containment:
 
     def refused_reach(self, stderr: str, cwd: str, tmpdir: str) -> str | None:
         """What the host's log says of a child (run in ``cwd`` with ``tmpdir``) whose
-        stderr reports an access refused (:data:`DENIED`), or a path the host has that
-        was not there for it (:data:`HIDDEN`: beneath a directory covered for a root
-        host's child); None when it reports neither, or where Landlock confines nothing.
+        stderr reports an access refused (:data:`DENIED`); None when it reports none,
+        or where Landlock confines nothing.
 
         The paths its stderr names beside the refusal are placed against what Landlock
         let the child reach: outside every root, or beneath a read-only one. A path
         beneath a writable root was refused by its file mode, not Landlock: not named.
-        Where no path beyond its reach is named, a refusal's message lists its roots
-        instead (a path not found that names none says nothing).
+        Where no path beyond its reach is named, the message lists its roots instead.
         """
-        if not self.landlock:
+        lines = [line for line in stderr.splitlines() if DENIED in line]
+        if not lines or not self.landlock:
             return None
-        denied = [line for line in stderr.splitlines() if DENIED in line]
-        hidden = [line for line in stderr.splitlines() if HIDDEN in line]
         writable = [cwd, tmpdir, *self.read_write]
         rw = [os.path.realpath(root) for root in writable]
         ro = [os.path.realpath(root) for root in self.read_only]
         named: dict[str, str] = {}
-        found = [(path, False) for line in denied for path in _PATH.findall(line)]
-        found += [(path, True) for line in hidden for path in _PATH.findall(line)]
-        for path, must_exist in found:
+        for path in (path for line in lines for path in _PATH.findall(line)):
             real = os.path.realpath(path)
-            if must_exist and (not os.path.lexists(path) or _beneath(real, ro)):
-                continue  # really missing; or there for it to see, missing inside
             if not _beneath(real, rw) and len(named) < _NAMED_AT_MOST:
                 named.setdefault(path, "read-only for it" if _beneath(real, ro) else "outside it")
         if named:
             said = ", ".join(f"{path} ({where})" for path, where in named.items())
             return f"its confinement refused what its stderr names: {said}"
-        if not denied:
-            return None
         ports = ", ".join(map(str, self.net_connect)) if self.landlock >= 4 else "any"
         return (
             f"its stderr says {DENIED!r} and names no path beyond its reach: it may write"
@@ -353,8 +344,6 @@ def refusal(code: int, stderr: str) -> str | None:
 # reaches the host: Landlock's own audit records (ABI 7) need the audit subsystem on
 # and a reader of it with CAP_AUDIT_READ, which a host cannot count on.
 DENIED = "Permission denied"
-# strerror(ENOENT): what a root host's child reads for a path beneath a covered directory.
-HIDDEN = "No such file or directory"
 # An absolute path in a message: up to a blank, a quote, a colon or a bracket.
 _PATH = re.compile(r"(?<![\w.~-])/[^\s\x00-\x1f\x7f'\"`:,;()\[\]{}<>]{0,4095}")
 _NAMED_AT_MOST = 5
