@@ -130,7 +130,12 @@ class Session:
             self._reading.cancel()
 
     async def _read_requests(self, read: Read) -> None:
-        lines = frames(read, rpc.MAX_FRAME_BYTES)
+        async def reading(size: int) -> bytes:
+            data = await read(size)
+            self._active_at = time.monotonic()  # a request arriving slowly is no idler
+            return data
+
+        lines = frames(reading if self._idle_timeout is not None else read, rpc.MAX_FRAME_BYTES)
         try:
             while True:
                 # Bounded: a free slot and room in the backlog before the next line is read.
@@ -157,7 +162,8 @@ class Session:
 
     async def _next(self, lines: AsyncIterator[bytes | None]) -> bytes | None:
         """The next line; raises :class:`_Idle` once the stream is idle: nothing sent
-        for ``idle_timeout`` while no request is in flight and nothing is unread."""
+        for ``idle_timeout`` while no request is in flight, nothing is unread and no
+        tool call of it is open (closing would cancel its foreground children)."""
         if self._idle_timeout is None:
             return await anext(lines)
         reading = asyncio.ensure_future(anext(lines))
@@ -167,7 +173,7 @@ class Session:
                 done, _ = await asyncio.wait({reading}, timeout=max(left, 0.05))
                 if done:
                     return reading.result()
-                if self._tasks or self._backlog.used:
+                if self._tasks or self._backlog.used or self._tools:
                     self._active_at = time.monotonic()  # busy: idle only from its end
                 elif time.monotonic() - self._active_at >= self._idle_timeout:
                     raise _Idle

@@ -27,14 +27,14 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from delegation.runners import child_launcher, socket_filter
+from delegation.runners import child_launcher, seccomp_filter
 from delegation.runners.command import CommandRunner
 from delegation.runners.containment import landlock_abi
 from tests.test_child_reach import ended, first_text, hosted, script
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="Linux containment"),
-    pytest.mark.skipif(not socket_filter.available(), reason="no socket filter here"),
+    pytest.mark.skipif(not seccomp_filter.available(), reason="no socket filter here"),
 ]
 needs_net_rules = pytest.mark.skipif(landlock_abi() < 4, reason="Landlock ABI 4 needed")
 
@@ -204,7 +204,7 @@ def test_an_ordinary_users_child_creates_only_tcp_and_udp_sockets(
             "read_write": [str(place)],
             "read_only": ["/usr", "/lib", "/lib64", "/etc", "/proc", "/bin", "/dev"],
             "net_connect": [],
-            "seccomp": socket_filter.compiled().hex(),
+            "seccomp": seccomp_filter.compiled().hex(),
             "go_fd": go_read,
         }
         source = script(TRIES, *_ports(listener, postgres_url))[2]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from delegation import Engine, Params, Preset, Request
-from delegation.runners import child_launcher, socket_filter
+from delegation.runners import child_launcher, seccomp_filter
 from delegation.runners.command import CommandRunner
 from delegation.runners.containment import Containment, landlock_abi
 from tests import rows
@@ -88,8 +88,8 @@ def _run_bpf(program: bytes, nr: int, arch: int, *args: int) -> int:
         elif code == 0x54:  # and
             acc &= k
             pc += 1
-        elif code in (0x15, 0x35):
-            hit = acc == k if code == 0x15 else acc >= k
+        elif code in (0x15, 0x35, 0x45):  # jeq, jge, jset
+            hit = acc == k if code == 0x15 else acc >= k if code == 0x35 else bool(acc & k)
             pc += 1 + (jt if hit else jf)
         elif code == 0x06:
             return k
@@ -105,7 +105,7 @@ NONBLOCK_CLOEXEC = 0o4000 | 0o2000000
 
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
 def test_the_socket_filter_leaves_no_architecture_and_no_io_uring_open(machine: str) -> None:
-    program = socket_filter.compiled(machine)
+    program = seccomp_filter.compiled(machine)
     native = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[machine]
     socket_nr = {"x86_64": 41, "aarch64": 198}[machine]
     assert _run_bpf(program, socket_nr, native, AF_UNIX, STREAM) == EACCES
@@ -147,18 +147,67 @@ def test_the_socket_filter_leaves_no_architecture_and_no_io_uring_open(machine: 
 def test_the_socket_filter_allows_tcp_and_udp_only(
     machine: str, family: int, kind: int, protocol: int, allowed: bool
 ) -> None:
-    program = socket_filter.compiled(machine)
+    program = seccomp_filter.compiled(machine)
     native = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[machine]
     socket_nr = {"x86_64": 41, "aarch64": 198}[machine]
     verdict = _run_bpf(program, socket_nr, native, family, kind, protocol)
     assert verdict == (ALLOW if allowed else EACCES)
 
 
+EPERM = 0x00050000 | 1
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_no_setuid_bit_and_no_other_parent_death_signal(machine: str) -> None:
+    """The review of issue 35: through the idmapped workspace a root host's child set
+    mode 6755 on a copy of python, root's on disk, and any local user became root with
+    it; and a program that cleared its parent-death signal outlived its killed host."""
+    program = seccomp_filter.compiled(machine)
+    native = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[machine]
+    fchmod, fchmodat, prctl = {"x86_64": (91, 268, 157), "aarch64": (52, 53, 167)}[machine]
+    calls = [(fchmod, 1), (fchmodat, 2), (452, 2)] + ([(90, 1)] if machine == "x86_64" else [])
+    for nr, at in calls:
+        for mode, verdict in ((0o755, ALLOW), (0o4755, EPERM), (0o2755, EPERM), (0o6777, EPERM)):
+            args = [0, 0, 0]
+            args[at] = mode
+            assert _run_bpf(program, nr, native, *args) == verdict, (nr, oct(mode))
+    assert _run_bpf(program, prctl, native, 1, 9) == ALLOW, "PR_SET_PDEATHSIG, SIGKILL"
+    assert _run_bpf(program, prctl, native, 1, 0) == EPERM, "cleared"
+    assert _run_bpf(program, prctl, native, 1, 15) == EPERM, "a signal it may catch"
+    assert _run_bpf(program, prctl, native, 38, 1) == ALLOW, "PR_SET_NO_NEW_PRIVS and others"
+    if machine == "x86_64":  # i386: chmod 15, fchmodat 306, prctl 172
+        assert _run_bpf(program, 15, 0x40000003, 0, 0o4755) == EPERM
+        assert _run_bpf(program, 306, 0x40000003, 0, 0, 0o2755) == EPERM
+        assert _run_bpf(program, 172, 0x40000003, 1, 0) == EPERM
+
+
+@linux
+def test_a_child_sets_no_setuid_bit_and_keeps_its_parent_death_signal(place: Path) -> None:
+    """The same, with the real launcher: modes without those bits still work."""
+    tmp = place / "tmp"
+    tmp.mkdir()
+    (place / "ws" / "f").write_text("x")
+    code = (
+        "import ctypes, os\n"
+        "os.chmod('f', 0o700)\n"
+        "for mode in (0o4755, 0o2755):\n"
+        "    try:\n"
+        "        os.chmod('f', mode); print('set', oct(mode))\n"
+        "    except OSError as e: print('refused', e.errno)\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('prctl', libc.prctl(1, 0, 0, 0, 0), ctypes.get_errno())\n"
+    )
+    done = _launch([sys.executable, "-c", code], place / "ws", tmp)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["refused 1", "refused 1", "prctl -1 1"], done.stdout
+    assert oct((place / "ws" / "f").stat().st_mode & 0o7777) == "0o700"
+
+
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
 def test_listen_and_socket_pairs_as_the_filter_says(machine: str) -> None:
     native = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[machine]
     pair, listen = {"x86_64": (53, 50), "aarch64": (199, 201)}[machine]
-    closed, opened = socket_filter.compiled(machine), socket_filter.compiled(machine, listen=True)
+    closed, opened = seccomp_filter.compiled(machine), seccomp_filter.compiled(machine, listen=True)
     assert _run_bpf(closed, listen, native, 3, 16) == EACCES
     assert _run_bpf(opened, listen, native, 3, 16) == ALLOW
     assert _run_bpf(closed, pair, native, AF_UNIX, STREAM) == ALLOW

@@ -174,3 +174,44 @@ async def test_a_workspace_beneath_a_directory_only_root_may_enter(tmp_path: Pat
         record = await h.engine.get_child(started.conversation_id)
     assert record is not None
     assert json.loads(record.output) == [str(closed / "ws"), "denied (13)"]
+
+
+@needs_mounts
+async def test_a_read_only_root_holding_a_closed_directory_reads_nothing_of_roots_in_it(
+    tmp_path: Path,
+) -> None:
+    """The review of issue 35: with ``read_only`` naming a directory and a root inside a
+    0700 directory of root's in it, the way in was mounted idmapped and every 0600 file
+    of root's there became the child's to read. The closed directory is carved out of
+    the outer root now; the inner root stays readable."""
+    outer = tmp_path / "srv"
+    private = outer / "private"
+    (private / "tool").mkdir(parents=True)
+    private.chmod(0o700)
+    (private / "secret.key").write_text("root's alone")
+    (private / "secret.key").chmod(0o600)
+    (private / "tool" / "readme").write_text("for the child")
+    (outer / "beside").write_text("for the child too")
+    for directory in (tmp_path, outer):
+        directory.chmod(0o755)  # the way to the outer root is open; only private is closed
+    argv = script(READS, str(private / "secret.key"), str(private / "tool" / "readme"),
+                  str(outer / "beside"))  # fmt: skip
+    runner = CommandRunner({"worker": argv}, read_only=[str(outer), str(private / "tool")])
+    async with hosted(tmp_path, runner) as h:
+        started = await h.start("q1")
+        assert await ended(h, started.conversation_id) == ""
+        record = await h.engine.get_child(started.conversation_id)
+    assert record is not None
+    assert json.loads(record.output) == ["denied (13)", "for the child", "for the child too"]
+
+
+READS = """
+    import json, sys
+    found = []
+    for path in sys.argv[1:]:
+        try:
+            found.append(open(path).read())
+        except OSError as exc:
+            found.append(f"denied ({exc.errno})")
+    print(json.dumps({"kind": "result", "text": json.dumps(found)}), flush=True)
+"""

@@ -135,6 +135,33 @@ def test_idle_connections_are_closed_and_free_their_slots(tmp_path: Path) -> Non
     assert log.count("action=idle_connection_closed") >= 1, log
 
 
+def test_a_connection_with_an_open_tool_call_or_a_slow_request_is_not_idle(
+    tmp_path: Path,
+) -> None:
+    """The review of issue 35: a runner waiting quietly between its tool's calls was
+    closed, which ended its tool call and cancelled its foreground children; and a
+    request arriving slowly, a few bytes at a time, was cut off."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with host(tmp_path, "--idle-timeout", "1") as (_proc, path):
+        quiet, slow = Peer(path, timeout=30), Peer(path, timeout=30)
+        try:
+            quiet.call("runner.register", {"runnerId": "r1", "hostInstanceId": "h1"})
+            begin = {"runId": "run", "conversationId": "conv", "toolCallId": "call",
+                     "extensionId": "ext", "presets": [], "workspace": str(workspace)}  # fmt: skip
+            quiet.call("tool.begin", begin, 2)
+            frame = b'{"jsonrpc":"2.0","id":9,"method":"runner.register","params":'
+            frame += b'{"runnerId":"r2","hostInstanceId":"h1"}}\n'
+            for at in range(0, len(frame), 4):  # 2.5 s for one request
+                slow.sock.sendall(frame[at : at + 4])
+                time.sleep(2.5 / (len(frame) / 4))
+            assert "result" in slow.line(), "answered, though it took longer than 1 s"
+            quiet.call("tool.end", {"runId": "run", "toolCallId": "call"}, 3)  # still open
+        finally:
+            quiet.close()
+            slow.close()
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "1e300"])
 def test_an_idle_timeout_is_a_positive_number_of_seconds(tmp_path: Path, value: str) -> None:
     done = subprocess.run(

@@ -34,9 +34,10 @@ in order what only the child itself can do soundly:
    directories except the ``hidden`` files beneath them (the database's credentials),
    nothing else; TCP connect only to the ``net_connect`` ports and no bind (ABI 4+);
    and scopes abstract Unix sockets and signals to itself (ABI 6+);
-7. installs the host's seccomp filter (``seccomp``, :mod:`delegation.runners.socket_filter`):
+7. installs the host's seccomp filter (``seccomp``, :mod:`delegation.runners.seccomp_filter`):
    only TCP and UDP sockets and Unix socket pairs, ``listen`` only where allowed, no
-   io_uring, no foreign system calls; filters are inherited and cannot be removed;
+   setuid or setgid bit set, no parent-death signal but SIGKILL, no io_uring, no foreign
+   system calls; filters are inherited and cannot be removed;
 8. gives up every capability for good (bounding and ambient sets cleared, the
    securebits that keep uid 0 from regaining them locked, ``no_new_privs``): a child
    of a root host is as powerless towards the host as an ordinary user's;
@@ -101,7 +102,7 @@ _SYSCALLS = {  # landlock_create_ruleset, landlock_add_rule, landlock_restrict_s
 # Mounts made idmapped (include/uapi/linux/mount.h); the same numbers on x86_64 and aarch64.
 _OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442
 _OPEN_TREE_CLONE, _AT_FDCWD, _AT_EMPTY_PATH, _MOVE_MOUNT_F_EMPTY_PATH = 1, -100, 0x1000, 4
-_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_IDMAP = 1, 0x100000
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_IDMAP = 1, 2, 4, 0x100000
 
 # Resource limits (include/uapi/asm-generic/resource.h).
 _RLIMITS = {"data": 2, "nproc": 6}  # RLIMIT_DATA, RLIMIT_NPROC
@@ -216,7 +217,7 @@ def _allow(
 
 
 def install_filter(libc: ctypes.CDLL, program: bytes) -> None:
-    """Install the host's seccomp filter (classic BPF, :mod:`socket_filter`) for this
+    """Install the host's seccomp filter (classic BPF, :mod:`seccomp_filter`) for this
     process and all it starts; ``no_new_privs`` first, as an unprivileged filter needs."""
     buffer = ctypes.create_string_buffer(program, len(program))
     # struct sock_fprog { unsigned short len; struct sock_filter *filter; }
@@ -378,9 +379,7 @@ def give_away(libc: ctypes.CDLL, user: tuple[int, int], cwd: str, spec: dict[str
       root: ``/root`` above a Python installed there) is mounted over itself idmapped and
       read-only, so that ``user`` may enter it; Landlock keeps it from everything there
       but its roots, and each read-only root ``beneath`` one is mounted back over it as
-      it is, so that its files keep their modes (a file only root may read stays so);
-    * each ``lent`` read-only root (root's, which ``user`` could not read) is mounted
-      over itself idmapped and read-only, as it was given to the child to read.
+      it is, so that its files keep their modes (a file only root may read stays so).
 
     Then the process stands in its cwd's new mount, checked as :func:`enter` checks."""
     mapping = _idmapping(libc, user)
@@ -390,7 +389,6 @@ def give_away(libc: ctypes.CDLL, user: tuple[int, int], cwd: str, spec: dict[str
             refuse(f"cannot give the workspace to the child's user {user[0]}: {_NO_IDMAP}")
         mounts = [(p, _clone(libc, p, mapping)) for p in spec["idmapped"]]
         mounts += [(p, _clone(libc, p, None, read_only=True)) for p in spec["beneath"]]
-        mounts += [(p, _clone(libc, p, mapping, read_only=True)) for p in spec["lent"]]
         mounts += [(p, _clone(libc, p, mapping, read_only=True)) for p in spec["closed"]]
         for path, clone in [*sorted(mounts, key=lambda m: m[0].count("/")), (cwd, here)]:
             _mount(libc, clone, path)  # outer first: an inner one goes over it
@@ -452,12 +450,11 @@ def _clone(
     fd = libc.syscall(_OPEN_TREE, _AT_FDCWD, path.encode(), _OPEN_TREE_CLONE | os.O_CLOEXEC)
     if fd < 0:
         return -1, False
-    attr = (_MOUNT_ATTR_IDMAP if mapping is not None else 0) | (
-        _MOUNT_ATTR_RDONLY if read_only else 0
-    )
+    attr = _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | (_MOUNT_ATTR_RDONLY if read_only else 0)
+    attr |= _MOUNT_ATTR_IDMAP if mapping is not None else 0
     # struct mount_attr { u64 attr_set, attr_clr, propagation, userns_fd }
     packed = ctypes.create_string_buffer(struct.pack("=QQQQ", attr, 0, 0, mapping or 0), 32)
-    if attr and libc.syscall(_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, packed, ctypes.c_size_t(32)):
+    if libc.syscall(_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, packed, ctypes.c_size_t(32)):
         os.close(fd)
         return -1, False
     return int(fd), stat.S_ISDIR(kind)

@@ -12,20 +12,20 @@ host's side for the launcher to carry out (:mod:`delegation.runners.child_launch
   the launcher lets that user reach its roots: a root-owned directory it could not
   enter on the way to one (``/root`` above a Python installed there) is mounted over
   itself idmapped and read-only, so the user may enter it (Landlock keeps it from all
-  there but its roots), and each read-only root beneath it is mounted back as it is,
-  so its files keep their modes.
+  there but its roots, which is why such a directory is also carved out of every
+  read-only root that holds it), and each read-only root beneath it is mounted back
+  as it is, so its files keep their modes.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable, Sequence
 
 # Landlock's file access rights (include/uapi/linux/landlock.h), and a read-only grant.
 EXECUTE, READ_FILE, READ_DIR = 1, 4, 8
 READ_ONLY = EXECUTE | READ_FILE | READ_DIR
-_X, _R = 1, 4  # permission bits, as "other" holds them
+_X = 1  # the search bit, as "other" holds it
 
 # A Landlock read rule as the launcher takes it: [path, access, follow a symlink].
 Rule = tuple[str, int, bool]
@@ -35,16 +35,20 @@ def beneath(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def read_rules(roots: Iterable[str], hidden: Sequence[str]) -> list[str | Rule]:
+def read_rules(
+    roots: Iterable[str], hidden: Sequence[str], closed: Sequence[str] = ()
+) -> list[str | Rule]:
     """The read-only roots as the launcher takes them: a root with nothing hidden in
-    it as it is, one holding a hidden path (real paths) carved into rules, one at or
-    beneath a hidden path left out."""
+    it as it is, one holding a ``hidden`` path (real paths) carved around it, one at or
+    beneath a hidden path left out. A ``closed`` directory (:func:`user_plan`: one the
+    child's user may enter only through an idmapped mount, where root's files are its
+    own) is left out as a hidden one is, but the roots beneath it stay (each its own)."""
     rules: list[str | Rule] = []
     for root in roots:
         real = os.path.realpath(root)
-        if any(beneath(real, secret) for secret in hidden):
+        if real in closed or any(beneath(real, secret) for secret in hidden):
             continue
-        inside = [secret for secret in hidden if beneath(secret, real)]
+        inside = [path for path in [*hidden, *closed] if beneath(path, real)]
         if inside:
             _carve(real, inside, rules)
         else:
@@ -75,34 +79,30 @@ def user_plan(
     """How the launcher gives a root host's child, running as ``user`` (uid, gid; no
     supplementary group), the roots it may write and read (real paths):
 
-    * ``closed``: the outermost root-owned directories ``user`` could not enter on
-      the way to a root (never ``/``): each is mounted idmapped and read-only;
+    * ``closed``: the root-owned directories ``user`` could not enter on the way to a
+      root (never ``/``), outermost first: each is mounted idmapped and read-only, and
+      left out of what it may read (:func:`read_rules`), but for its roots; one inside
+      another too, since a read-only root between them is mounted back as it is;
     * ``beneath``: the read-only roots beneath a closed directory, mounted back over
-      it as they are, read-only (the writable ones are mounted idmapped anyway);
-    * ``lent``: the read-only roots of root's that ``user`` could not read itself:
-      mounted idmapped and read-only, as they were given to it to read.
+      it as they are, read-only (the writable ones are mounted idmapped anyway), so
+      their files keep their modes.
+
+    A read-only root ``user`` may not read is left as it is: closed to it by its mode.
     """
     roots = [(os.path.realpath(r), False) for r in writable]
     roots += [(os.path.realpath(r), True) for r in readable]
     closed: set[str] = set()
-    lent: list[str] = []
-    for path, read_only in roots:
+    for path, _ in roots:
         for way in _ancestors(path):
             found = _stat(way)
             if found is not None and found.st_uid == 0 and not _may(found, user, _X):
                 closed.add(way)
-        found = _stat(path)
-        if read_only and found is not None and found.st_uid == 0:
-            need = _R | (_X if stat.S_ISDIR(found.st_mode) else 0)
-            if not _may(found, user, need):
-                lent.append(path)
-    outer = sorted(closed, key=lambda path: path.count("/"))
-    outer = [path for i, path in enumerate(outer) if not any(beneath(path, o) for o in outer[:i])]
+    ways = sorted(closed, key=lambda path: path.count("/"))
     covered = [
         path for path, read_only in roots
-        if read_only and path not in lent and any(beneath(path, way) for way in outer)
+        if read_only and any(beneath(path, way) and path != way for way in ways)
     ]  # fmt: skip
-    return {"closed": outer, "beneath": covered, "lent": lent}
+    return {"closed": ways, "beneath": covered}
 
 
 def _stat(path: str) -> os.stat_result | None:

@@ -22,8 +22,9 @@ What each command child gets is decided here and carried out in the child itself
 * a child of a root host runs as a user of its own (``child_uid``, default 65534),
   with what it may write mounted idmapped for it, so files only root may read are
   closed to it (where the mounts can be made; else it stays uid 0, logged once);
-* a seccomp filter lets it create only TCP and UDP sockets and Unix socket pairs, and
-  ``listen`` only where the TOML allows (:mod:`delegation.runners.socket_filter`);
+* a seccomp filter lets it create only TCP and UDP sockets and Unix socket pairs,
+  ``listen`` only where the TOML allows, set no setuid or setgid bit and no
+  parent-death signal but SIGKILL (:mod:`delegation.runners.seccomp_filter`);
 * it has at most ``max_processes`` processes and ``max_memory`` bytes
   (:mod:`delegation.runners.limits`);
 * it holds no capability, even when the host is root.
@@ -45,7 +46,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from delegation.protection import NOTHING, Protected
-from delegation.runners import child_launcher, child_view, limits, socket_filter
+from delegation.runners import child_launcher, child_view, limits, seccomp_filter
 from delegation.runners.limits import ChildLimits
 
 log = logging.getLogger("delegation.runners.command")
@@ -98,7 +99,7 @@ def landlock_abi() -> int:
 
 
 def socket_filter_available() -> bool:
-    return sys.platform == "linux" and socket_filter.available()
+    return sys.platform == "linux" and seccomp_filter.available()
 
 
 @functools.cache
@@ -296,14 +297,16 @@ class Containment:
         if refused is not None:
             raise ContainmentRefused(refused)
         user = self.user
+        plan = child_view.user_plan(writable, self.read_only, user) if user else {}
+        read_only = child_view.read_rules(self.read_only, guarded.hidden(), plan.get("closed", ()))
         spec: dict[str, object] = {
             "parent": os.getpid(),
             "cwd": cwd,
             "read_write": writable,
-            "read_only": child_view.read_rules(self.read_only, guarded.hidden()),
+            "read_only": read_only,
             "net_connect": list(self.net_connect),
             "landlock": bool(self.landlock),
-            "seccomp": socket_filter.compiled(listen=self.listen).hex()
+            "seccomp": seccomp_filter.compiled(listen=self.listen).hex()
             if self.socket_filter
             else None,
             "namespaces": self.namespaces,
@@ -313,7 +316,7 @@ class Containment:
         if user is not None:
             spec["user"] = list(user)
             spec["idmapped"] = [tmpdir, *self.read_write]
-            spec.update(child_view.user_plan(writable, self.read_only, user))
+            spec.update(plan)
         if bounds is None or not bounds.groups:
             spec["rlimits"] = {"data": self.max_memory}
             if self.namespaces == "user":  # counted in its own user namespace only

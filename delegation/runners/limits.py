@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import secrets
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,8 +168,11 @@ class ChildLimits:
         return None
 
     def remove(self) -> bool:
-        """Remove the child's groups once they are empty; whether all are gone."""
+        """Kill what is left in the child's groups (a process that got out of its
+        namespace's or process group's reach cannot get out of these), and remove them
+        once they are empty; whether all are gone."""
         for controller, path in list(self.groups.items()):
+            _kill_all(path)
             with contextlib.suppress(FileNotFoundError):
                 try:
                     os.rmdir(path)
@@ -176,6 +180,14 @@ class ChildLimits:
                     continue  # processes still leaving: the next boot's sweep takes it
             del self.groups[controller]
         return not self.groups
+
+
+def _kill_all(group: str) -> None:
+    """SIGKILL every process in a group."""
+    with contextlib.suppress(OSError, ValueError):
+        for pid in Path(group, "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
 
 
 def _write(group: str, name: str, value: int) -> None:
@@ -218,13 +230,15 @@ def _descendants(pid: int) -> list[int]:
 
 
 def remove_stale() -> list[str]:
-    """Remove the empty groups of children whose host has ended; the paths removed."""
+    """Remove the groups of children whose host has ended (killing what is left in
+    them); the paths removed."""
     roots = group_roots()
     removed: list[str] = []
     for root in (roots or {}).values():
         with contextlib.suppress(OSError):
             for name in os.listdir(root):
                 if name.startswith(tmpdirs.PREFIX) and tmpdirs.made_by_ended_host(name):
+                    _kill_all(os.path.join(root, name))  # nothing of a dead host's child lives on
                     with contextlib.suppress(OSError):
                         os.rmdir(os.path.join(root, name))
                         removed.append(os.path.join(root, name))

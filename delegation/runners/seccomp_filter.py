@@ -1,20 +1,31 @@
-"""The seccomp filter of a command child (SPEC §23): which sockets it may have.
+"""The seccomp filter of a command child (SPEC §23), assembled on the host's side.
 
-A child may create ``AF_INET``/``AF_INET6`` sockets of TCP (protocol 0 or 6) or UDP
-(protocol 0 or 17), and ``AF_UNIX`` pairs (``socketpair``: a program's own pipes); every
-other ``socket()`` is refused with ``EACCES``: ``AF_UNIX`` (a pathname socket's
-``connect`` is nothing Landlock bounds: the serve socket, PostgreSQL's peer-auth
-socket, a session bus), MPTCP (protocol 262, which Landlock's TCP rules do not see),
-SCTP, raw, packet, netlink, vsock and every other family or protocol. ``listen`` is
-refused unless the runner's TOML allows it: a ``listen`` without ``bind`` binds an
-ephemeral port that Landlock's bind rule never sees. ``io_uring_setup`` fails with
-``ENOSYS`` (io_uring makes sockets no filter sees; programs fall back to plain I/O), and
-a process making system calls of a foreign architecture (32-bit ARM on aarch64, x32) is
-killed or refused; i386 code on x86_64 is filtered as native code is, and its
-``socketcall`` (whose arguments are behind a pointer) is refused whole.
+**Sockets.** A child may create ``AF_INET``/``AF_INET6`` sockets of TCP (protocol 0 or
+6) or UDP (protocol 0 or 17), and ``AF_UNIX`` pairs (``socketpair``: a program's own
+pipes); every other ``socket()`` is refused with ``EACCES``: ``AF_UNIX`` (a pathname
+socket's ``connect`` is nothing Landlock bounds: the serve socket, PostgreSQL's
+peer-auth socket, a session bus), MPTCP (protocol 262, which Landlock's TCP rules do not
+see), SCTP, raw, packet, netlink, vsock and every other family or protocol. ``listen``
+is refused unless the runner's TOML allows it: a ``listen`` without ``bind`` binds an
+ephemeral port that Landlock's bind rule never sees.
 
-The filter is assembled here, on the host's side, and handed to the launcher as bytes:
-the launcher only installs it (:mod:`delegation.runners.child_launcher`).
+**No setuid file.** ``chmod`` and its kin with a setuid or setgid bit fail with
+``EPERM``: a root host's child writes its workspace through an idmapped mount, where
+what it owns is root's on disk, and a setuid-root file it made there would make any
+local user root. (Writing a file clears those bits, so ``chmod`` is the one way in.)
+
+**Its parent-death signal stays SIGKILL.** The program is its PID namespace's first
+process and dies with its keeper only by that signal; ``PR_SET_PDEATHSIG`` with any
+other signal (0 clears it) fails with ``EPERM``, so a program cannot outlive its host.
+
+``io_uring_setup`` fails with ``ENOSYS`` (io_uring makes sockets no filter sees;
+programs fall back to plain I/O), and a process making system calls of a foreign
+architecture (32-bit ARM on aarch64, x32) is killed or refused; i386 code on x86_64 is
+filtered as native code is, and its ``socketcall`` (whose arguments are behind a
+pointer) is refused whole.
+
+The filter is assembled here and handed to the launcher as bytes: the launcher only
+installs it (:mod:`delegation.runners.child_launcher`).
 """
 
 from __future__ import annotations
@@ -34,28 +45,35 @@ class _Calls:
     socket: int
     socketpair: int
     listen: int
+    fchmod: int
+    fchmodat: int
+    prctl: int
+    chmod: int | None = None  # aarch64 has fchmodat only
     socketcall: int | None = None  # i386's multiplexer: refused whole
 
 
 _NATIVE = {
-    "x86_64": _Calls(socket=41, socketpair=53, listen=50),
-    "aarch64": _Calls(socket=198, socketpair=199, listen=201),
+    "x86_64": _Calls(41, 53, 50, fchmod=91, fchmodat=268, prctl=157, chmod=90),
+    "aarch64": _Calls(198, 199, 201, fchmod=52, fchmodat=53, prctl=167),
 }
-_I386 = _Calls(socket=359, socketpair=360, listen=363, socketcall=102)
-_IO_URING_SETUP = 425  # the same number on x86_64, i386 and aarch64
+_I386 = _Calls(359, 360, 363, fchmod=94, fchmodat=306, prctl=172, chmod=15, socketcall=102)
+# The same numbers on x86_64, i386 and aarch64.
+_IO_URING_SETUP, _FCHMODAT2 = 425, 452
 
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 SOCK_STREAM, SOCK_DGRAM = 1, 2
 _SOCK_TYPE_MASK = 0xF  # SOCK_NONBLOCK and SOCK_CLOEXEC sit above it
 IPPROTO_TCP, IPPROTO_UDP = 6, 17
-_EACCES, _ENOSYS = 13, 38
+S_ISUID_ISGID = 0o6000
+PR_SET_PDEATHSIG, SIGKILL = 1, 9
+_EPERM, _EACCES, _ENOSYS = 1, 13, 38
 
 # Offsets in struct seccomp_data: nr, arch, then args[6] as u64 (their low halves here,
 # on these little-endian machines: the kernel reads an int argument as its low half).
 _NR, _ARCH, _ARGS = 0, 4, 16
 _RET_ALLOW, _RET_ERRNO, _RET_KILL = 0x7FFF0000, 0x00050000, 0x80000000
-# Classic BPF: LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, ALU|AND|K, RET|K.
-_CODES = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "and": 0x54, "ret": 0x06}
+# Classic BPF: LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, JMP|JSET|K, ALU|AND|K, RET|K.
+_CODES = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "jset": 0x45, "and": 0x54, "ret": 0x06}
 
 Instruction = tuple[str, int, str, str]  # ("[label:]op", k, jump if true, if false)
 
@@ -65,9 +83,14 @@ def available(machine: str | None = None) -> bool:
     return (machine or platform.machine()) in _NATIVE
 
 
+def _arg(n: int) -> int:
+    return _ARGS + 8 * n
+
+
 def _dispatch(calls: _Calls) -> list[Instruction]:
     """The system call number of one architecture, to the checks below."""
     refused_whole = [("jeq", calls.socketcall, "deny", "")] if calls.socketcall else []
+    chmod = [("jeq", calls.chmod, "mode1", "")] if calls.chmod else []
     return [
         ("ld", _NR, "", ""),
         *refused_whole,
@@ -75,6 +98,11 @@ def _dispatch(calls: _Calls) -> list[Instruction]:
         ("jeq", calls.socket, "socket", ""),
         ("jeq", calls.socketpair, "pair", ""),
         ("jeq", calls.listen, "listen", ""),
+        *chmod,
+        ("jeq", calls.fchmod, "mode1", ""),
+        ("jeq", calls.fchmodat, "mode2", ""),
+        ("jeq", _FCHMODAT2, "mode2", ""),
+        ("jeq", calls.prctl, "prctl", ""),
         ("ret", _RET_ALLOW, "", ""),
     ]
 
@@ -97,24 +125,33 @@ def program(machine: str | None = None, *, listen: bool = False) -> list[Instruc
         *_dispatch(_NATIVE[machine])[1:],
         ("other:jeq", compat, "", "kill"),
         *_dispatch(_I386),
-        ("socket:ld", _ARGS, "", ""),  # the family
+        ("socket:ld", _arg(0), "", ""),  # the family
         ("jeq", AF_INET, "inet", ""),
         ("jeq", AF_INET6, "inet", "deny"),
-        ("inet:ld", _ARGS + 8, "", ""),  # the type, without its flags
+        ("inet:ld", _arg(1), "", ""),  # the type, without its flags
         ("and", _SOCK_TYPE_MASK, "", ""),
         ("jeq", SOCK_STREAM, "stream", ""),
         ("jeq", SOCK_DGRAM, "dgram", "deny"),
-        ("stream:ld", _ARGS + 16, "", ""),  # the protocol: TCP, not MPTCP or SCTP
+        ("stream:ld", _arg(2), "", ""),  # the protocol: TCP, not MPTCP or SCTP
         ("jeq", 0, "allow", ""),
         ("jeq", IPPROTO_TCP, "allow", "deny"),
-        ("dgram:ld", _ARGS + 16, "", ""),  # UDP, not ICMP (ping) or UDP-Lite
+        ("dgram:ld", _arg(2), "", ""),  # UDP, not ICMP (ping) or UDP-Lite
         ("jeq", 0, "allow", ""),
         ("jeq", IPPROTO_UDP, "allow", "deny"),
-        ("pair:ld", _ARGS, "", ""),
+        ("pair:ld", _arg(0), "", ""),
         ("jeq", AF_UNIX, "allow", "deny"),
+        ("mode1:ld", _arg(1), "", ""),  # chmod(path, mode), fchmod(fd, mode)
+        ("jset", S_ISUID_ISGID, "eperm", "allow"),
+        ("mode2:ld", _arg(2), "", ""),  # fchmodat(dirfd, path, mode[, flags])
+        ("jset", S_ISUID_ISGID, "eperm", "allow"),
+        ("prctl:ld", _arg(0), "", ""),
+        ("jeq", PR_SET_PDEATHSIG, "", "allow"),
+        ("ld", _arg(1), "", ""),
+        ("jeq", SIGKILL, "allow", "eperm"),
         ("listen:ret", _RET_ALLOW if listen else _RET_ERRNO | _EACCES, "", ""),
         ("allow:ret", _RET_ALLOW, "", ""),
         ("deny:ret", _RET_ERRNO | _EACCES, "", ""),
+        ("eperm:ret", _RET_ERRNO | _EPERM, "", ""),
         ("nosys:ret", _RET_ERRNO | _ENOSYS, "", ""),
         ("kill:ret", _RET_KILL, "", ""),  # SECCOMP_RET_KILL_PROCESS
     ]
