@@ -4,7 +4,18 @@ A use case (:mod:`delegation.service`, :mod:`delegation.maintenance`) is a funct
 ``fn(conn, now, *args, **kwargs)`` run in one write transaction. :class:`Use` binds it to
 its arguments, checked by the type checker against ``fn``'s own signature, and
 :meth:`Runtime.write` is the one entry through which every use case of the engine is
-queued, with ``now`` read from the engine's clock as it is queued.
+queued.
+
+**Stamped when it runs, not when it was queued** (SPEC §12, issue 36): ``now`` is read
+from the engine's clock as the use case runs in its write transaction, a moment before
+its commit. A write may wait in the queue (a busy writer, a host stopped or starved for
+seconds); stamped when queued, a purge committed 12 s late said it was 12 s old, and the
+next sweep forgot it within a second. Every time a use case writes (a purge, an end, an
+admission, an expiry, a heartbeat's effects, a lease's deadline) is therefore the time
+it became true in the database, as near as the clock can tell: on PostgreSQL the
+server's (:class:`~delegation.clock.ServerClock`). The time a caller asked is
+:attr:`Use.asked_at` (read as it is queued), for what measures a wait; no use case
+stores it.
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ OWED_PAUSE_S, OWED_PAUSE_MAX_S = 0.05, 0.4
 class Use(Generic[T]):
     """A use case and its arguments: run as ``fn(conn, now, *args, **kwargs)``."""
 
-    __slots__ = ("args", "fn", "kwargs")
+    __slots__ = ("args", "asked_at", "fn", "kwargs")
 
     def __init__(
         self,
@@ -46,13 +57,15 @@ class Use(Generic[T]):
         self.fn: Callable[..., T] = fn
         self.args = args
         self.kwargs = kwargs
+        self.asked_at: float | None = None  # when it was queued (Runtime.write)
 
-    def at(self, now: float) -> Callable[[Connection], T]:
-        """The job a write batch runs: this use case at ``now``."""
-        fn, args, kwargs = self.fn, self.args, self.kwargs
+    def job(self, clock: Clock) -> Callable[[Connection], T]:
+        """The job a write batch runs: this use case, ``now`` read from ``clock`` as it
+        runs in the batch's transaction."""
+        fn, args, kwargs, now = self.fn, self.args, self.kwargs, clock.now
         if kwargs:
-            return lambda conn: fn(conn, now, *args, **kwargs)
-        return lambda conn: fn(conn, now, *args)
+            return lambda conn: fn(conn, now(), *args, **kwargs)
+        return lambda conn: fn(conn, now(), *args)
 
 
 class Runtime:
@@ -98,7 +111,8 @@ class Runtime:
             raise errors.HostFenced(
                 f"host instance {self.instance_id} was taken over; this host is rejoining"
             )
-        job = use.at(self.clock.now())
+        use.asked_at = self.clock.now()
+        job = use.job(self.clock)  # stamped as it runs, not now (see the module)
         return self.db.submit(job, durable=durable, committed=committed, one_write=one_write)
 
     async def owed(
