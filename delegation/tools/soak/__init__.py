@@ -16,6 +16,12 @@ The database is a temporary SQLite file, or with ``--url`` a new database on tha
 PostgreSQL server (:mod:`delegation.tools.soak.server`), dropped at the end. There ``--hosts N``
 runs N hosts at once and kills, closes and pauses them at random
 (:mod:`delegation.tools.soak.fleet`).
+
+Each violation's details (what was acknowledged when, what the database held, what the
+soak's own record says left it) go to a JSON-lines file beside the report (``--details``;
+its path is in the report). ``--busy N`` starves the machine with N busy loops while it
+runs (four on two cores is issue 36's starved soak), and ``--runs N`` soaks N times, each
+on a new database with the next seed, and reports each and their total.
 """
 
 from __future__ import annotations
@@ -25,7 +31,10 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -49,7 +58,8 @@ def summary(report: dict[str, Any]) -> str:
         f" max {report['max_ms']} ms; host rss {report['rss_mb']} MB",
         f"calls: {report['calls']}",
         f"refusals: {report['errors_by_reason']}",
-        f"violations: {report['violations']}",
+        f"violations: {report['violations']}"
+        + (f" (details: {report['details']})" if report.get("details") else ""),
     ]
     lines += [f"  {what}" for what in report["violation_samples"]]
     return "\n".join(lines)
@@ -82,6 +92,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="end every session of the database now and then, as a server restart does"
         " (needs --url, and a role that may: superuser or pg_signal_backend)",
+    )
+    parser.add_argument(
+        "--details",
+        type=Path,
+        help="where each violation's details go, one JSON line each (default: the --keep"
+        " folder's violations.jsonl, else soak-violations-SEED.jsonl here)",
+    )
+    parser.add_argument(
+        "--busy", type=int, default=0, help="busy loops that starve the machine meanwhile"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="soak this many times, each with the next seed"
     )
     parser.add_argument(
         "--heartbeat",
@@ -118,10 +140,30 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.db_restarts and args.url is None:
         parser.error("--db-restarts needs --url: only a server's sessions can be ended")
+    if args.runs < 1 or args.busy < 0:
+        parser.error("--runs must be at least 1, and --busy at least 0")
     signal.signal(signal.SIGTERM, _terminate)
-    report = _soak(args, seed)
-    print(json.dumps(report, separators=(",", ":")) if args.json else summary(report))
-    return 1 if report["violations"] else 0
+    found = 0
+    with _busy(args.busy):
+        for run in range(args.runs):
+            report = _soak(args, seed + run)
+            print(json.dumps(report, separators=(",", ":")) if args.json else summary(report))
+            found += report["violations"]
+    if args.runs > 1 and not args.json:
+        print(f"{args.runs} runs, {found} violations in all")
+    return 1 if found else 0
+
+
+@contextlib.contextmanager
+def _busy(loops: int) -> Iterator[None]:
+    """``loops`` processes that spin until the soak ends: a starved machine."""
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(loops)]
+    try:
+        yield
+    finally:
+        for proc in spinning:
+            proc.kill()
+            proc.wait()
 
 
 def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -130,7 +172,7 @@ def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     from delegation.tools.soak.server import SoakDatabase
 
     with contextlib.ExitStack() as stack:
-        folder = args.keep
+        folder = args.keep / f"seed-{seed}" if args.keep and args.runs > 1 else args.keep
         if folder is None:
             made = tempfile.TemporaryDirectory(prefix="delegation-soak-")
             folder = Path(stack.enter_context(made))
@@ -140,6 +182,9 @@ def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             url = stack.enter_context(SoakDatabase(args.url, keep=args.keep is not None))
         driver = FleetDriver if args.hosts > 1 else Driver
         progress = stack.enter_context(Progress("soak", args.seconds, unit=" s", quiet=args.json))
+        details = args.details or (
+            folder / "violations.jsonl" if args.keep else Path(f"soak-violations-{seed}.jsonl")
+        )
         soak = driver(
             folder,
             args.seconds,
@@ -149,6 +194,7 @@ def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             heartbeat_s=args.heartbeat,
             timeout_s=args.host_timeout,
             progress=progress,
+            details=details.resolve(),
         )
         if not args.db_restarts or url is None:
             return soak.run()

@@ -14,6 +14,21 @@ once. A :class:`Checker` called again and again also sees rows change: a termina
 never does, and a row leaves only by the retention purge, once due. The rules about
 host instances (one host, or several: :class:`~delegation.tools.soak.liveness.Fleet`) are in
 :mod:`delegation.tools.soak.liveness`.
+
+**What left, it learns from the soak's own record** (:mod:`delegation.tools.soak.audit`):
+every child row deleted, with whether the engine's purge row was written beside it and
+the engine's stamps of its end and its purge. So a legitimate purge is never judged a
+loss, however briefly its ``purged`` row lived, and a deletion without a purge is always
+found: ``deleted_unpurged``; ``purged_early`` (deleted less than the retention after
+its end's write ran, as the engine stamped it); ``purge_forgotten_early`` (its
+``purged`` row, the ``child_purged`` answer to a late handle, gone less than a period
+after the purge's write ran); ``lost_row`` (a row gone with no deletion recorded at
+all). The stamps themselves are held to the time the write ran, not the time it was
+queued, by tests that stop a host in between (tests/test_stamped_at_commit.py); the
+record measures how long after its stamp each end's write reached its row
+(``end_lags``). A database
+without that record (one the soak did not make) is judged by the ``purged`` rows a
+check sees, as before.
 """
 
 from __future__ import annotations
@@ -63,8 +78,16 @@ class Checker:
     retention_s: float | None = None  # None: nothing may be purged
     seen_terminal: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     seen_active: dict[str, float] = field(default_factory=dict)  # run id -> when last seen
-    # The purge forgets what it purged after one more period; the checker does not.
+    # The purge forgets what it purged after one more period; the checker does not:
+    # run -> when it was deleted (the soak's record) or seen purged (without it).
     purged: dict[str, float] = field(default_factory=dict)
+    ended: dict[str, float] = field(default_factory=dict)  # run -> its end's write, ran
+    # How long after the engine stamped an end its write ran (the record's time less the
+    # stamp): what "a moment before its commit" was, measured.
+    end_lags: list[float] = field(default_factory=list)
+    record: dict[str, list[Row]] = field(default_factory=lambda: defaultdict(list))
+    audit_after: int = 0  # the last row of the soak's record read
+    last: Any = None  # the last snapshot, for explain()
     tombstones: dict[tuple[str, str], set[float]] = field(default_factory=lambda: defaultdict(set))
     # Host instances seen taken over (their rows are purged after retention).
     taken: dict[str, str] = field(default_factory=dict)
@@ -95,15 +118,20 @@ class Checker:
         """
         self.slack = slack
         wanted = set(acks.events) if acks is not None else set()
-        snap = read_snapshot(source, wanted, integrity=not live and fleet is None)
-        self.purged.update(snap.purged)
+        snap = read_snapshot(
+            source, wanted, integrity=not live and fleet is None, audit_after=self.audit_after
+        )
+        audited = list(self._audited(snap.audit or []))
+        if snap.audit is None:
+            self.purged.update(snap.purged)
         snap = replace(snap, purged=self.purged)
+        self.last = snap
         for key, lease in snap.leases.items():
             if lease["revoked_at"] is not None:
                 self.tombstones[key].add(lease["revoked_at"])
         self.taken.update((h["id"], h["taken_by"]) for h in snap.instances if h["taken_by"])
         grace = EXPIRY_GRACE_S + (fleet.settle_s if fleet is not None else 0.0)
-        found = [*self._file(snap), *self._leases(snap, live, now, grace)]
+        found = [*audited, *self._file(snap), *self._leases(snap, live, now, grace, acks)]
         found += self._vanished(snap, now)
         found += _writers(snap)
         if fleet is None:
@@ -114,21 +142,52 @@ class Checker:
             found += _journal(snap, acks, lost, self.tombstones, self.retention_s, now, slack)
         return found
 
+    def _audited(self, rows: list[Row]) -> Iterator[str]:
+        """Fold the soak's record of what left, and judge each deletion as it is read."""
+        retention, slack = self.retention_s, self.slack
+        for row in rows:
+            self.audit_after = max(self.audit_after, int(row["id"]))
+            run, at = row["run_id"], float(row["at"])
+            self.record[run].append(row)
+            if row["what"] == "child_ended":
+                self.ended[run] = at
+                self.end_lags.append(at - float(row["finished_at"]))
+            elif row["what"] == "child_deleted":
+                self.purged[run] = at
+                ended = row["finished_at"]  # the engine's stamp: when its end's write ran
+                if not row["purge_row"] or retention is None:
+                    yield f"deleted_unpurged: child {run} ({row['state']}) deleted with no purge"
+                elif ended is None or at < ended + retention - slack:
+                    after = "before its end" if ended is None else f"{at - ended:.2f} s after"
+                    yield (
+                        f"purged_early: child {run} purged {after} its end was written"
+                        f" (retention {retention} s)"
+                    )
+            elif row["what"] == "purge_forgotten" and retention is not None:
+                purged = row["purged_at"]  # the engine's stamp: when the purge's write ran
+                if purged is not None and at < purged + retention - slack:
+                    yield (
+                        f"purge_forgotten_early: child {run} remembered as purged"
+                        f" {at - purged:.2f} s of {retention} s"
+                    )
+
     def _vanished(self, snap: Snapshot, now: float) -> Iterator[str]:
-        """Rows gone since the last check: only purged ones, and only once due."""
+        """Rows gone since the last check: only purged ones, and (without the soak's
+        record, which judges each deletion itself) only once due."""
         present = {c["run_id"] for c in snap.children}
         retention = self.retention_s
+        judged = snap.audit is not None
         for run in [r for r in self.seen_active if r not in present]:
             seen = self.seen_active.pop(run)
             if run not in snap.purged or retention is None:
                 yield f"lost_row: child {run} vanished while unfinished"
-            elif snap.purged[run] < seen + retention - self.slack:
+            elif not judged and snap.purged[run] < seen + retention - self.slack:
                 yield f"purged_early: child {run} was purged less than retention after it ran"
         for run in [r for r in self.seen_terminal if r not in present]:
             finished = self.seen_terminal.pop(run)[2]
             if run not in snap.purged or retention is None:
                 yield f"lost_row: finished child {run} vanished without a purge"
-            elif snap.purged[run] < finished + retention - self.slack:
+            elif not judged and snap.purged[run] < finished + retention - self.slack:
                 yield f"purged_early: child {run} purged before its retention period"
         self.seen_active.update(
             (c["run_id"], now) for c in snap.children if c["state"] not in TERMINAL
@@ -191,7 +250,12 @@ class Checker:
             if before != seen:
                 yield f"terminal_changed: child {run} was {before}, is {seen}"
 
-    def _leases(self, snap: Snapshot, live: bool, now: float, grace: float) -> Iterator[str]:
+    def _leases(
+        self, snap: Snapshot, live: bool, now: float, grace: float, acks: Acks | None
+    ) -> Iterator[str]:
+        """Leases whole and exactly their lifetime; with a host live, none past its
+        deadline by more than ``grace`` and however long the hosts went unscheduled
+        since (a starved machine: README, "Liveness on a starved machine")."""
         for (runner, lease_id), g in snap.leases.items():
             name = f"{runner}/{lease_id}"
             if g["revoked_at"] is not None:
@@ -206,7 +270,8 @@ class Checker:
                 and abs(g["expires_at"] - g["created_at"] - self.lifetime_s) > 1e-6
             ):
                 yield f"lease_lifetime: lease {name} does not live exactly its lifetime"
-            if live and g["expires_at"] < now - grace - self.slack:
+            starved = acks.stalled_since(g["expires_at"]) if acks is not None else 0.0
+            if live and g["expires_at"] < now - grace - starved - self.slack:
                 late = now - g["expires_at"]
                 yield f"lease_overdue: lease {name} still live {late:.1f} s past its deadline"
 

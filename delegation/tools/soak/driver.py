@@ -22,7 +22,9 @@ from typing import IO, Any
 from delegation import passwords
 from delegation.progress import Progress
 from delegation.store import stores
+from delegation.tools.soak import audit
 from delegation.tools.soak.check import EPS, Checker
+from delegation.tools.soak.details import Details, explain
 from delegation.tools.soak.host import (
     CONFIG,
     DB_ENV,
@@ -90,6 +92,16 @@ class HostProcess:
         self.state = "gone"
 
 
+def _spread(seconds: list[float]) -> dict[str, float]:
+    """The median, 99th percentile and most of ``seconds``, in milliseconds."""
+    if not seconds:
+        return {}
+    ordered = sorted(seconds)
+    at = [ordered[int(p * (len(ordered) - 1))] for p in (0.5, 0.99)]
+    return {"p50": round(at[0] * 1000, 1), "p99": round(at[1] * 1000, 1),
+            "max": round(ordered[-1] * 1000, 1)}  # fmt: skip
+
+
 def _read_line(stream: IO[bytes], timeout: float) -> bytes:
     ready, _, _ = select.select([stream], [], [], timeout)
     return stream.readline() if ready else b""
@@ -110,8 +122,10 @@ class Driver:
         heartbeat_s: float = HEARTBEAT_S,
         timeout_s: float = HOST_TIMEOUT_S,
         progress: Progress | None = None,
+        details: Path | None = None,
     ) -> None:
         self.folder, self.seconds, self.seed, self.hosts = folder, seconds, seed, hosts
+        self.details = Details(details or folder / "violations.jsonl")
         self.progress = progress
         self.started = time.monotonic()
         self.heartbeat_s, self.timeout_s = heartbeat_s, timeout_s
@@ -137,13 +151,28 @@ class Driver:
         self.hids = {runner: f"hi-0-{runner}" for runner in runners_of(0, 1)}
 
     def violation(self, what: str) -> None:
-        self.violations.setdefault(what)
+        """A finding, once; its details go to the details file as it is found."""
+        if what in self.violations:
+            return
+        self.violations[what] = None
+        now = time.time() + self.acks.clock_offset
+        slack = EPS + 2 * self.acks.clock_spread
+        checker = self.checker
+        self.details.write(
+            explain(what, checker.last, self.acks, checker.record, now=now, slack=slack)
+        )
 
     # --- the soak -----------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """The soak's database, migrated, with the soak's own record of what leaves it
+        (:mod:`delegation.tools.soak.audit`), before any host opens it."""
+        audit.install(self.url)
 
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
         deadline = started + self.seconds
+        self.prepare()
         try:
             while True:
                 self.proc = self.spawn(0, self.hids)
@@ -359,6 +388,7 @@ class Driver:
             "violations": len(found),
             "violations_by_kind": dict(Counter(v.split(":", 1)[0] for v in found)),
             "violation_samples": found[:20],
+            "details": str(self.details.path) if self.details.written else None,
             "restarts": self.kills + self.graceful,
             "kills": self.kills,
             "graceful": self.graceful,
@@ -368,6 +398,7 @@ class Driver:
             "excused_after_pause": self.excused,
             "contention": acks.contention,
             "clock_spread_ms": round(acks.clock_spread * 1000, 1),
+            "end_lag_ms": _spread(self.checker.end_lags),
             "calls": dict(acks.calls.most_common()),
             "errors_by_reason": dict(sorted(acks.refusals.items())),
             "p50_ms": percentile(0.5),

@@ -61,6 +61,7 @@ class FleetDriver(Driver):
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
         deadline = started + self.seconds
+        self.prepare()
         try:
             for slot in range(self.hosts):
                 host = self.spawn(slot, self.slot_hids[slot])
@@ -108,8 +109,12 @@ class FleetDriver(Driver):
             time.sleep(TICK_S)
 
     def view(self) -> Fleet:
-        known = frozenset(self.acks.instances)
-        return Fleet(self.dead, frozenset(self.stopped), known, self.settle_s, time.time())
+        known, stopped = frozenset(self.acks.instances), frozenset(self.stopped)
+
+        def stalled(since: float) -> float:  # the hosts still running: not the paused
+            return self.acks.stalled_since(since, stopped)
+
+        return Fleet(self.dead, stopped, known, self.settle_s, time.time(), stalled)
 
     # --- what is done to hosts ----------------------------------------------------------
 

@@ -173,6 +173,7 @@ async def serve(opts: HostOptions) -> None:
     workload = Workload(engine, journal, rng, opts.epoch, opts.workspace, woken, opts.shared)
     sides = [Side(runner_id, hid) for runner_id, hid in opts.instances.items()]
     tasks = [asyncio.create_task(workload.report()), asyncio.create_task(woken.watch())]
+    tasks.append(asyncio.create_task(_stalls(journal, lambda: _instance(engine))))
     for side in sides:
         await workload.connect(side)
     if opts.final:
@@ -223,6 +224,23 @@ async def _drain(engine: Engine, journal: Journal) -> None:
             journal.bad(f"drain: children still active 30 s after their leases ended: {active}")
             return
         await asyncio.sleep(0.05)
+
+
+STALL_TICK_S = 0.1
+
+
+async def _stalls(journal: Journal, instance: Any) -> None:
+    """Journal, each second, the longest this host's event loop went unscheduled past a
+    short sleep: what a starved machine (or a pause) cost it. The soak allows a takeover
+    or an expiry this much later (README, "Liveness on a starved machine")."""
+    worst, since = 0.0, time.monotonic()
+    while True:
+        before = time.monotonic()
+        await asyncio.sleep(STALL_TICK_S)
+        worst = max(worst, time.monotonic() - before - STALL_TICK_S)
+        if time.monotonic() - since >= 1.0:
+            journal.write("stall", instance=instance(), worst=round(worst, 3), at=time.time())
+            worst, since = 0.0, time.monotonic()
 
 
 def _instance(engine: Engine | None) -> str:

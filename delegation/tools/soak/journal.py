@@ -14,7 +14,9 @@ a host instance), ``run``/``end`` (a run began or ended executing, with its reco
 ``attempt``), ``took`` (a run took a steer), ``boot``/``closed`` (an engine opened, and
 closed gracefully), ``fenced`` (the host was taken over while it could not heartbeat, and
 goes on as instance ``new``), ``takeover`` (the host took dead instances over), ``stats``
-(calls, latencies and refusals since the last), and ``bad``: what a host saw go wrong.
+(calls, latencies and refusals since the last), ``stall`` (the longest its event loop went
+unscheduled past a 0.1 s sleep in the second before ``at``, as host instance
+``instance``: how starved the host was), and ``bad``: what a host saw go wrong.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Acks:
     current: dict[int, str] = field(default_factory=dict)  # pid -> its host instance now
     fenced: dict[str, str] = field(default_factory=dict)  # old instance -> the new one
     taken: set[str] = field(default_factory=set)  # instances taken over at a heartbeat
+    stalls: list[tuple[str, float, float]] = field(default_factory=list)  # (instance, at, s)
     ops: int = 0
     latencies: array.array[float] = field(default_factory=lambda: array.array("d"))
     calls: Counter[str] = field(default_factory=Counter)
@@ -120,6 +123,8 @@ class Acks:
             self._host(kind, pid, record)
         elif kind == "contention":
             self.contention += 1
+        elif kind == "stall":
+            self.stalls.append((record["instance"], record["at"], record["worst"]))
         elif kind == "bad" and record.get("woken"):
             self.woken.append((pid, f"host: {record['what']}"))
         elif kind == "bad":
@@ -161,6 +166,12 @@ class Acks:
             self.closed_instances.add(record.get("instance", ""))
         elif kind == "takeover":
             self.taken.update(record["instances"])
+
+    def stalled_since(self, since: float, excluding: frozenset[str] = frozenset()) -> float:
+        """The longest a host's event loop went unscheduled from ``since`` (the hosts'
+        clock) on, but for the host instances ``excluding`` (paused on purpose)."""
+        found = (s for instance, at, s in self.stalls if at >= since and instance not in excluding)
+        return max(found, default=0.0)
 
     def instances_of(self, pid: int) -> set[str]:
         return {instance for instance, owner in self.instances.items() if owner == pid}

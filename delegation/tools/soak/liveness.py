@@ -12,7 +12,7 @@ stopped (killed, paused, or told to close) may ever be taken over.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from delegation.tools.soak.snapshot import Snapshot
@@ -29,6 +29,10 @@ class Fleet:
     known: frozenset[str]  # every host instance a host journaled
     settle_s: float  # how long after a death its takeover may take
     now: float  # the driver's time of the check (of ``dead``, not of the engines)
+    # How long the hosts still running went unscheduled from a time on (a starved
+    # machine): a takeover may come that much later (README, "Liveness on a starved
+    # machine"). None: not measured.
+    stalled: Callable[[float], float] | None = None
 
 
 def one_host(snap: Snapshot, *, live: bool, final: bool) -> Iterator[str]:
@@ -51,7 +55,11 @@ def one_host(snap: Snapshot, *, live: bool, final: bool) -> Iterator[str]:
 def several_hosts(snap: Snapshot, fleet: Fleet, *, final: bool) -> Iterator[str]:
     """Several hosts: a dead instance is taken over within ``settle_s``; a live one never."""
     now = fleet.now
-    settled = {i for i, died in fleet.dead.items() if now - died > fleet.settle_s}
+
+    def due(died: float) -> float:
+        return fleet.settle_s + (fleet.stalled(died) if fleet.stalled is not None else 0.0)
+
+    settled = {i for i, died in fleet.dead.items() if now - died > due(died)}
     for h in snap.instances:
         instance = h["id"]
         if h["taken_by"] is not None and instance in fleet.known - fleet.stopped:

@@ -45,6 +45,9 @@ class Snapshot:
     # child that was resumed (its events name who wrote them, around each recovery)
     bodies: dict[int, dict[int, tuple[str, str]]]
     purged: dict[str, float]  # run id -> when it was purged after retention
+    # The soak's own record (delegation.tools.soak.audit), rows after the last read;
+    # None where the database has none (a database the soak did not make).
+    audit: list[Row] | None = None
 
 
 class Reading:
@@ -106,11 +109,32 @@ def _pairs(rows: list[Row]) -> dict[Any, Any]:
     return dict(tuple(row.values()) for row in rows)
 
 
-def read_snapshot(source: Source, wanted: set[str], *, integrity: bool) -> Snapshot:
+def read_snapshot(
+    source: Source, wanted: set[str], *, integrity: bool, audit_after: int = 0
+) -> Snapshot:
     """Everything the checks read, in one transaction; the event bodies of the runs in
-    ``wanted`` and of every resumed child. ``integrity``: SQLite's own checks too."""
+    ``wanted`` and of every resumed child; the soak's record after row ``audit_after``.
+    ``integrity``: SQLite's own checks too."""
     reading = Reading(source)
-    return reading.read(lambda q: _collect(reading, q, wanted, integrity and reading.is_file))
+
+    def collect(q: Query) -> Snapshot:
+        snap = _collect(reading, q, wanted, integrity and reading.is_file)
+        snap.audit = _audit(reading, q, audit_after)
+        return snap
+
+    return reading.read(collect)
+
+
+def _audit(reading: Reading, q: Query, after: int) -> list[Row] | None:
+    """The soak's record after row ``after``, oldest first; None where there is none."""
+    found = (
+        q("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'soak_audit'")
+        if reading.is_file
+        else q("SELECT to_regclass('soak_audit') AS name")
+    )
+    if not found or found[0]["name"] is None:
+        return None
+    return q(f"SELECT * FROM soak_audit WHERE id > {int(after)} ORDER BY id")
 
 
 def _collect(reading: Reading, q: Query, wanted: set[str], integrity: bool) -> Snapshot:
