@@ -128,6 +128,27 @@ def test_a_takeover_may_come_as_late_as_the_living_hosts_were_starved() -> None:
     }
 
 
+def test_a_takeover_may_wait_for_a_paused_hosts_transaction() -> None:
+    """Another host paused inside its transaction holds its rows until the server ends
+    it (5 s later): a takeover that needs them waits that long (README)."""
+    snap = _snapshot([{"id": "h-dead", "closed_at": None, "taken_by": None}])
+    died, settle = 100.0, 10.0
+
+    def fleet(now: float, pauses: tuple[tuple[str, float], ...]) -> Fleet:
+        dead = {"h-dead": died}
+        return Fleet(dead, frozenset(dead), frozenset(dead), settle, now, None, pauses)
+
+    late = died + settle + 3
+    assert kinds(list(several_hosts(snap, fleet(late, ()), final=False))) == {"not_taken_over"}
+    other = (("h-other", died + 2),)
+    assert list(several_hosts(snap, fleet(late, other), final=False)) == []
+    own = (("h-dead", died),)  # its own pause ended its own transaction long before
+    assert kinds(list(several_hosts(snap, fleet(late, own), final=False))) == {"not_taken_over"}
+    assert kinds(list(several_hosts(snap, fleet(died + settle + 6, other), final=False))) == {
+        "not_taken_over"
+    }
+
+
 def test_a_lease_may_expire_as_late_as_the_hosts_were_starved() -> None:
     acks = Acks()
     acks.add({"t": "stall", "instance": "h1", "at": 105.0, "worst": 4.0})

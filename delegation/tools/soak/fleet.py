@@ -52,6 +52,7 @@ class FleetDriver(Driver):
         self.fleet: list[HostProcess] = []
         self.dead: dict[str, float] = {}  # host instance -> when its host stopped running it
         self.stopped: set[str] = set()  # instances of hosts killed, paused or told to close
+        self.paused_at: list[tuple[str, float]] = []  # (instance, when) of every pause
         self.settle_s = self.timeout_s + SETTLE_MARGIN_S
         self.slot_hids = {
             slot: {runner: f"hi-0-{runner}" for runner in runners_of(slot, self.hosts)}
@@ -114,7 +115,8 @@ class FleetDriver(Driver):
         def stalled(since: float) -> float:  # the hosts still running: not the paused
             return self.acks.stalled_since(since, stopped)
 
-        return Fleet(self.dead, stopped, known, self.settle_s, time.time(), stalled)
+        pauses = tuple(self.paused_at)
+        return Fleet(self.dead, stopped, known, self.settle_s, time.time(), stalled, pauses)
 
     # --- what is done to hosts ----------------------------------------------------------
 
@@ -145,6 +147,7 @@ class FleetDriver(Driver):
             self.pauses += 1
             self.stopped.add(instance)
             self.dead.setdefault(instance, time.time())
+            self.paused_at.append((instance, time.time()))
             pause = self.settle_s + self.rng.uniform(0.5, 1.5)
             host.state, host.paused, host.resume_at = "paused", instance, time.monotonic() + pause
         return True

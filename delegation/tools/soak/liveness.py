@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from delegation.tools.soak.snapshot import Snapshot
 
 ACTIVE = ("prepared", "admitted", "running")
+# The server ends a session idle in its transaction this long after (the store sets
+# idle_in_transaction_session_timeout on every session that opens transactions).
+IDLE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,18 @@ class Fleet:
     # machine): a takeover may come that much later (README, "Liveness on a starved
     # machine"). None: not measured.
     stalled: Callable[[float], float] | None = None
+    # (instance, when) of each pause: a paused host's open transaction holds its rows
+    # until the server ends it, IDLE_S after it went idle, and a takeover that needs
+    # them waits that long (README, "Liveness on a starved machine").
+    pauses: tuple[tuple[str, float], ...] = ()
+
+    def allowed(self, instance: str, died: float) -> float:
+        """How long after ``died`` the takeover of ``instance`` may come: ``settle_s``,
+        the time the hosts still running went unscheduled since, and ``IDLE_S`` when
+        another host was paused from ``IDLE_S`` before its death on."""
+        allowance = self.settle_s + (self.stalled(died) if self.stalled is not None else 0.0)
+        held = any(who != instance and died - IDLE_S <= at for who, at in self.pauses)
+        return allowance + (IDLE_S if held else 0.0)
 
 
 def one_host(snap: Snapshot, *, live: bool, final: bool) -> Iterator[str]:
@@ -55,11 +70,7 @@ def one_host(snap: Snapshot, *, live: bool, final: bool) -> Iterator[str]:
 def several_hosts(snap: Snapshot, fleet: Fleet, *, final: bool) -> Iterator[str]:
     """Several hosts: a dead instance is taken over within ``settle_s``; a live one never."""
     now = fleet.now
-
-    def due(died: float) -> float:
-        return fleet.settle_s + (fleet.stalled(died) if fleet.stalled is not None else 0.0)
-
-    settled = {i for i, died in fleet.dead.items() if now - died > due(died)}
+    settled = {i for i, died in fleet.dead.items() if now - died > fleet.allowed(i, died)}
     for h in snap.instances:
         instance = h["id"]
         if h["taken_by"] is not None and instance in fleet.known - fleet.stopped:
