@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -490,4 +491,44 @@ async def test_a_connection_written_late_under_a_taken_instance_is_ended_at_the_
         assert closed is not None, "the late connection of a taken instance is still open"
         assert rows.scalar(postgres_db, "SELECT connection_id FROM runners") is None
     finally:
+        await engine.close()
+
+
+async def test_a_host_booting_beside_a_held_row_waits_for_it_instead_of_failing(
+    postgres_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A paused host's open transaction holds rows the boot's takeover writes; the
+    server ends that transaction after its idle timeout. The opening tries again."""
+    caplog.set_level("WARNING", logger="delegation.engine")
+    retried = threading.Event()
+
+    class Retried(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "boot takeover met rows" in record.getMessage():
+                retried.set()
+
+    handler = Retried()
+    logging.getLogger("delegation.engine").addHandler(handler)
+    holder = sqlalchemy.create_engine(postgres_db, poolclass=NullPool)
+    held = threading.Event()
+
+    def hold() -> None:
+        with holder.begin() as conn:
+            conn.exec_driver_sql("LOCK TABLE engine_instances IN SHARE ROW EXCLUSIVE MODE")
+            held.set()
+            retried.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    engine = Engine(postgres_db, runner=Holding(), config=EngineConfig(busy_timeout_ms=500))
+    try:
+        await engine.open()  # before: DatabaseBusy after one lock timeout
+        assert retried.is_set()
+        assert rows.scalar(postgres_db, "SELECT COUNT(*) FROM engine_instances") == 1
+    finally:
+        retried.set()
+        thread.join()
+        holder.dispose()
+        logging.getLogger("delegation.engine").removeHandler(handler)
         await engine.close()

@@ -25,6 +25,7 @@ from delegation.store.batch import boot_clock
 log = logging.getLogger("delegation.engine")
 
 DEFERRALS_WARNED = 3  # heartbeats in a row whose takeover was held back: said once
+BOOT_ATTEMPTS = 3  # boot takeovers that met a held row, before the opening fails busy
 
 
 class Membership:
@@ -58,9 +59,7 @@ class Membership:
         if isinstance(rt.clock, ServerClock):  # before anything is stamped
             await self._correct_clock(rt.clock)
         await self._await_unproven(rt)
-        beat = boot_clock()
-        use = Use(maintenance.reconcile, rt.config, rt.instance_id, rt.db.shared)
-        takeover = await rt.write(use)
+        beat, takeover = await self._reconcile(rt)
         self._alive_since(beat)  # the boot's own heartbeat
         self._supervisor.ended(takeover.ended)
         await self._kill_lost(takeover)
@@ -68,6 +67,22 @@ class Membership:
         await loop.run_in_executor(None, tmpdirs.remove_stale)
         await self._supervisor.stop(takeover.stopping)
         return takeover
+
+    @staticmethod
+    async def _reconcile(rt: Runtime) -> tuple[float, maintenance.Takeover]:
+        """The boot's takeover, and the clock of its heartbeat. A row another host
+        holds (one paused in a transaction, until the server's idle-transaction timeout
+        ends it) makes it wait out the lock timeout: it tries again, up to
+        ``BOOT_ATTEMPTS`` times, before the opening fails busy."""
+        use = Use(maintenance.reconcile, rt.config, rt.instance_id, rt.db.shared)
+        for _ in range(BOOT_ATTEMPTS - 1):
+            beat = boot_clock()
+            try:
+                return beat, await rt.write(use)
+            except errors.DatabaseBusy:
+                log.warning("boot takeover met rows another host holds; trying again")
+        beat = boot_clock()
+        return beat, await rt.write(use)
 
     @staticmethod
     async def _await_unproven(rt: Runtime) -> None:
