@@ -1,6 +1,6 @@
 """delegation: durable, credential-free child runs for agent hosts.
 
-The wire contract (SPEC §2) lives in :mod:`delegation.wire`,
+The wire contract (design §2) lives in :mod:`delegation.wire`,
 :mod:`delegation.options` and :mod:`delegation.codec`; every refusal is a
 :class:`DelegationError` (see :mod:`delegation.errors`); every error class is
 importable from here too (``from delegation import ResumeMismatch``).

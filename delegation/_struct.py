@@ -33,7 +33,7 @@ def always(factory: type) -> Any:
 
     ``omit_defaults`` omits a value identical to its default; a factory default
     (other than an empty collection) never counts as the default, so the field
-    stays on the wire. That is how unmarked fields of SPEC §2 are kept present.
+    stays on the wire. That is how unmarked fields of design §2 are kept present.
     """
     return msgspec.field(default_factory=factory)
 

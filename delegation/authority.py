@@ -1,4 +1,4 @@
-"""Who may do what (SPEC §3): pure checks over records, in the spec's order.
+"""Who may do what (design §3): pure checks over records, in the spec's order.
 
 Nothing here reads or writes the database; the service hands in the records it
 loaded inside the same transaction that will act on the answer.
@@ -18,7 +18,7 @@ _PARAM_IDS = ("run_id", "tool_call_id", "extension_id", "child_id", "child_run_i
 
 
 def check_ids(params: Params) -> None:
-    """Every id a call carries is a valid ID (SPEC §9): at most 128 bytes, printable,
+    """Every id a call carries is a valid ID (design §9): at most 128 bytes, printable,
     no path separators. An empty optional id is absent and passes.
 
     Raises:
@@ -52,7 +52,7 @@ def require_ids(**ids: str) -> None:
 
 
 def check_connection(runner: RunnerRecord | None, conn: RunnerConnection) -> None:
-    """The call must arrive on the runner's current connection (SPEC §3.1)."""
+    """The call must arrive on the runner's current connection (design §3.1)."""
     if runner is None or runner.runner_id != conn.runner_id or runner.connection_id is None:
         raise errors.RunnerNotFound()
     if runner.connection_id != conn.id or runner.generation != conn.generation:
@@ -79,7 +79,7 @@ def select_grant(
 
 
 def owns(grant: GrantRecord, conn: RunnerConnection, params: Params, now: float) -> bool:
-    """Whether the caller owns ``grant`` right now (SPEC §3.3)."""
+    """Whether the caller owns ``grant`` right now (design §3.3)."""
     if grant.runner_id != conn.runner_id or not grant_live(grant, now):
         return False
     if not grant.is_lease and grant.connection_id != conn.id:
@@ -100,14 +100,43 @@ def require_owner(
     *,
     steer: bool = False,
 ) -> GrantRecord:
-    """The selected grant, if the caller owns it; else the refusal of SPEC §3.3."""
+    """The selected grant, if the caller owns it; else the refusal of design §3.3, its
+    detail saying what is missing (the message is the contract's, the same for all)."""
     if grant is None or not owns(grant, conn, params, now):
-        raise errors.SteerNotOwned() if steer else errors.NotOwned()
+        refusal = errors.SteerNotOwned() if steer else errors.NotOwned()
+        raise refusal.explain(missing(grant, conn, params, now))
     return grant
 
 
+def missing(grant: GrantRecord | None, conn: RunnerConnection, params: Params, now: float) -> str:
+    """What the caller lacks to own ``grant``, in words (for a refusal's detail)."""
+    if grant is None:
+        if params.lease_id:
+            return (
+                f"no tool call {params.run_id!r}/{params.tool_call_id!r} is open on this"
+                f" connection, and runner {conn.runner_id!r} has no lease {params.lease_id!r}"
+            )
+        return (
+            f"no tool call {params.run_id!r}/{params.tool_call_id!r} is open on this"
+            " connection (open_tool, or tool.begin over serve, first)"
+        )
+    kind = "lease" if grant.is_lease else "tool call"
+    if grant.runner_id != conn.runner_id:
+        return f"the {kind} belongs to another runner"
+    if not grant_live(grant, now):
+        return f"the {kind} has ended" if not grant.is_lease else "the lease was revoked or expired"
+    if not grant.is_lease and grant.connection_id != conn.id:
+        return "the tool call was opened on another connection of this runner"
+    if params.run_id != grant.run_id:
+        return f"runId {params.run_id!r} is not the {kind}'s run {grant.run_id!r}"
+    if params.extension_id != grant.extension_id:
+        return f"extensionId {params.extension_id!r} is not the {kind}'s {grant.extension_id!r}"
+    known = ", ".join(str(g) for g in sorted(grant.generations)) or "none"
+    return f"generation {params.generation} is not one of the {kind}'s presets' ({known} expected)"
+
+
 def find_preset(grant: GrantRecord, name: str, generation: int) -> Preset:
-    """The named preset of the grant at exactly that generation (SPEC §3.4)."""
+    """The named preset of the grant at exactly that generation (design §3.4)."""
     for preset in grant.presets:
         if preset.name == name and preset.generation == generation:
             return preset
@@ -194,7 +223,7 @@ def real_directory(path: str) -> str:
 
 
 def locate(children: Iterable[ChildRecord], child_id: str, child_run_id: str) -> ChildRecord:
-    """The one child of a grant that a handle names (SPEC §3.7)."""
+    """The one child of a grant that a handle names (design §3.7)."""
     matches = [
         child
         for child in children
@@ -211,7 +240,7 @@ def locate(children: Iterable[ChildRecord], child_id: str, child_run_id: str) ->
 
 
 def check_release_owner(lease: GrantRecord | None, params: Params) -> None:
-    """``child.lease.release`` needs the lease's exact owner (SPEC §5)."""
+    """``child.lease.release`` needs the lease's exact owner (design §5)."""
     if not params.lease_id or not params.extension_id or params.generation == 0:
         raise errors.ReleaseOwnerRequired()
     if not valid_id(params.lease_id):

@@ -1,4 +1,4 @@
-"""Answers a peer has not taken yet, counted in bytes (SPEC §18).
+"""Answers a peer has not taken yet, counted in bytes (design §18).
 
 ``delegation serve`` bounds what one stream's answers may hold in memory: the room
 reserved for the answers being computed and the answers written and not yet read

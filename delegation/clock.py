@@ -21,7 +21,7 @@ class SystemClock:
 
 class ServerClock:
     """Wall-clock time corrected to the database server's (several hosts on one
-    database, SPEC §12): lease deadlines and timestamps are the server's, whatever each
+    database, design §12): lease deadlines and timestamps are the server's, whatever each
     host's own clock says. The offset is measured at boot and at every heartbeat."""
 
     def __init__(self) -> None:

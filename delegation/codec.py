@@ -1,4 +1,4 @@
-"""Strict decoding and encoding of wire values (SPEC §2.1).
+"""Strict decoding and encoding of wire values (design §2.1).
 
 ``decode`` is the only way wire bytes become values. It refuses anything that is
 not exactly one JSON object of the expected shape, and raises only

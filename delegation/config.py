@@ -1,4 +1,4 @@
-"""EngineConfig: every limit and timing of the engine, with the defaults of SPEC §6."""
+"""EngineConfig: every limit and timing of the engine, with the defaults of design §6."""
 
 from __future__ import annotations
 
@@ -18,24 +18,24 @@ class EngineConfig:
     # A page (child.read, start, cancel, follow) stops before the event that would take
     # its encoded answer past this many bytes; it always holds at least one event.
     max_page_bytes: int = 4 * 1024 * 1024
-    # Caps (SPEC §3.8).
+    # Caps (design §3.8).
     max_children_per_grant: int = 64
     max_leases_per_runner: int = 1024  # live leases; tombstones do not count
-    # Per (runner, extension): the newest are kept, the oldest dropped (SPEC §18).
+    # Per (runner, extension): the newest are kept, the oldest dropped (design §18).
     max_tombstones_per_extension: int = 1024
     max_steers_per_child: int = 128
     max_presets_per_extension: int = 32
     max_depth: int = 8
     max_event_field_bytes: int = 32 * 1024
     max_steer_chars: int = 10_000
-    # The step journal (SPEC §15): one step's encoded result, and steps per execution.
+    # The step journal (design §15): one step's encoded result, and steps per execution.
     max_step_bytes: int = 1024 * 1024
     max_steps: int = 10_000
     providers: tuple[str, ...] = field(default=PROVIDERS)
     # SQLite: durability first. NORMAL may lose the last commits on power loss.
     synchronous: str = "FULL"
     busy_timeout_ms: int = 5000
-    # Several hosts on one PostgreSQL database (SPEC §12): a host heartbeats this often,
+    # Several hosts on one PostgreSQL database (design §12): a host heartbeats this often,
     # and one without a heartbeat for host_timeout_s (the database's clock) is dead.
     host_heartbeat_s: float = 2.0
     host_timeout_s: float = 10.0

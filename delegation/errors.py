@@ -3,7 +3,7 @@
 Every refusal the library makes is a :class:`DelegationError`. Each class carries
 a stable machine ``reason`` (snake_case, never renamed once shipped) and the
 JSON-RPC ``rpc_code`` it maps to; ``str(error)`` is the human message, and a
-class's docstring is its default message. Messages quoted in SPEC.md are matched
+class's docstring is its default message. Messages quoted in docs/design.md are matched
 by clients: keep them exactly as written.
 
 ::
@@ -58,16 +58,16 @@ by clients: keep them exactly as written.
     │   ├── CancelUnconfirmed
     │   ├── ToolAlreadyOpen
     │   └── IllegalTransition
-    ├── LimitError                           a cap of SPEC §3.8
+    ├── LimitError                           a cap of design §3.8
     │   ├── SubmissionLimit
     │   ├── LeaseCapacity
     │   ├── SteerLimit
     │   ├── PresetLimit
     │   ├── NestingLimit
     │   ├── FollowLimit                      follows of one serve connection
-    │   ├── StepTooLarge                     a step's result (SPEC §15)
-    │   ├── StepLimit                        steps per execution (SPEC §15)
-    │   └── ConnectionLimit                  serve's streams at once (SPEC §18)
+    │   ├── StepTooLarge                     a step's result (design §15)
+    │   ├── StepLimit                        steps per execution (design §15)
+    │   └── ConnectionLimit                  serve's streams at once (design §18)
     ├── ProtocolError                        JSON-RPC framing
     │   ├── ParseError                       (-32700)
     │   ├── InvalidRpcRequest                (-32600)
@@ -97,8 +97,19 @@ class DelegationError(Exception):
     reason: ClassVar[str] = "delegation_error"
     rpc_code: ClassVar[int] = -32602
 
-    def __init__(self, message: str | None = None) -> None:
+    def __init__(self, message: str | None = None, *, detail: str = "") -> None:
         super().__init__(message if message is not None else self.default_message())
+        self.detail = ""
+        if detail:
+            self.explain(detail)
+
+    def explain(self, detail: str) -> DelegationError:
+        """Say what exactly was missing or wrong, beside the message the contract fixes:
+        a note on the traceback and ``detail`` on the error, in this process only: the
+        wire's ``data`` stays ``{"reason": ...}`` (design §2.3)."""
+        self.detail = detail
+        self.add_note(detail)
+        return self
 
     @classmethod
     def default_message(cls) -> str:

@@ -1,4 +1,4 @@
-"""The child state machine of SPEC §4, as data.
+"""The child state machine of design §4, as data.
 
 ``TRANSITIONS`` is the whole truth: the store turns each trigger into one
 guarded UPDATE (``WHERE state IN sources(trigger)``) and treats zero matched

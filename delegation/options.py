@@ -179,7 +179,7 @@ def effective_options(
     policy: ExecutionOptions | None, preset: _Optioned, request: _Optioned
 ) -> ExecutionOptions:
     """The options a child runs with: the parent run's ``policy`` (None: no ceiling),
-    narrowed by the preset's options, narrowed by the request's (SPEC §9).
+    narrowed by the preset's options, narrowed by the request's (design §9).
 
     Each level may only narrow the ones above it; a field a level omits is inherited.
 

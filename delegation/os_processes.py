@@ -1,4 +1,4 @@
-"""Operating-system processes of child runs (SPEC §10): who they are, and ending them.
+"""Operating-system processes of child runs (design §10): who they are, and ending them.
 
 A process is named by its pid, its start time (clock ticks after boot, from
 ``/proc/PID/stat``) and the kernel's boot id, so that a recorded process is never

@@ -1,6 +1,6 @@
-"""The host protocol of ``delegation serve`` (SPEC §8), declared once: each method's wire
-name, the type its params decode into and the type of its answer. :mod:`delegation.serve`
-serves this table and :mod:`delegation.client` calls through it; neither spells a method
+"""The host protocol of ``delegation serve`` (design §8), declared once: each method's wire
+name, the type its params decode into and the type of its answer. :mod:`delegation.host.serve`
+serves this table and :mod:`delegation.client.api` calls through it; neither spells a method
 again.
 
 * **Lifecycle methods** (``runner.register``, ``tool.begin``, ``tool.end``,
@@ -17,7 +17,7 @@ again.
   the client stopped it. Until then the host sends :data:`EVENTS` notifications, one
   per page of new events (``{follow: <the request's id>, events: [...]}``, each event
   once, in order, a page bounded like a read's). A follow holds one of the stream's
-  in-flight slots while it runs, at most :data:`~delegation.serve_follow.MAX_FOLLOWS`
+  in-flight slots while it runs, at most :data:`~delegation.host.serve_follow.MAX_FOLLOWS`
   per stream (one slot always stays free for other calls; past it: ``follow_limit``),
   and waits, like every answer, while the stream's unread answers are over their bound.
   The client ends one early with :data:`FOLLOW_STOP` (``{follow: <id>}``); the end of
@@ -76,7 +76,7 @@ class ToolBegin(WireStruct, frozen=True):
     extension_id: str
     presets: list[Preset]
     workspace: str
-    # The parent run's own effective options: the ceiling of its children (SPEC §9).
+    # The parent run's own effective options: the ceiling of its children (design §9).
     policy: ExecutionOptions | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -144,6 +144,3 @@ EVENTS = Method("child.events", FollowEvents, Empty)
 
 LIFECYCLE: tuple[Method[Any, Any], ...] = (REGISTER, TOOL_BEGIN, TOOL_END, RUN_FINISH)
 CHILD: tuple[Method[Params, Any], ...] = (START, READ, CANCEL, STEER, RELEASE)
-METHODS: dict[str, Method[Any, Any]] = {
-    m.name: m for m in (*LIFECYCLE, *CHILD, FOLLOW, FOLLOW_STOP)
-}

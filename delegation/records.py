@@ -55,7 +55,7 @@ class GrantRecord:
     activated_at: float | None
     revoked_at: float | None
     revoke_reason: str | None
-    # The parent run's effective ExecutionOptions: the ceiling of every child (SPEC §9).
+    # The parent run's effective ExecutionOptions: the ceiling of every child (design §9).
     policy: ExecutionOptions | None = None
 
     @property
@@ -111,7 +111,7 @@ class ChildRecord:
     finished_at: float | None
     origin_grant_id: str | None = None
     trace_context: str | None = None  # the W3C traceparent it was started in, if traced
-    # Its effective options as they were at its start (JSON; SPEC §14): a follow-up
+    # Its effective options as they were at its start (JSON; design §14): a follow-up
     # narrows the first execution's, never the preset as registered since. None: a child
     # reserved before they were stored (its request and preset give them, as then).
     options: bytes | None = None
@@ -190,11 +190,11 @@ class Resumable:
     steers: tuple[tuple[int, str], ...] = ()
     policy: bytes | None = None  # its grant's, as stored: the ceiling of its options
     delivered: tuple[str, ...] = ()  # steers handed to earlier attempts, oldest first
-    steps: int = 0  # steps its execution recorded (SPEC §15)
+    steps: int = 0  # steps its execution recorded (design §15)
 
 
 class RecordedStep(NamedTuple):
-    """A step an execution recorded (SPEC §15): its result as stored."""
+    """A step an execution recorded (design §15): its result as stored."""
 
     raw: bool  # the step returned bytes, stored as they were
     value: bytes  # else the JSON of its result
@@ -207,3 +207,15 @@ class StepRow(NamedTuple):
     ordinal: int  # its place among the execution's steps, from 1
     size: int  # bytes of the stored value
     recorded_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChildFilter:
+    """Which children a list holds, newest first: one input carried whole from the API
+    (``Engine.list_children``, ``Inspector.list_children``) to the store's query."""
+
+    state: str | None = None
+    lease_id: str | None = None
+    parent_run_id: str | None = None
+    parent_conversation_id: str | None = None
+    limit: int = 100

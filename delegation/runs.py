@@ -1,4 +1,4 @@
-"""The runner protocol and the context a child run sees (SPEC §6).
+"""The runner protocol and the context a child run sees (design §6).
 
 A host supplies a runner: ``async prepare(request, preset, identity, recovery) -> Run``
 validates and freezes configuration without side effects; the returned
@@ -24,8 +24,8 @@ import msgspec
 
 from delegation import errors
 from delegation.codec import encode
-from delegation.journal import Journal
-from delegation.protection import NOTHING, Protected
+from delegation.usecases.journal import Journal
+from delegation.usecases.protection import NOTHING, Protected
 from delegation.wire import Event, Identity, Preset, Request
 
 T = TypeVar("T")
@@ -42,7 +42,7 @@ class Recovery:
     # Every steer message handed to earlier attempts, oldest first: the heading a
     # resumed run was steered to (those not yet handed over are delivered anew).
     delivered_steers: tuple[str, ...] = ()
-    # How many steps the resumed execution had recorded (SPEC §15): ``ctx.step`` with
+    # How many steps the resumed execution had recorded (design §15): ``ctx.step`` with
     # one of their names returns the recorded value without running it again.
     steps: int = 0
 
@@ -79,12 +79,6 @@ async def admit() -> None:
 
 _json = msgspec.json.Encoder()
 _string = msgspec.json.Decoder(str)
-
-
-def escaped_size(text: str) -> int:
-    """The bytes ``text`` takes inside a JSON string as the wire encodes it (quotes
-    excluded): a control character takes six (``\\u0001``), a quote or backslash two."""
-    return len(_json.encode(text)) - 2
 
 
 def truncate(text: str, limit: int) -> str:
@@ -179,7 +173,7 @@ class ChildContext:
     @property
     def protected(self) -> Protected:
         """What no process this run starts may reach, as the engine protects it: the
-        directory of its database and the host's own code (SPEC §17)."""
+        directory of its database and the host's own code (design §17)."""
         return self._protected
 
     async def admit(self) -> None:
@@ -201,7 +195,7 @@ class ChildContext:
     async def step(
         self,
         name: str,
-        fn: Callable[..., Awaitable[Any]],
+        fn: Callable[..., Awaitable[Any] | Any],
         *args: Any,
         type: builtins.type[T],
     ) -> T: ...
@@ -209,14 +203,18 @@ class ChildContext:
     async def step(
         self, name: str, fn: Callable[..., Awaitable[T]], *args: Any, type: None = None
     ) -> T: ...
+    @overload
+    async def step(self, name: str, fn: Callable[..., T], *args: Any, type: None = None) -> T: ...
     async def step(
         self,
         name: str,
-        fn: Callable[..., Awaitable[Any]],
+        fn: Callable[..., Awaitable[Any] | Any],
         *args: Any,
-        type: Any = None,  # noqa: A002 (SPEC §15 names it)
+        type: Any = None,  # noqa: A002 (design §15 names it)
     ) -> Any:
-        """Run ``await fn(*args)`` at most once per execution and ``name`` (SPEC §15).
+        """Run ``fn(*args)`` (awaited when it is a coroutine function, or returns an
+        awaitable; a plain function's value as it is) at most once per execution and
+        ``name`` (design §15).
 
         Its result (msgspec-encodable, or bytes) is committed, after every event emitted
         before it, before this returns. On a resumed execution a recorded name returns
@@ -291,7 +289,7 @@ class ChildContext:
 
     async def track_process(self, pid: int) -> None:
         """Record durably that this run started the process ``pid``, which leads its own
-        process group (SPEC §10). Returns once committed. If the host dies, the next
+        process group (design §10). Returns once committed. If the host dies, the next
         boot kills that process and its group, if still alive, before resuming the
         child: a resumed run never runs beside an orphan of itself. The record ends
         with the run. Start the process's real work only after this returns.

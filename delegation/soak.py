@@ -1,9 +1,12 @@
-"""``python -m delegation.soak``: the soak's entry point; it lives in
-:mod:`delegation.tools.soak`, outside the library's import graph."""
+"""``python -m delegation.soak``: the soak's entry point; the soak itself lives in
+``tools/soak/`` of a checkout, outside the installed package."""
 
 if __name__ == "__main__":
     import sys
 
-    from delegation.tools.soak import main
+    from delegation._checkout import tools_on_path
+
+    tools_on_path("the soak")
+    from tools.soak import main
 
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""The wire contract of SPEC §2: method names, message types and their validation.
+"""The wire contract of design §2: method names, message types and their validation.
 
 JSON names are camelCase and exact; Python attributes are their snake_case forms.
 Fields the spec marks optional are omitted on output when empty or false; the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from types import MappingProxyType
+from typing import Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -23,18 +23,14 @@ READ_METHOD = "child.read"
 CANCEL_METHOD = "child.cancel"
 STEER_METHOD = "child.steer"
 RELEASE_METHOD = "child.lease.release"
-# The one method table: each child method's wire name and the name of the Engine's
-# typed method that serves it (``engine.call`` and ``serve`` dispatch through it).
-CHILD_METHODS: Mapping[str, str] = MappingProxyType(
-    {
-        START_METHOD: "start",
-        READ_METHOD: "read",
-        CANCEL_METHOD: "cancel",
-        STEER_METHOD: "steer",
-        RELEASE_METHOD: "release",
-    }
+# The five child methods' wire names (design §2), in the seed's order.
+CHILD_METHODS: tuple[str, ...] = (
+    START_METHOD,
+    READ_METHOD,
+    CANCEL_METHOD,
+    STEER_METHOD,
+    RELEASE_METHOD,
 )
-METHODS: tuple[str, ...] = tuple(CHILD_METHODS)
 
 MAX_ID_BYTES = 128
 MAX_MESSAGE_BYTES = 512 * 1024
@@ -75,7 +71,7 @@ class Profile(WireStruct, frozen=True):
     system_prompt: str = ""
 
     def validate(self, providers: Iterable[str] = PROVIDERS) -> None:
-        """Raise the first :class:`errors.InputError` that applies (SPEC §2.2)."""
+        """Raise the first :class:`errors.InputError` that applies (design §2.2)."""
         name = self.name
         if (
             blank(name)
@@ -116,7 +112,7 @@ class Request(WireStruct, frozen=True):
     lease_id: str = ""
 
     def validate(self, providers: Iterable[str] = PROVIDERS) -> None:
-        """Raise the first :class:`errors.InputError` that applies (SPEC §2.2)."""
+        """Raise the first :class:`errors.InputError` that applies (design §2.2)."""
         if (
             blank(self.request_id)
             or utf8_len(self.request_id) > MAX_ID_BYTES
@@ -200,3 +196,8 @@ class SteerResult(WireStruct, frozen=True):
 
     outcome: str
     reason: str = ""
+
+
+# What the child methods take (Engine's and Client's): Params, the JSON of them, or a
+# mapping of wire (camelCase) names.
+ParamsLike = Params | bytes | bytearray | memoryview | str | Mapping[str, Any]

@@ -1,4 +1,4 @@
-"""Host processes for the containment tests (SPEC §10), with the real command runner.
+"""Host processes for the containment tests (design §10), with the real command runner.
 
     python tests/contain_host.py attack DB WORKSPACE SOCKET OUTSIDE ordinary|root ns|no-ns
     python tests/contain_host.py orphan DB WORKSPACE ns|no-ns
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from delegation import Engine, EngineConfig, Params, Preset, Request
+from delegation.host.serve import serve_socket
 from delegation.runners.command import CommandRunner
-from delegation.serve import serve_socket
 
 HERE = Path(__file__).resolve().parent
 TREE = (

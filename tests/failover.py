@@ -1,4 +1,4 @@
-"""A pg_auto_failover formation for the failover tests (SPEC §19): a monitor and two
+"""A pg_auto_failover formation for the failover tests (design §19): a monitor and two
 PostgreSQL nodes, primary and secondary, on 127.0.0.1 only, in a temporary directory.
 
 ``pg_autoctl`` (Debian's ``postgresql-15-auto-failover``) runs each of them, as the
@@ -13,7 +13,7 @@ demote itself before promoting its standby).
 
 The tests skip without ``pg_autoctl``, unless ``DELEGATION_REQUIRE_FAILOVER=1`` (CI's
 ``.ci/run`` sets it after installing the package): then its absence is a failure.
-``DELEGATION_FAILOVER_TARGET`` changes the ``target_session_attrs`` of ``url`` (SPEC
+``DELEGATION_FAILOVER_TARGET`` changes the ``target_session_attrs`` of ``url`` (design
 §19's ``read-write`` unless set; ``primary`` reaches the same node by another test,
 for an engine whose sessions are still read-only ones).
 

@@ -1,4 +1,4 @@
-"""A host process doing work while its database fails over (SPEC §19), and the parent's
+"""A host process doing work while its database fails over (design §19), and the parent's
 view of it.
 
     python -m tests.failover_host NAME STREAMERS EVENTS HEARTBEAT_S TIMEOUT_S

@@ -1,11 +1,11 @@
-"""Host processes for the one-owner test (SPEC §9): two hosts on one SQLite file.
+"""Host processes for the one-owner test (design §9): two hosts on one SQLite file.
 
     python tests/lock_host.py first DB_URL WORKSPACE   # starts a leased child, streams
     python tests/lock_host.py second DB_URL            # retries opening until it may
     python tests/lock_host.py hold DB_URL              # holds the file, writes nothing
 
 ``first`` prints ``STARTED <conversationId>`` once its leased child streams, then
-runs until killed, or until its file is replaced (SPEC §18): then it prints ``RUN
+runs until killed, or until its file is replaced (design §18): then it prints ``RUN
 STOPPED`` as its run is cancelled, ``FAILED <reason> <message>`` once the engine has
 stopped, and ``CLOSED <reason>`` as its close refuses, and exits. ``second`` prints
 ``REFUSED <reason>`` at its first refusal, keeps trying every 20 ms, then prints

@@ -1,4 +1,4 @@
-"""A host process for the several-hosts tests (SPEC §12): one of several engines on one
+"""A host process for the several-hosts tests (design §12): one of several engines on one
 PostgreSQL database, starting leased children that stream until they are stopped.
 
     python tests/multi_host.py URL NAME CHILDREN HEARTBEAT_S TIMEOUT_S

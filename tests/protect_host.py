@@ -1,4 +1,4 @@
-"""Host processes for the tests of SPEC §17's protections, with the real command runner.
+"""Host processes for the tests of design §17's protections, with the real command runner.
 
     python tests/protect_host.py plant DB WORKSPACE TARGET LINE [READ_WRITE]
     python tests/protect_host.py hold DB WORKSPACE OUTSIDE

@@ -1,4 +1,4 @@
-"""A host process for the pydantic-ai runner's crash tests (SPEC §16): a leased child
+"""A host process for the pydantic-ai runner's crash tests (design §16): a leased child
 whose agent (a ``FunctionModel``, no network) makes four model requests and four tool
 calls; each request and each call appends a line to a log file (its effect outside the
 database), so a test can count how often each ran.

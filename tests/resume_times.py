@@ -1,4 +1,4 @@
-"""How long a host takes to write again once its database accepts writes again (SPEC §19).
+"""How long a host takes to write again once its database accepts writes again (design §19).
 
     python -m tests.resume_times [--runs N] [--json] [--only restart|failover]
 

@@ -2,7 +2,7 @@
 
 The tests look at what the engine committed through these helpers, given the database's
 SQLAlchemy URL (``sqlite:///PATH`` or ``postgresql+psycopg://…``), never through a
-store's own driver, so the same test can read either store (SPEC §12).
+store's own driver, so the same test can read either store (design §12).
 
 Reading never writes and never disturbs a live host: a SQLite file is opened read-only
 (``mode=ro``: a WAL reader, never blocked by a writer, and never the last connection to

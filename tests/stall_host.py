@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from delegation import ChildContext, Engine, EngineConfig, Event, maintenance, service
+from delegation import ChildContext, Engine, EngineConfig, Event
 from delegation.engine import runtime
 from delegation.store.database import Database
+from delegation.usecases import maintenance, service
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from contain_host import start

@@ -1,4 +1,4 @@
-"""A host process for the step journal's crash tests (SPEC §15): a leased child that
+"""A host process for the step journal's crash tests (design §15): a leased child that
 takes six journaled steps, each of which appends a line to a log file (its effect
 outside the database), so a test can count how often each step's function ran.
 

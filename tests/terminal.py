@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from delegation.cli import main
+from delegation.cli.commands import main
 
 ROOT = Path(__file__).resolve().parent.parent
 # Select Graphic Rendition and cursor codes, and OSC sequences (rich's live displays).

@@ -1,10 +1,10 @@
-"""The authority matrix (SPEC §3, §5): every refused call has no effect.
+"""The authority matrix (design §3, §5): every refused call has no effect.
 
 Each case starts from the harness (one runner, one open tool call), optionally a
 seed child (a foreground child of the tool, or a child under lease ``L1``), runs the
 actions that set the scene, and then makes ONE call that differs from a call that
 would succeed (see ``test_baseline_calls_succeed``) by the defect the case names.
-For every refusal we check the exact error class, the exact SPEC message, the
+For every refusal we check the exact error class, the exact message the design quotes, the
 JSON-RPC code, that ``prepare`` was never called, and that no table row changed:
 the database (on either store) is read before and after through a separate read-only
 connection (tests/rows.py).
@@ -322,7 +322,7 @@ async def scene(case: Case, harness: Harness, clock: ManualClock, db_url: str) -
 # --- the matrix ---------------------------------------------------------------------
 
 # (id, seed for start, seed for read/cancel/steer, actions, param changes, error kind)
-# kind "owned" is NotOwned, or SteerNotOwned for child.steer (SPEC §3.3).
+# kind "owned" is NotOwned, or SteerNotOwned for child.steer (design §3.3).
 AUTHORITY_VARIANTS: list[tuple[str, str, str, tuple[Action, ...], dict[str, Any], str]] = [
     ("wrong-run", "none", "tool", (), {"run_id": "other-run"}, "owned"),
     ("wrong-tool-call", "none", "tool", (), {"tool_call_id": "call-2"}, "owned"),
@@ -639,7 +639,7 @@ async def test_near_misses_succeed(
     assert harness.runner.prepared[-1].identity.run_id == result.run_id
 
 
-# --- check order (SPEC §3, §5: connection, grant and ownership, Request validation,
+# --- check order (design §3, §5: connection, grant and ownership, Request validation,
 # preset, lease match, idempotent replay, activation and fork rules, ...) ------------
 
 ORDER_CASES = [
@@ -1210,7 +1210,7 @@ async def test_cwd_outside_or_missing_is_refused(
     assert harness.runner.prepared == []
 
 
-# --- resume (SPEC §3.6): a foreign conversation is refused as such --------------------
+# --- resume (design §3.6): a foreign conversation is refused as such --------------------
 
 
 async def _foreign_child(harness: Harness, workspace: str) -> Result:

@@ -1,4 +1,4 @@
-"""A bad stored row fails its child, not the host (SPEC §18).
+"""A bad stored row fails its child, not the host (design §18).
 
 A real engine leaves leased children to resume, a raw connection then spoils one row
 (its request, preset or options no longer decode; on SQLite, times stored as text), and

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from delegation.tools import bench, bench_base
+from tools import bench, bench_base
 
 ROOT = Path(__file__).resolve().parent.parent
 RATIOS = ("start_seq", "start_concurrent", "events_100", "events_1", "steps_seq")
@@ -121,7 +121,7 @@ def test_the_start_floor_times_the_engine_and_the_bare_start_on_the_same_schema(
     """The bare start writes the engine's own statements on a file the engine made: a
     schema they no longer fit fails it here. No timing is asserted."""
     proc = subprocess.run(
-        [sys.executable, "-m", "delegation.tools.start_floor", "--starts", "20", "--runs",
+        [sys.executable, "-m", "tools.start_floor", "--starts", "20", "--runs",
          "1", "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
@@ -197,7 +197,7 @@ def test_quick_bench_of_several_hosts_on_postgres(postgres_server: str) -> None:
         assert 0 < spread["min"] <= spread["median"] <= spread["max"]
     # A heartbeat begun just before the kill may take it over: noticed at 0 s.
     assert 0 <= noticed["median"] <= taken["median"] <= streaming["median"]
-    assert taken["max"] <= 10 + 2  # host_timeout_s + 2 s (SPEC §12), at the default heartbeat
+    assert taken["max"] <= 10 + 2  # host_timeout_s + 2 s (design §12), at the default heartbeat
     assert report["machine"]["store"] == "postgresql"
     import psycopg
 

@@ -1,4 +1,4 @@
-"""A command child cannot starve its host (SPEC §23): at most ``max_processes``
+"""A command child cannot starve its host (design §23): at most ``max_processes``
 processes and ``max_memory`` bytes, tried with real children as issue 35 found them
 (a child could fork without bound: a PID namespace caps nothing).
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from delegation import Engine, EngineConfig, Preset, tmpdirs
+from delegation import Engine, EngineConfig, Preset
 from delegation import os_processes as processes
-from delegation.runners import limits
+from delegation.runners import limits, tmpdirs
 from delegation.runners.command import CommandConfigError, CommandRunner
 from tests.support import PRESET, Harness, open_harness
 from tests.test_child_reach import ended, first_text, hosted, script

@@ -1,4 +1,4 @@
-"""A command child reaches nothing that stands for the database (SPEC §17), tried with
+"""A command child reaches nothing that stands for the database (design §17), tried with
 real processes as issue 23 found them:
 
 - it sees no other process, and every process it starts dies with it: on its end (even
@@ -459,7 +459,7 @@ async def test_libpqs_password_file_is_unreadable_and_no_workspace_may_hold_it(
 ) -> None:
     """Issue 23's gap: a PGPASSFILE under a ``read_only`` directory (``/etc`` is one by
     default) was readable by every child; issue 35's: a ``passfile`` named in the URL
-    was not protected at all (a child read it and logged in). SPEC §23: the child runs,
+    was not protected at all (a child read it and logged in). design §23: the child runs,
     the file carved out of what it may read; a workspace that holds it is refused.
     Named by libpq's variable, by the URL (``passfile``, ``sslkey``), or by the entry of
     the URL's ``service`` in a service file."""

@@ -1,5 +1,5 @@
 """A command child creates only TCP and UDP sockets and Unix socket pairs, and listens
-only where allowed (SPEC §23), tried with real children as issue 35 found them:
+only where allowed (design §23), tried with real children as issue 35 found them:
 
 - MPTCP (protocol 262) walked around Landlock's TCP rules: a child connected to the
   test's PostgreSQL and to any local port, where plain TCP was refused;

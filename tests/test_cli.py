@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from delegation import ChildContext, Event, show
-from delegation.cli import main
+from delegation import ChildContext, Event
+from delegation.cli import show
+from delegation.cli.commands import main
 from delegation.codec import encode
 from delegation.records import ChildRecord, LeaseRecord
 from delegation.store import migrate

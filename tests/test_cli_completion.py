@@ -1,4 +1,4 @@
-"""Shell completion (SPEC §13): ``delegation completion SHELL`` prints a script written
+"""Shell completion (design §13): ``delegation completion SHELL`` prints a script written
 from the parser itself; sourced in a real bash, it completes commands, options, choices
 and paths."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from delegation.cli import build_parser
-from delegation.completion import SHELLS
+from delegation.cli.commands import build_parser
+from delegation.cli.completion import SHELLS
 
 ROOT = Path(__file__).resolve().parent.parent
 # Completes one command line as bash does on TAB: the function `complete -p` names is

@@ -1,4 +1,4 @@
-"""Clean failures of ``delegation serve`` (SPEC §9): stdin of any kind, and refusals
+"""Clean failures of ``delegation serve`` (design §9): stdin of any kind, and refusals
 that print one line, exit 2 and create nothing."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from delegation.cli import main
+from delegation.cli.commands import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

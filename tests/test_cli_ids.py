@@ -1,4 +1,4 @@
-"""Unique id prefixes (SPEC §13): wherever the command line takes an id, a prefix that
+"""Unique id prefixes (design §13): wherever the command line takes an id, a prefix that
 only one id begins with stands for it, on both stores; an id itself always wins over
 the ids it begins; a prefix more than one id begins with is an error naming them."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from delegation import reservation
-from delegation.inspector import AmbiguousId, Inspector
 from delegation.store import prefixes, stores
+from delegation.usecases import reservation
+from delegation.usecases.inspector import AmbiguousId, Inspector
 from tests.support import Harness, finish_after_admit
 from tests.terminal import Cli, in_process
 

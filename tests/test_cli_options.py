@@ -1,4 +1,4 @@
-"""Options of the whole command line (SPEC §13): ``--version``, and ``--db`` before or
+"""Options of the whole command line (design §13): ``--version``, and ``--db`` before or
 after the command, or from ``DELEGATION_DB``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No database password on a command line, and none ever printed (SPEC §17), as an
+"""No database password on a command line, and none ever printed (design §17), as an
 operator meets it: every command refuses ``--db`` with a password (one line, exit 2,
 nothing made); the password reaches a real PostgreSQL server that asks for it through
 ``DELEGATION_DB``, ``PGPASSWORD`` or a ``PGPASSFILE``; and no output, log, error or page
@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from delegation.cli import main
+from delegation.cli.commands import main
 from tests import browser, postgres
 from tests.test_postgres_cli import COMMANDS, cli, needs_postgres, one_line
 from tests.test_serve import OWNER, ROOT, Client, start_params
@@ -126,7 +126,7 @@ def with_password(url: str, form: str, password: str = PW) -> str:
             f"&port={address.split(':')[1]},{address.split(':')[1]}&password={password}"
         ),
         # Several hosts as pg_autoctl and SQLAlchemy write them, one where nothing listens
-        # first (SPEC §19).
+        # first (design §19).
         "libpq URI": (
             f"postgresql://postgres:{password}@127.0.0.1:1,{address}/{database}"
             "?target_session_attrs=read-write"

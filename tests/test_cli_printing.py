@@ -1,4 +1,4 @@
-"""Text children wrote never drives the terminal it is printed on (SPEC §9).
+"""Text children wrote never drives the terminal it is printed on (design §9).
 
 A child fills every printed field (event kind, text, tool name, ids, input, output,
 error, its request and its result) with terminal escapes, C1 controls, a bidi
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from delegation import ChildContext, Event
-from delegation.cli import main
-from delegation.show import printable
+from delegation.cli.commands import main
+from delegation.cli.show import printable
 from tests.support import Harness
 
 NASTY = (

@@ -1,4 +1,4 @@
-"""Long operations show progress for people and stay quiet with ``--json`` (SPEC §13):
+"""Long operations show progress for people and stay quiet with ``--json`` (design §13):
 ``db upgrade``, ``python -m delegation.bench`` and ``python -m delegation.soak`` draw a
 progress line on stderr when it is a terminal (a real one here), nothing when it is
 not, and nothing at all with ``--json``, whose stdout holds only the JSON."""

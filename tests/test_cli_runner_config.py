@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from delegation.cli import main
+from delegation.cli.commands import main
 
 
 def test_a_runner_config_with_an_unknown_setting_is_a_usage_error(

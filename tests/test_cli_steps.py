@@ -1,4 +1,4 @@
-"""Operators see a child's steps (SPEC §15): ``delegation show`` lists the last ones and
+"""Operators see a child's steps (design §15): ``delegation show`` lists the last ones and
 ``delegation steps CHILD [--json]`` all of them — name, place, size and time, never the
 value — read through the :class:`Inspector`, bounded, on both stores."""
 
@@ -11,9 +11,10 @@ import msgspec
 import pytest
 from rich.cells import cell_len
 
-from delegation import ChildContext, Event, inspector
-from delegation.inspector import Inspector
-from delegation.show import RECENT_STEPS, byte_size
+from delegation import ChildContext, Event
+from delegation.cli.show import RECENT_STEPS, byte_size
+from delegation.usecases import inspector
+from delegation.usecases.inspector import Inspector
 from tests.support import Harness, finish_after_admit
 from tests.terminal import Cli, in_process
 

@@ -1,4 +1,4 @@
-"""Tables fit 80 columns (SPEC §13), with ids as long as the wire allows (128 bytes),
+"""Tables fit 80 columns (design §13), with ids as long as the wire allows (128 bytes),
 names as long, and outputs of wide characters; ``--wide`` shows every column with
 every id whole. Measured with ``$COLUMNS`` and on a real terminal 80 columns wide."""
 

@@ -1,4 +1,4 @@
-"""``delegation.client`` against a real ``delegation serve``: over a Unix socket
+"""``delegation.client.api`` against a real ``delegation serve``: over a Unix socket
 (``Client.connect``) and over the stdio of a host it spawns (``Client.spawn``), on
 either store (the host's ``--db`` is the test's database URL)."""
 
@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from delegation import Event, Params, Preset, Request, Result, errors
-from delegation.client import Client, SyncClient
+from delegation.client.api import Client, SyncClient
 from delegation.rpc import error_from_wire
 from tests.serve_runners import OUTPUT_CHARS
 

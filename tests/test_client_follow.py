@@ -20,8 +20,8 @@ import msgspec
 import pytest
 
 from delegation import Event, Params, errors
-from delegation.client import Client, SyncClient
-from delegation.serve_follow import MAX_FOLLOWS
+from delegation.client.api import Client, SyncClient
+from delegation.host.serve_follow import MAX_FOLLOWS
 from tests import test_client
 from tests.test_client import (
     ENV,

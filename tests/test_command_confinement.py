@@ -1,4 +1,4 @@
-"""The command runner's children as the launcher confines them (SPEC §10): no Unix socket
+"""The command runner's children as the launcher confines them (design §10): no Unix socket
 through io_uring, a socket filter that leaves no architecture open, no Landlock rule for a
 directory swapped after the check; a refused start leaks no descriptor, and a clean close
 leaves no process record for the next boot to kill."""

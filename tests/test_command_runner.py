@@ -1,4 +1,4 @@
-"""The ``command`` runner (SPEC §8) with real subprocesses, through a real Engine.
+"""The ``command`` runner (design §8) with real subprocesses, through a real Engine.
 
 Every command is ``sys.executable -c SCRIPT``; the scripts print what the tests check
 (their pid, cwd, environment, what they read on stdin).

@@ -1,4 +1,4 @@
-"""Command children are contained (SPEC §10): real children try every escape of issue 13.
+"""Command children are contained (design §10): real children try every escape of issue 13.
 
 - a child reads the host's environment, memory, database, and registers on its socket;
 - a child that leaves a grandchild behind when the host is killed: the next boot kills
@@ -87,7 +87,7 @@ def place(tmp_path: Path) -> Iterator[Path]:
     ("user", "namespaces"), [("ordinary", "no-ns"), ("root", "ns"), ("root", "no-ns")]
 )
 def test_a_child_gets_nothing_it_tries(place: Path, user: str, namespaces: str) -> None:
-    """As an ordinary user or as root (SPEC §17: no root powers), in a PID namespace of
+    """As an ordinary user or as root (design §17: no root powers), in a PID namespace of
     its own or not: the host's environ, memory and ptrace, a file of mode 000, the
     database, the socket, writes outside, signals. (A root without capabilities, as the
     ordinary case is made, may not map uid 0 into a user namespace: it gets none; an

@@ -1,4 +1,4 @@
-"""The engine survives its database going away (SPEC §19), with a real server stopped
+"""The engine survives its database going away (design §19), with a real server stopped
 and started under a running host, and with its sessions killed:
 
 - while the server is away, calls are refused with ``StoreUnavailable`` (reason
@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from delegation import ChildContext, Engine, EngineConfig, Event, errors
-from delegation.client import Client
+from delegation.client.api import Client
 from delegation.store.stores import libpq, with_database
 from tests import postgres
 from tests.support import PRESET, Harness, ScriptRunner, open_harness
@@ -308,7 +308,8 @@ async def test_serve_stays_up_and_refuses_with_store_unavailable(
 def test_a_watch_listens_again_after_its_session_is_ended(away_url: str) -> None:
     """LISTEN is re-established: a watch whose session was ended connects again, says
     everything may have moved (notices were lost meanwhile), then hears new ones."""
-    from delegation.store.postgres import CHANNEL, PostgresWatch
+    from delegation.store.postgres.admin import CHANNEL
+    from delegation.store.postgres.watch import PostgresWatch
 
     watch = PostgresWatch(away_url, fallback=3600)
     try:

@@ -1,4 +1,4 @@
-"""The SQLite file underneath a host (SPEC §18, issue 28 point 7).
+"""The SQLite file underneath a host (design §18, issue 28 point 7).
 
 A file replaced while a host runs (a backup restored with ``mv backup.db live.db``) is
 noticed: the host stops its runs, writes nothing more and exits with "database file
@@ -408,3 +408,20 @@ def test_nothing_is_created_beside_a_refused_file(folder: Path, case: str) -> No
             holder.wait()
             assert holder.stdout is not None
             holder.stdout.close()
+
+
+@pytest.mark.parametrize("case", ["newer_schema", "not_a_database"])
+def test_a_reader_refusing_a_file_creates_nothing_beside_it(folder: Path, case: str) -> None:
+    """`delegation children` read a newer file through a WAL reader, which left a -wal
+    and a -shm beside the file it then refused."""
+    live = folder / "live.db"
+    prepare, refusal = REFUSALS[case]
+    assert prepare is not None
+    prepare(live)
+    before = listing(folder), fingerprint(live)
+    proc = subprocess.run(
+        [sys.executable, "-m", "delegation.cli", "children", "--db", str(live)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1 and f"({refusal.reason})" in proc.stderr, proc.stderr
+    assert (listing(folder), fingerprint(live)) == before

@@ -1,4 +1,4 @@
-"""Strict decoding, SPEC §2.1: every malformed input is one DelegationError, nothing leaks."""
+"""Strict decoding, design §2.1: every malformed input is one DelegationError, nothing leaks."""
 
 from __future__ import annotations
 

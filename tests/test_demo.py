@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from delegation import passwords
+from delegation.store import passwords
 from tests import rows
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The error tree of SPEC §2.3: one root, stable reasons, JSON-RPC codes, exact messages."""
+"""The error tree of design §2.3: one root, stable reasons, JSON-RPC codes, exact messages."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ALL = [
     if issubclass(cls, Exception) and cls.__module__ == errors.__name__
 ]
 
-# Every message SPEC.md quotes, with the class that carries it.
+# Every message docs/design.md quotes, with the class that carries it.
 QUOTED = {
     errors.RequestIncomplete: "child requestId, profile and message are required",
     errors.InputTooLarge: "child input exceeds limit",
@@ -106,7 +106,7 @@ def test_custom_message_keeps_reason() -> None:
 
 
 def test_every_error_class_is_importable_from_delegation_itself() -> None:
-    """SPEC §18: ``from delegation import HostConflict, OptionsWidened, ...``."""
+    """design §18: ``from delegation import HostConflict, OptionsWidened, ...``."""
     import delegation
 
     classes = {

@@ -1,4 +1,4 @@
-"""The engine survives its database failing over (SPEC §19), on a real pg_auto_failover
+"""The engine survives its database failing over (design §19), on a real pg_auto_failover
 formation (tests/failover.py) with real host processes doing work
 (tests/failover_host.py): leased children streaming, others started every 0.2 s that
 emit, flush and end.
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.serial
 
 STREAMERS = 3  # leased children streaming on each host
 EVENTS = 5  # events of each child started every 0.2 s, before it ends
-BOUND_S = 20.0  # how long a host is given to write again (SPEC §19: about a second)
+BOUND_S = 20.0  # how long a host is given to write again (design §19: about a second)
 ACTIVE = ("admitted", "running")  # an execution in flight: its run has begun
 
 
@@ -123,7 +123,7 @@ def in_flight(url: str, conversations: list[str]) -> dict[str, str]:
 
 
 def check_after(url: str, *hosts: Host) -> None:
-    """SPEC §19's promises, on the new primary, for every host of the database."""
+    """design §19's promises, on the new primary, for every host of the database."""
     children = {
         str(conv): (str(st), str(owner), int(attempts))
         for conv, st, owner, attempts in rows.rows(

@@ -7,7 +7,7 @@ corrupted or foreign file, a schema newer than the code. Inside: a runner whose
 ``close``, nothing of the engine is left: no task, thread, timer or open file.
 
 Every database here is real, through the real migrations: the faults of a SQLite file
-run on SQLite only; the runner's faults and the close run on both stores (SPEC §12),
+run on SQLite only; the runner's faults and the close run on both stores (design §12),
 where on PostgreSQL what a closed engine must not leave open is a session on the
 server. The other process is a real process. Nothing of the library is mocked.
 """
@@ -43,7 +43,7 @@ from delegation import (
     Preset,
     errors,
 )
-from delegation.cli import main
+from delegation.cli.commands import main
 from delegation.clock import ManualClock
 from tests import rows as read
 from tests.support import Harness, Prepared, Script, ScriptRunner, hold
@@ -710,7 +710,7 @@ def test_a_read_only_database_is_refused_at_open_untouched(
         folder.chmod(0o755)  # so that pytest can clean up
     assert proc.returncode == 0, proc.stderr
     outcome = json.loads(proc.stdout)
-    assert outcome == {  # SPEC §18: refused as read-only, never written through
+    assert outcome == {  # design §18: refused as read-only, never written through
         "error": "DatabaseReadOnly",
         "reason": "database_read_only",
         "message": "database file is read-only",

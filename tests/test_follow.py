@@ -1,4 +1,4 @@
-"""The one follow loop (delegation.follow) that the engine, the CLI and the web page share:
+"""The one follow loop (delegation.usecases.follow) that the engine, the CLI and the web page share:
 full pages are read again at once, a page that is not full ends the follow only when the
 child was terminal then, a commit during a read is not slept past, and a wake that says
 stop ends it without the end; a follower never woken still reads again and ends, and a
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from delegation import errors, follow
+from delegation import errors
+from delegation.usecases import follow
 from delegation.wire import Event
 
 

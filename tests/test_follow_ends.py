@@ -1,4 +1,4 @@
-"""``follow`` ends on every terminal state whoever wrote it (SPEC §18): the host's own
+"""``follow`` ends on every terminal state whoever wrote it (design §18): the host's own
 cancel, another host's, an operator's, a lease's expiry and a purge; in the process of
 the host that runs the child (both stores), and on another host of the same PostgreSQL
 database, which no event of the child wakes (a cancel writes none). The takeover's end

@@ -1,4 +1,4 @@
-"""A follow-up continues its task frozen as first given (SPEC §14): the Go original's
+"""A follow-up continues its task frozen as first given (design §14): the Go original's
 resume rules, found by porting kodelet's own policy and resume tests to this engine."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
    ids, missing methods, params of the wrong type, batches, notifications), the
    session keeps serving. Every line that is a request gets exactly one JSON-RPC
    2.0 response, with the request's id when it can be read (else null) and the
-   code JSON-RPC and SPEC §2.3 assign; notifications get none; and the valid
+   code JSON-RPC and design §2.3 assign; notifications get none; and the valid
    request that follows gets its correct answer. The expected answers come from an
    oracle written against the JSON and JSON-RPC 2.0 specifications (Python's json),
    not from the library.
@@ -62,9 +62,9 @@ from delegation import (
 from delegation._struct import I64_MAX, I64_MIN, U64_MAX, WireStruct
 from delegation.backlog import Backlog
 from delegation.clock import ManualClock
+from delegation.host.serve import Session
 from delegation.protocol import Register, RunFinish, ToolBegin, ToolEnd
-from delegation.serve import Session
-from delegation.wire import METHODS
+from delegation.wire import CHILD_METHODS as METHODS
 from tests import rows
 from tests.support import HUGE_NUMBERS, PRESET, Harness, ScriptRunner, hold
 from tests.test_properties import WIRE_TYPES

@@ -1,4 +1,4 @@
-"""One host per database file (SPEC §9): a file that is not a delegation database keeps
+"""One host per database file (design §9): a file that is not a delegation database keeps
 its mode; a refused second engine keeps the first engine's SQLite locks; a URI URL is
 refused; an open cancelled midway gives the file back and leaves no open engine."""
 

@@ -1,5 +1,7 @@
-"""The package's shape (issue 25): no import circle between any two of its modules, and
-every module under 600 lines. import-linter holds the layers (pyproject.toml)."""
+"""The package's shape (issues 25, 37): no import circle between any two of its modules,
+every module under 600 lines, a top level of at most 30 entries grouped by role, each
+folder's ``__init__`` its map, the tools outside the package. import-linter holds the
+layers (pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -86,7 +88,7 @@ def test_the_library_never_waits_with_wait_for() -> None:
     # steer arrived would have run on. asyncio.timeout does not. Only the tools (outside
     # the library) and the demo's top level may use it.
     root = Path(delegation.__file__).parent
-    allowed = {"demo.py"}
+    allowed = {"cli/demo.py"}
     found = [
         str(path.relative_to(root))
         for path in root.rglob("*.py")
@@ -95,3 +97,36 @@ def test_the_library_never_waits_with_wait_for() -> None:
         and "wait_for(" in path.read_text()
     ]
     assert found == []
+
+
+ROOMS = ("cli", "client", "engine", "host", "runners", "store", "usecases", "web")
+
+
+def test_the_top_level_is_a_short_hall_of_rooms() -> None:
+    """Issue 37: 50 flat modules met a newcomer; the contract and the pure core stay at
+    the top, everything else lives in a room named for its role."""
+    root = Path(delegation.__file__).parent
+    entries = sorted(p.name for p in root.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 30, entries
+    rooms = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert rooms == sorted(ROOMS), rooms
+
+
+def test_each_rooms_init_is_its_map() -> None:
+    """Each folder's ``__init__`` says what lives in it: a docstring naming its modules."""
+    root = Path(delegation.__file__).parent
+    for room in ROOMS:
+        init = root / room / "__init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        modules = [
+            p.stem for p in (root / room).glob("*.py") if p.stem not in ("__init__", "__main__")
+        ]
+        unnamed = [m for m in modules if m not in doc]
+        assert doc and unnamed == [], (room, unnamed)
+
+
+def test_the_tools_are_outside_the_package() -> None:
+    """Issue 37: 4,790 lines of tools shipped inside the wheel."""
+    root = Path(delegation.__file__).parent
+    assert not (root / "tools").exists()
+    assert (root.parent / "tools" / "soak" / "__init__.py").is_file()

@@ -1,4 +1,4 @@
-"""The lifetime matrix of SPEC §4, §5 and §7 inside one running engine.
+"""The lifetime matrix of design §4, §5 and §7 inside one running engine.
 
 Which trigger ends which child: the end of a tool call, the end of a parent run,
 a runner reconnecting or disconnecting, ``child.lease.release``, ``child.cancel``
@@ -245,7 +245,7 @@ async def _lease_orphaned_by_its_creating_tool(
 ) -> tuple[ToolHandle, asyncio.Task[Result], asyncio.Event]:
     """Create ``LEASE`` from the harness tool, end that tool before any admission,
     then start a second child on the never-activated lease from a new live tool
-    (allowed by SPEC §3.5). Returns the new tool, the pending start, and the event
+    (allowed by design §3.5). Returns the new tool, the pending start, and the event
     the second run sets once it waits before admission."""
     preparing = asyncio.Event()
 
@@ -280,7 +280,7 @@ async def _lease_orphaned_by_its_creating_tool(
 async def test_first_lease_admission_under_a_new_live_tool_succeeds(
     harness: Harness, gates: Callable[[], asyncio.Event], workspace: Path
 ) -> None:
-    """SPEC §3.5: a never-activated lease may be used with a live owned tool grant.
+    """design §3.5: a never-activated lease may be used with a live owned tool grant.
     Once such a start passed authority (prepare was called, a row written), its
     admission re-checks the tool that originated *this* admission, which is live."""
     gate = gates()

@@ -1,6 +1,6 @@
-"""The child state machine of SPEC §4, as data and as stored (STYLE habits 1 and 2).
+"""The child state machine of design §4, as data and as stored (STYLE habits 1 and 2).
 
-1. ``machine.TRANSITIONS`` is the table SPEC §4 describes; every (state, trigger) pair
+1. ``machine.TRANSITIONS`` is the table design §4 describes; every (state, trigger) pair
    is walked: allowed pairs give the table's target, all others raise
    ``IllegalTransition``; terminal states have no way out; ``sources``/``target``
    agree with the table.
@@ -34,7 +34,7 @@ from delegation.store.tables import engine_instances
 
 P, A, R, D, C = State.PREPARED, State.ADMITTED, State.RUNNING, State.DONE, State.CANCELLED
 
-# SPEC §4, written out independently of the module under test.
+# design §4, written out independently of the module under test.
 EXPECTED: dict[tuple[State, Trigger], State] = {
     (P, Trigger.ADMIT): A,  # the run called admit()
     (A, Trigger.RUN): R,  # executing under a live host instance

@@ -1,4 +1,4 @@
-"""The five child methods through a real Engine on both stores (SPEC §3.6-3.8, §4-§6, §12).
+"""The five child methods through a real Engine on both stores (design §3.6-3.8, §4-§6, §12).
 
 Replay and idempotency, admission outcomes, fork and resume authority, child handles,
 steering, every cap at its number, the event log's paging, truncation and commit
@@ -867,7 +867,7 @@ async def test_lease_capacity_per_runner(harness: Harness) -> None:
     with pytest.raises(errors.LeaseCapacity) as caught:
         await harness.start("q3", lease_id="L3")
     assert str(caught.value) == "child lease capacity exceeded"
-    # Tombstones are outside the cap (SPEC §9): an unknown lease is still released.
+    # Tombstones are outside the cap (design §9): an unknown lease is still released.
     assert (await release(harness, "T-unknown")).done
     assert len(harness.runner.prepared) == 3
     assert len(await harness.engine.leases("runner-1")) == 4

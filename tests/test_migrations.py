@@ -1,4 +1,4 @@
-"""The schema as the migrations build it (STYLE habit 10, SPEC §4).
+"""The schema as the migrations build it (STYLE habit 10, design §4).
 
 1. Parity: ``migrate.upgrade`` to head gives exactly the schema of ``tables.metadata``.
    Alembic's ``compare_metadata`` must report nothing, and because it cannot see CHECK
@@ -31,11 +31,12 @@ from sqlalchemy import Engine as SAEngine
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from delegation import Engine, EngineConfig, maintenance, queries
+from delegation import Engine, EngineConfig
 from delegation.clock import ManualClock
 from delegation.store import children, migrate
 from delegation.store.sqlite.spelling import SQLITE
 from delegation.store.tables import NAMING_CONVENTION, metadata
+from delegation.usecases import maintenance, queries
 from tests.support import ScriptRunner, hold, open_harness
 
 # The SQLite side of the migrations, through SQLite itself: its DDL in sqlite_master, raw
@@ -449,7 +450,7 @@ CHECK = "CHECK constraint failed: "
 FOREIGN_KEY = "FOREIGN KEY constraint failed"
 
 VIOLATIONS = [
-    # children (SPEC §4)
+    # children (design §4)
     pytest.param("children", {"state": "bogus"}, CHECK + "ck_children_state", id="state-unknown"),
     pytest.param(
         "children",
@@ -536,7 +537,7 @@ VIOLATIONS = [
         "UNIQUE constraint failed: children.grant_id, children.request_id",
         id="request-id-reused-in-grant",
     ),
-    # grants (SPEC §3)
+    # grants (design §3)
     pytest.param(
         "grants",
         {"lease_id": "lease-x"},
@@ -590,7 +591,7 @@ VIOLATIONS = [
         "UNIQUE constraint failed: grants.runner_id, grants.lease_id",
         id="lease-id-reused-by-runner",
     ),
-    # events (SPEC §4: sequences start at 1, never repeat)
+    # events (design §4: sequences start at 1, never repeat)
     pytest.param(
         "events", {"sequence": 0}, CHECK + "ck_events_sequence_positive", id="event-sequence-0"
     ),
@@ -607,7 +608,7 @@ VIOLATIONS = [
         id="event-sequence-repeated",
     ),
     pytest.param("events", {"child_id": 999}, FOREIGN_KEY, id="event-child-unknown"),
-    # steers (SPEC §5)
+    # steers (design §5)
     pytest.param(
         "steers", {"outcome": "queued"}, CHECK + "ck_steers_outcome", id="steer-outcome-unknown"
     ),

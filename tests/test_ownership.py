@@ -1,4 +1,4 @@
-"""One owner per database, and bounds on everything a peer controls (SPEC §9).
+"""One owner per database, and bounds on everything a peer controls (design §9).
 
 Each test reproduces a finding of issue 12 against the real engine on a real file:
 a second host on a live file, file modes, runners ending each other's runs, the
@@ -31,8 +31,8 @@ from delegation import (
     encode,
     errors,
 )
-from delegation.inspector import Inspector
 from delegation.store.stores import upgrade
+from delegation.usecases.inspector import Inspector
 from tests.support import PRESET, Harness, ScriptRunner, hold, open_harness
 from tests.test_fuzz import snapshot
 
@@ -412,7 +412,7 @@ async def test_event_kind_tool_name_and_tool_call_id_are_cut_to_1_kib(harness: H
     child = await harness.start("q1")
     await harness.wait_done(child.conversation_id)
     page = await harness.read(child.conversation_id)
-    assert 0 < len(page.events) < 128  # cut by bytes (SPEC §18, tests/test_pages.py)
+    assert 0 < len(page.events) < 128  # cut by bytes (design §18, tests/test_pages.py)
     first = page.events[0]
     assert [len(getattr(first, f).encode()) for f in ("kind", "tool_name", "tool_call_id")] == [
         1024

@@ -1,4 +1,4 @@
-"""Pages are bounded by encoded bytes (SPEC §18): a page stops before the event that
+"""Pages are bounded by encoded bytes (design §18): a page stops before the event that
 would take its encoded answer past ``max_page_bytes``, always holds one event, and one
 event's encoding is bounded because its cut fields are measured after JSON escaping.
 Paging on with ``after``, and ``Engine.follow``, still give every event exactly once."""

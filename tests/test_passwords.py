@@ -1,4 +1,4 @@
-"""A database URL's passwords (SPEC §17): found in every form a URL gives one, and never
+"""A database URL's passwords (design §17): found in every form a URL gives one, and never
 left in a URL as shown. What the CLI, the page and the logs do with it is in
 tests/test_cli_passwords.py."""
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import make_url
 
-from delegation.passwords import in_url, redacted
 from delegation.store import stores
+from delegation.store.passwords import in_url, redacted
 
 PW = "Pw-s3cret-42"
 WITH_PASSWORD = [
@@ -26,7 +26,7 @@ WITH_PASSWORD = [
     (f"postgresql://u@h/app?pass%77ord={PW}", "?pass%77ord=***"),  # an encoded key
     (f"postgresql://u:{PW}@h1:5432,h2:5433/app", "postgresql://u:***@h1:5432,h2:5433/app"),
     (f"postgresql://u@/app?host=h1,h2&port=5432,5433&password={PW}", "5433&password=***"),
-    # Several hosts in each spelling a store reads (SPEC §19), IPv6 ones too.
+    # Several hosts in each spelling a store reads (design §19), IPv6 ones too.
     (f"postgresql://u:{PW}@h1,h2/app?target_session_attrs=read-write", "u:***@h1,h2/app?"),
     (f"postgresql://u:{PW}@[::1]:5432,[fe80::2]:5433/app", "u:***@[::1]:5432,[fe80::2]:5433/"),
     (f"postgresql+psycopg://u@/app?host=h1:5432&host=h2:5433&password={PW}", "5433&password=***"),

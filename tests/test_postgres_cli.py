@@ -1,4 +1,4 @@
-"""The ``delegation`` command on PostgreSQL (SPEC §12), each command a process of its own,
+"""The ``delegation`` command on PostgreSQL (design §12), each command a process of its own,
 as an operator runs it: ``db current``/``db upgrade`` on an empty, a foreign and a live
 host's database; the inspection commands beside a live ``serve`` host; and the
 refusals: a ``--db`` URL of no store delegation has (one line, exit 2, nothing made) and
@@ -24,7 +24,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
 from delegation import Engine
-from delegation.cli import main
+from delegation.cli.commands import main
 from delegation.store import migrate
 from tests import rows
 from tests.support import ScriptRunner
@@ -224,7 +224,7 @@ def test_an_unreachable_server_is_one_clear_line_and_exit_1(tmp_path: Path) -> N
         done = cli(*command, cwd=tmp_path, env=env)
         assert (done.returncode, done.stdout) == (1, ""), (command, done.stderr)
         line = one_line(done.stderr)
-        # Unreachable is the retryable refusal (SPEC §19), with libpq's own first line.
+        # Unreachable is the retryable refusal (design §19), with libpq's own first line.
         assert "(store_unavailable)" in line and f'"127.0.0.1", port {port} failed' in line, line
         assert "s3cret" not in line, "a password is never printed"
     demo = cli("demo", "--fast", cwd=tmp_path, env=env)

@@ -1,4 +1,4 @@
-"""One set of Alembic migrations serves both dialects (SPEC §12): on a real PostgreSQL
+"""One set of Alembic migrations serves both dialects (design §12): on a real PostgreSQL
 server, the migrated schema is the models' schema, and every revision walks down and up."""
 
 from __future__ import annotations

@@ -11,11 +11,13 @@ from pathlib import Path
 from psycopg import pq
 from sqlalchemy import Connection, create_engine, text
 
-from delegation import Engine, EngineConfig, errors, maintenance
-from delegation.store import dbapi, run, stores
+from delegation import Engine, EngineConfig, errors
+from delegation.store import stores
 from delegation.store.events import EventRow, insert_events
 from delegation.store.interface import Store
 from delegation.store.postgres.connect import libpq
+from delegation.store.sql import dbapi, run
+from delegation.usecases import maintenance
 from tests import rows
 from tests.support import ScriptRunner, open_harness
 

@@ -1,4 +1,4 @@
-"""PostgreSQL URLs as libpq and pg_auto_failover write them (SPEC §19): several hosts in
+"""PostgreSQL URLs as libpq and pg_auto_failover write them (design §19): several hosts in
 each spelling, with ``target_session_attrs=read-write``, on a real server.
 
 Each spelling names a host where nothing listens first (``127.0.0.1:1``: refused at
@@ -22,8 +22,9 @@ from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import Connection, create_engine, make_url, text
 
 from delegation import Engine, EngineConfig, errors
-from delegation.cli import main
-from delegation.store import migrate, run, stores
+from delegation.cli.commands import main
+from delegation.store import migrate, stores
+from delegation.store.sql import run
 from tests.support import ScriptRunner, open_harness
 from tests.test_cli_passwords import a_child_on_a_host
 from tests.test_postgres_cli import COMMANDS, cli, needs_postgres, one_line

@@ -1,4 +1,4 @@
-"""Hypothesis properties of the wire contract (SPEC §2.1).
+"""Hypothesis properties of the wire contract (design §2.1).
 
 1. Every valid value of every wire type survives ``encode`` → ``decode`` unchanged,
    and re-encoding is byte-identical; explicit ``false``, ``0`` and ``[]`` options stay.
@@ -205,7 +205,7 @@ VALID: dict[type[WireStruct], st.SearchStrategy[Any]] = {
 }
 ANY_VALID = st.one_of(*VALID.values())
 
-# Values that also pass Request.validate() / Profile.validate() (SPEC §2.2).
+# Values that also pass Request.validate() / Profile.validate() (design §2.2).
 _BLANKISH = st.text(st.characters(codec="utf-8"), max_size=4)
 NONBLANK = st.builds(lambda head, solid, tail: head + solid + tail, _BLANKISH, _SOLID, _BLANKISH)
 ID = st.text(

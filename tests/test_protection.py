@@ -1,4 +1,4 @@
-"""The host's own code and configuration are out of a command child's reach (SPEC §17).
+"""The host's own code and configuration are out of a command child's reach (design §17).
 
 Issue 23's finding: with the host's venv inside the workspace, a child planted a ``.pth``
 file in site-packages, and the next host start ran it unconfined. A confinement that
@@ -23,7 +23,9 @@ import msgspec
 import pytest
 
 from delegation import Engine, Identity, Preset, Recovery, Request, Run
-from delegation.protection import (
+from delegation.runners.command import CommandConfigError, CommandRunner
+from delegation.runners.containment import ContainmentRefused
+from delegation.usecases.protection import (
     DATABASE_REACHED,
     HOST_REACHED,
     PACKAGE,
@@ -31,8 +33,6 @@ from delegation.protection import (
     host_code,
     host_imports,
 )
-from delegation.runners.command import CommandConfigError, CommandRunner
-from delegation.runners.containment import ContainmentRefused
 from tests.contain_host import start
 
 HERE = Path(__file__).resolve().parent
@@ -244,7 +244,7 @@ def test_the_hosts_code_is_its_prefixes_site_packages_and_package() -> None:
     code = host_code()
     for path in (sys.prefix, sys.base_prefix, sysconfig.get_path("purelib"), PACKAGE):
         assert path in code
-    assert os.path.isfile(os.path.join(PACKAGE, "protection.py"))
+    assert os.path.isfile(os.path.join(PACKAGE, "usecases", "protection.py"))
 
 
 def test_protect_paths_still_protects_a_directory(tmp_path: Path) -> None:

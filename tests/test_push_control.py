@@ -1,5 +1,5 @@
 """A typed API, push instead of polling, recovery with history, control from outside
-(SPEC §11): the engine's typed methods and ``follow``, delivered steers after a
+(design §11): the engine's typed methods and ``follow``, delivered steers after a
 SIGKILL, and ``delegation cancel``/``steer`` acting on a live host's child, on either
 store (PostgreSQL's host hears a control request through ``LISTEN``/``NOTIFY``)."""
 
@@ -239,7 +239,7 @@ async def test_a_control_request_reaches_a_live_host_within_a_second(
     harness: Harness, db_url: str
 ) -> None:
     """What ``delegation steer`` records beside the host (``stores.write_once``, on a
-    connection of its own) is applied by the host within 1 s (SPEC §12)."""
+    connection of its own) is applied by the host within 1 s (design §12)."""
     heard: list[float] = []
 
     async def listen(ctx: ChildContext) -> None:

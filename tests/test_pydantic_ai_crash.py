@@ -1,4 +1,4 @@
-"""The pydantic-ai runner through real crashes (SPEC §16): a host killed with SIGKILL
+"""The pydantic-ai runner through real crashes (design §16): a host killed with SIGKILL
 inside a model request or inside a tool call, and the child resumed by a new host
 process (tests/pydantic_ai_host.py).
 

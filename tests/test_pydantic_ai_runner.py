@@ -1,4 +1,4 @@
-"""The pydantic-ai runner (SPEC §16) through a real Engine, on pydantic-ai's own test
+"""The pydantic-ai runner (design §16) through a real Engine, on pydantic-ai's own test
 models only: ``FunctionModel`` answers from the test's function, which counts and keeps
 every request it is asked; model requests to anything else are refused (no network).
 
@@ -418,7 +418,7 @@ async def test_a_resumed_run_replays_its_requests_and_the_steer_they_took(
 
 def test_importing_delegation_imports_no_pydantic_ai() -> None:
     code = (
-        "import sys, delegation, delegation.cli, delegation.demo, delegation.serve, "
+        "import sys, delegation, delegation.cli, delegation.cli.demo, delegation.host.serve, "
         "delegation.runners, delegation.runners.command, delegation.runners.scripted; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic_ai'))"
     )

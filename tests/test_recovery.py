@@ -1,4 +1,4 @@
-"""Restart, lease expiry and retention (SPEC §4, §5, §7), on the same database.
+"""Restart, lease expiry and retention (design §4, §5, §7), on the same database.
 
 A "restart" here is graceful: the first engine is closed and a second ``Engine`` is
 opened on the same database in the same process (crash restarts, with a killed
@@ -225,7 +225,7 @@ async def test_graceful_close_resumes_a_leased_child_that_is_steered_to_completi
 async def test_a_resumed_child_answers_read_and_replay_while_it_runs(
     harness: Harness, db_url: str, config: EngineConfig, clock: ManualClock
 ) -> None:
-    """SPEC §5: read (and a replayed start) waits for admission, then answers. A resumed
+    """design §5: read (and a replayed start) waits for admission, then answers. A resumed
     child was admitted before the restart, so neither may wait for its run to end."""
     harness.runner.script = forever
     started = await harness.start("q1", lease_id=LEASE)
@@ -334,7 +334,7 @@ async def test_a_child_restarted_past_the_attempt_limit_ends_interrupted(
 async def test_close_cancels_foreground_children_and_boot_ends_never_admitted_ones(
     harness: Harness, db_url: str, config: EngineConfig, clock: ManualClock
 ) -> None:
-    """SPEC §7: at a graceful close tool grants end, so foreground children are cancelled
+    """design §7: at a graceful close tool grants end, so foreground children are cancelled
     and so is a first admission under a lease its tool authorized (§4: "end of the
     originating tool before admission"); a never-admitted child of an already active
     lease is left alone by the close and ended at the next boot, ``done`` with "child
@@ -415,7 +415,7 @@ async def test_close_cancels_foreground_children_and_boot_ends_never_admitted_on
 async def test_a_start_awaiting_admission_at_close_does_not_answer_a_live_child(
     harness: Harness,
 ) -> None:
-    """SPEC §4: admission commits the state, "and only then does child.start return to
+    """design §4: admission commits the state, "and only then does child.start return to
     its caller". A start whose run has not admitted when the host closes must not
     answer a Result as if the child were admitted and running."""
     waiting = asyncio.Event()

@@ -1,4 +1,4 @@
-"""A root host's children cannot read what only root may read (SPEC §23), tried with real
+"""A root host's children cannot read what only root may read (design §23), tried with real
 children as issue 35 found it: a child keeps uid 0 without capabilities, and uid 0 still
 owns ``/etc/shadow`` (0640 root:shadow) beneath the default read-only ``/etc``.
 

@@ -1,4 +1,4 @@
-"""The scripted demo runner journals its steps (SPEC §15): a child resumed after its
+"""The scripted demo runner journals its steps (design §15): a child resumed after its
 host closed repeats none of the steps it had finished, and ends with all of them."""
 
 from __future__ import annotations

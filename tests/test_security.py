@@ -1,4 +1,4 @@
-"""The security claims in one place (SPEC §2.1, §3.4, §3.8, §8), each proven end to end.
+"""The security claims in one place (design §2.1, §3.4, §3.8, §8), each proven end to end.
 
 * Credential-free by construction: an unknown field (``apiKey``, ``token``,
   ``credentials``) is refused at every level of what a caller sends, through
@@ -53,9 +53,9 @@ from delegation import (
     errors,
 )
 from delegation.clock import ManualClock
+from delegation.host.serve import CHUNK, serve_socket
 from delegation.runners.command import DEFAULT_ENV_ALLOW, CommandRunner
 from delegation.runs import Run
-from delegation.serve import CHUNK, serve_socket
 from tests import rows
 from tests.support import PRESET, Harness, ScriptRunner, open_harness
 from tests.test_authority import snapshot
@@ -242,7 +242,7 @@ async def test_the_commands_environment_holds_no_host_secret(
     allowed = [*DEFAULT_ENV_ALLOW, "SECURITY_TEST_EXTRA"]
     expected = {name for name in allowed if name in os.environ}
     expected |= {"DELEGATION_CONVERSATION_ID", "DELEGATION_RUN_ID", "DELEGATION_PROFILE"}
-    expected |= {"TMPDIR"}  # the child's private temp dir (SPEC §10), never the host's
+    expected |= {"TMPDIR"}  # the child's private temp dir (design §10), never the host's
     assert set(seen) == expected, "exactly the allowlisted names and the child's own ids"
     assert os.path.basename(seen["TMPDIR"]).startswith("delegation-child-")
     assert seen["SECURITY_TEST_EXTRA"] == "passed"
@@ -591,7 +591,7 @@ async def test_1024_live_leases_per_runner_and_tombstones_never_lock_it_out(
     config = harness.engine.config
     assert (config.max_leases_per_runner, config.max_tombstones_per_extension) == (1024, 1024)
     live = await harness.start("q-live", lease_id="L-live")
-    # SPEC §9: releases of unknown leases need no grant; 2,000 of them used to fill the
+    # design §9: releases of unknown leases need no grant; 2,000 of them used to fill the
     # lease capacity for a week. They are outside it, and only the newest 1024 are kept.
     tombstones = [release(harness, f"T{i}") for i in range(2000)]
     outcomes = await asyncio.wait_for(asyncio.gather(*tombstones), 60)
@@ -650,7 +650,7 @@ async def test_32_presets_per_extension(harness: Harness) -> None:
     await harness.wait_done((await full.start("q1", profile="p31")).conversation_id)
     with pytest.raises(errors.PresetLimit) as caught:
         await open_tool(harness, "call-33", presets=presets)
-    # SPEC §3.8 quotes no message for this cap; this is the library's.
+    # design §3.8 quotes no message for this cap; this is the library's.
     assert str(caught.value) == "execution preset limit exceeded"
     assert (caught.value.reason, caught.value.rpc_code) == ("preset_limit", -32602)
 

@@ -1,4 +1,4 @@
-"""``delegation serve`` is bounded in everything a peer controls (SPEC §9).
+"""``delegation serve`` is bounded in everything a peer controls (design §9).
 
 A real host subprocess each time: a peer that sends and never reads is parked (the
 host stops reading it) instead of growing the host without limit, on a socket and on
@@ -17,9 +17,9 @@ from typing import Any
 
 import msgspec
 
-from delegation.tools.serve_flood import Flood, flood_socket, hang_up, host, memory_mb, round_trip
 from tests.test_serve import PRESET, Client, start_params
 from tests.test_serve import host as serve_host
+from tools.serve_flood import Flood, flood_socket, hang_up, host, memory_mb, round_trip
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOOD = 200_000  # requests: about 12 MB of them, 22 MB of answers, none read

@@ -16,9 +16,9 @@ from typing import Any
 from delegation import ChildContext, Engine, Event, Params, Result
 from delegation.backlog import MAX_BACKLOG, Backlog
 from delegation.engine.following import owned_pages
-from delegation.serve import Session
-from delegation.serve_io import SocketOutbox
-from delegation.watch import Notices
+from delegation.engine.notices import Notices
+from delegation.host.serve import Session
+from delegation.host.serve_io import SocketOutbox
 from tests.support import PRESET, ScriptRunner, hold
 
 OWNER = {"runId": "run-1", "toolCallId": "call-1", "extensionId": "ext", "generation": 7}

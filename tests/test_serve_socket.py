@@ -1,4 +1,4 @@
-"""``delegation serve --socket`` beside another host and its peers (SPEC §9, §18): a
+"""``delegation serve --socket`` beside another host and its peers (design §9, §18): a
 refused second serve leaves the live host's socket; a peer that reads nothing costs
 the host little even when its answers are pages of megabytes, and reads them all once
 it reads; past ``--max-connections`` a peer gets one error line and is closed."""
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from delegation import errors
-from delegation.client import Client
-from delegation.serve_io import listening_socket
-from delegation.tools import serve_pages
-from delegation.tools.serve_flood import host, memory_mb
-from delegation.tools.serve_pages import Peer
+from delegation.client.api import Client
+from delegation.host.serve_io import listening_socket
+from tools import serve_pages
+from tools.serve_flood import host, memory_mb
+from tools.serve_pages import Peer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Several hosts on one PostgreSQL database (SPEC §12): takeover of a killed host, the
+"""Several hosts on one PostgreSQL database (design §12): takeover of a killed host, the
 fence against a paused one, and cross-host cancel, steer, release, read and follow.
 
 The hosts are real processes (``tests/multi_host.py``) on a real server; what a host
@@ -355,7 +355,7 @@ async def test_a_follow_on_the_taking_host_ends_when_its_takeover_ends_the_child
 ) -> None:
     """Host A is paused (its lock held, its heartbeat stale) after B was asked to cancel
     its child; B takes A over and the takeover ends the child, writing no event: B's
-    own ``follow`` of it ends all the same (SPEC §18)."""
+    own ``follow`` of it ends all the same (design §18)."""
     a = await asyncio.to_thread(launch, hosts, postgres_db, "A", 1, 0.5, 3.0)
     await asyncio.to_thread(streaming, a)
     ((conversation, _),) = a.started().items()

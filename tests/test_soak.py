@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from delegation import ChildContext, Event
-from delegation.tools.soak.check import Checker, check_file
-from delegation.tools.soak.journal import Acks
 from tests import rows
 from tests.support import Harness
+from tools.soak.check import Checker, check_file
+from tools.soak.journal import Acks
 
 # Hosts race heartbeat timeouts here: run alone, after the rest (see conftest).
 pytestmark = pytest.mark.serial

@@ -3,7 +3,7 @@
 It learned of purges only from ``purged`` rows it happened to see between two reads; a
 purge whose row lived less than that interval was judged a loss (130+ ``lost_*``
 findings in a run where nothing was lost). With the soak's own record of every deletion
-(:mod:`delegation.tools.soak.audit`, triggers on both stores):
+(:mod:`tools.soak.audit`, triggers on both stores):
 
 - a child purged and forgotten between two reads is no finding;
 - a deletion without a purge, a purge before the retention, a purge forgotten early
@@ -24,13 +24,13 @@ from sqlalchemy import text
 
 from delegation import Engine, EngineConfig
 from delegation.store import stores
-from delegation.tools.soak import audit
-from delegation.tools.soak.check import Checker
-from delegation.tools.soak.journal import Acks
-from delegation.tools.soak.liveness import Fleet, several_hosts
-from delegation.tools.soak.snapshot import Snapshot
 from tests import rows
 from tests.support import ScriptRunner, open_harness
+from tools.soak import audit
+from tools.soak.check import Checker
+from tools.soak.journal import Acks
+from tools.soak.liveness import Fleet, several_hosts
+from tools.soak.snapshot import Snapshot
 
 RETENTION_S = 0.4
 

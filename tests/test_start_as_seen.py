@@ -1,4 +1,4 @@
-"""A start under a tool call an earlier start found open (SPEC §5, §12).
+"""A start under a tool call an earlier start found open (design §5, §12).
 
 On PostgreSQL such a start reads nothing first: it is checked against the runner and
 the tool grant as the earlier start read them, and reserved by one statement that
@@ -25,9 +25,10 @@ from sqlalchemy import create_engine, text
 
 from delegation import Engine, EngineConfig, errors
 from delegation.records import GrantRecord, RunnerRecord
-from delegation.reservation import SeenTools
-from delegation.store import grants, run, stores
+from delegation.store import grants, stores
 from delegation.store.postgres.spelling import _SPELLINGS
+from delegation.store.sql import run
+from delegation.usecases.reservation import SeenTools
 from tests import rows
 from tests.support import PRESET, Harness, ScriptRunner, hold, open_harness
 

@@ -1,4 +1,4 @@
-"""The step journal through real crashes (SPEC §15): a host killed with SIGKILL between
+"""The step journal through real crashes (design §15): a host killed with SIGKILL between
 two steps or inside one, and the child resumed by a new host process (or, on
 PostgreSQL, taken over by one of two other live hosts).
 

@@ -1,4 +1,4 @@
-"""The step journal (SPEC §15): ``ctx.step`` runs a function at most once per execution
+"""The step journal (design §15): ``ctx.step`` runs a function at most once per execution
 and name, commits its result after every event emitted before it, and hands the
 recorded value back to a resumed execution without running it again.
 

@@ -17,8 +17,8 @@ import pytest
 from sqlalchemy import Connection
 
 from delegation import errors
-from delegation.store import dbapi
 from delegation.store.database import Database
+from delegation.store.sql import dbapi
 from delegation.store.sqlite.dialect import SqliteDialect
 from tests.rows import rows, url_of
 

@@ -1,4 +1,4 @@
-"""One contract suite for every store (SPEC §12, ``delegation.store.interface``).
+"""One contract suite for every store (design §12, ``delegation.store.interface``).
 
 Each test runs on SQLite and on PostgreSQL (``db_url``), against the store
 ``stores.open_store`` gives for the URL, as the engine opens it. Only what provokes a
@@ -24,9 +24,10 @@ from sqlalchemy import Connection, create_engine, func, make_url, select
 from sqlalchemy.pool import NullPool
 
 from delegation import errors
-from delegation.store import children, grants, migrate, run, run_many, steers, stores, tables
+from delegation.store import children, grants, migrate, steers, stores, tables
 from delegation.store.events import EventRow
 from delegation.store.interface import Store
+from delegation.store.sql import run, run_many
 from tests import rows
 
 BUSY_MS = 300  # the busy timeout of the stores that meet another connection's lock
@@ -211,10 +212,7 @@ async def test_jobs_run_in_the_order_they_were_queued(store: Store, db_url: str)
     names = [f"h{n:03}" for n in range(60)]
     futures: list[asyncio.Future[Any]] = []
     for n, name in enumerate(names):
-        if n % 7 == 3:
-            store.write_nowait(ordered(name))
-        else:
-            futures.append(store.submit(ordered(name), durable=n % 2 == 0))
+        futures.append(store.submit(ordered(name), durable=n % 2 == 0))
         if n % 5 == 0:
             # A failing neighbour: on PostgreSQL its batch is redone with savepoints.
             futures.append(store.submit(insert(f"x{n}", then=ValueError("no"))))
@@ -440,7 +438,7 @@ WRITES = [
 
 @pytest.mark.parametrize("sql", WRITES)
 async def test_a_read_cannot_write(store: Store, db_url: str, sql: str) -> None:
-    # On PostgreSQL each read is a read-only transaction (SPEC §19), not a session
+    # On PostgreSQL each read is a read-only transaction (design §19), not a session
     # started read-only, which target_session_attrs=read-write would refuse.
     await store.write(insert("first"))
     with pytest.raises(errors.StoreError) as in_read:
@@ -508,7 +506,7 @@ async def test_a_write_that_waits_past_the_busy_timeout_is_database_busy(db_url:
 
 async def test_the_loop_keeps_turning_while_a_write_waits_for_a_lock(db_url: str) -> None:
     """What the SQLite store promises (database.py: "the loop never waits for another
-    process's lock"), and SPEC §12 asks of both: same guarantees."""
+    process's lock"), and design §12 asks of both: same guarantees."""
     store = open_store(db_url, busy_timeout_ms=2000)
     try:
         await store.write(insert("held"))
@@ -572,7 +570,7 @@ async def test_a_second_host_is_refused_until_the_first_closes_unless_the_store_
     store: Store, db_url: str
 ) -> None:
     """One host per SQLite file (its lock); a ``shared`` store (PostgreSQL, several hosts
-    on one database, SPEC §12) lets a second host open beside the first."""
+    on one database, design §12) lets a second host open beside the first."""
     shared = getattr(store, "shared", False)
     second = stores.open_store(db_url, synchronous="FULL", busy_timeout_ms=5000)
     try:  # closing a store that never opened does nothing
@@ -596,8 +594,9 @@ async def test_aclose_commits_what_is_queued_and_gives_everything_back(db_url: s
     futures = [store.submit(insert(f"h{n}")) for n in range(20)]
     for sequence in range(1, 31):
         store.append_event(event(child, sequence))
-    store.write_nowait(insert("background"))
+    background = store.submit(insert("background"))  # nobody waits for it: still committed
     await store.aclose()
+    assert background.done()
     assert all(f.done() for f in futures)
     assert [f.result() for f in futures] == [f"h{n}" for n in range(20)]
     assert instances(db_url) == {f"h{n}" for n in range(20)} | {"background"}

@@ -1,4 +1,4 @@
-"""OpenTelemetry (SPEC §13): spans per child method call and per execution, linked
+"""OpenTelemetry (design §13): spans per child method call and per execution, linked
 across restarts through the stored trace context, and the engine's metrics.
 
 Every engine here gets its own SDK providers (``Engine(tracer_provider=...,
@@ -29,8 +29,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from delegation import ChildContext, Engine, EngineConfig, Event, errors, telemetry
+from delegation import ChildContext, Engine, EngineConfig, Event, errors
 from delegation.clock import ManualClock
+from delegation.engine import telemetry
 from tests.rows import scalar
 from tests.support import Harness, ScriptRunner, finish_after_admit, hold, open_harness
 
@@ -438,7 +439,9 @@ _WITHOUT = textwrap.dedent(
 
     sys.meta_path.insert(0, Blocked())
 
-    from delegation import Engine, telemetry
+    from delegation import Engine
+
+    from delegation.engine import telemetry
     from tests.support import ScriptRunner, open_harness
 
     async def main(db, workspace):
@@ -483,3 +486,48 @@ def test_without_opentelemetry_nothing_of_it_is_imported_and_children_run(
         "trace_context": None,
         "loaded": [],
     }
+
+
+# --- the global provider --------------------------------------------------------------
+
+_GLOBAL = textwrap.dedent(
+    """
+    import asyncio, json, sys
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from delegation import Engine
+    from tests.support import ScriptRunner, open_harness
+
+    async def main(db, workspace):
+        runner = ScriptRunner()
+        spans = InMemorySpanExporter()
+        async with Engine(f"sqlite:///{db}", runner=runner) as engine:
+            h = await open_harness(engine, runner, workspace)
+            first = await h.start("q1")  # no SDK yet: nothing records
+            provider = TracerProvider()
+            provider.add_span_processor(SimpleSpanProcessor(spans))
+            trace.set_tracer_provider(provider)  # installed while the engine is open
+            await h.read(first.conversation_id)
+        print(json.dumps([s.name for s in spans.get_finished_spans()]))
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    """
+)
+
+
+def test_a_global_sdk_installed_after_the_engine_opened_records_its_calls(
+    tmp_path: Path, workspace: Path
+) -> None:
+    """Without an SDK a method is served with no span (a span would record nothing);
+    once the application installs one as the global provider, the next call has its."""
+    done = subprocess.run(
+        [sys.executable, "-c", _GLOBAL, str(tmp_path / "g.db"), str(workspace)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    names = json.loads(done.stdout)
+    assert names.count("child.read") == 1 and "child.start" not in names

@@ -1,4 +1,4 @@
-"""Private temp dirs a killed host left are removed at the next boot (SPEC §17).
+"""Private temp dirs a killed host left are removed at the next boot (design §17).
 
 A host killed with SIGKILL while its command child runs cannot remove the child's
 private ``TMPDIR``. The next engine open removes it, and only what is certainly stale:
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from delegation import Engine, NotResumable, tmpdirs
+from delegation import Engine, NotResumable
 from delegation import os_processes as processes
+from delegation.runners import tmpdirs
 from tests.support import ScriptRunner
 
 HERE = Path(__file__).resolve().parent

@@ -1,4 +1,4 @@
-"""Tombstones are fenced per extension (SPEC §18): each (runner, extension) keeps its own
+"""Tombstones are fenced per extension (design §18): each (runner, extension) keeps its own
 newest 1024, so one extension's releases never drop another's, and a released lease id
 stays refused (``not_owned``, the wire contract's answer) whatever the others release.
 On both stores, through a real Engine, and through the upgrade to revision 0013."""

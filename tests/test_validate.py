@@ -1,4 +1,4 @@
-"""Validation after decoding, SPEC §2.2: valid_id, Request and Profile, exact messages."""
+"""Validation after decoding, design §2.2: valid_id, Request and Profile, exact messages."""
 
 from __future__ import annotations
 

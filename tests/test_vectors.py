@@ -1,11 +1,11 @@
-"""Golden wire vectors of SPEC §2, shared with clients in other languages.
+"""Golden wire vectors of design §2, shared with clients in other languages.
 
 Every case of ``tests/vectors/*.json`` (format: ``tests/vectors/README.md``) is one
 test: the input is decoded strictly into its type; a valid case must re-encode to
 the exact canonical bytes (and the canonical text must be a fixed point), an invalid
 one must raise the :class:`DelegationError` with the exact ``reason``. Request,
 Profile and Preset cases also say what ``.validate()`` does, with the exact message
-SPEC §2.2 quotes.
+design §2.2 quotes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Poison-proof watches (SPEC §18): whatever any login sends on the ``delegation``
+"""Poison-proof watches (design §18): whatever any login sends on the ``delegation``
 channel, operator control, cross-host steer and ``follow`` keep working and ``events
 --follow`` prints no traceback; a bad notice is logged once per watch; a watch loop that
 fails is restarted.
@@ -24,9 +24,9 @@ from psycopg import sql
 from sqlalchemy import make_url
 
 from delegation import ChildContext, Engine, EngineConfig, Event, errors
+from delegation.engine.notices import keep_running
 from delegation.store.postgres.connect import libpq
 from delegation.store.postgres.watch import PostgresWatch
-from delegation.watch import keep_running
 from tests.support import ScriptRunner, open_harness
 from tests.test_push_control import operator
 

@@ -1,4 +1,4 @@
-"""``delegation web`` (SPEC §13): the live, read-only page, as a user runs and sees it.
+"""``delegation web`` (design §13): the live, read-only page, as a user runs and sees it.
 
 A real engine in this process fills a real database through the real migrations; the
 page is the real command in its own process (``delegation web --port 0``), as beside a
@@ -27,11 +27,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
-from delegation import ChildContext, Event, cli
+from delegation import ChildContext, Event
+from delegation.cli import commands as cli
 from delegation.clock import SystemClock
-from delegation.inspector import Inspector
-from delegation.web import STEPS_SHOWN, Page
-from delegation.web_token import Token
+from delegation.usecases.inspector import Inspector
+from delegation.web.app import STEPS_SHOWN, Routes
+from delegation.web.token import Token
 from tests import browser
 from tests.support import PRESET, Harness, Script, finish_after_admit, hold
 from tests.test_cli import fingerprint
@@ -139,7 +140,7 @@ def test_without_the_web_extra_the_command_says_what_to_install(
     # As if starlette were not installed, as after a plain `pip install delegation`: the
     # modules imported already are forgotten (restored after the test), its import fails.
     loaded = [name for name in sys.modules if name.partition(".")[0] in cli.WEB_PACKAGES]
-    for name in ["delegation.web", *loaded]:
+    for name in ["delegation.web.app", *loaded]:
         monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.setitem(sys.modules, "starlette", None)
     # (An address nobody can bind: were the page served after all, it would fail at once.)
@@ -147,7 +148,8 @@ def test_without_the_web_extra_the_command_says_what_to_install(
     err = capsys.readouterr().err
     assert err == (
         "delegation: `delegation web` needs the web extra (starlette is missing):"
-        " pip install 'durable-delegation[web]'\n"
+        " pip install -e '.[web]' from the checkout"
+        " (once published: pip install 'durable-delegation[web]')\n"
     )
 
 
@@ -341,7 +343,7 @@ async def test_the_page_is_read_only(harness: Harness, workspace: Path, db_path:
     assert fingerprint(db_path) == before
 
     with Inspector(f"sqlite:///{db_path}") as inspector:
-        app = Page(inspector).app(["127.0.0.1"], Token.new(8765))
+        app = Routes(inspector).app(["127.0.0.1"], Token.new(8765))
         methods = {method for route in app.routes for method in getattr(route, "methods", ())}
     assert methods == {"GET", "HEAD"}
 

@@ -1,4 +1,4 @@
-"""``delegation web`` under what one client or one row may do (SPEC §18): event streams
+"""``delegation web`` under what one client or one row may do (design §18): event streams
 bounded in bytes per client, lists that read columns and never a child's stored
 request, query values that are never a 500, and the same safe headers on every answer.
 
@@ -28,10 +28,11 @@ import pytest
 import uvicorn
 from sqlalchemy import Engine, event
 
-from delegation import ChildContext, Event, web
+from delegation import ChildContext, Event
 from delegation.clock import SystemClock
-from delegation.inspector import PAGE_BYTES, Inspector
-from delegation.web_stream import MAX_STREAMS, MAX_UNSENT_BYTES
+from delegation.usecases.inspector import PAGE_BYTES, Inspector
+from delegation.web import app as web
+from delegation.web.stream import MAX_STREAMS, MAX_UNSENT_BYTES
 from tests import browser
 from tests.support import Harness, finish_after_admit
 from tests.test_web import fill, get, rows, stream
@@ -49,10 +50,10 @@ def clock() -> SystemClock:
 
 
 @contextlib.asynccontextmanager
-async def served(url: str) -> AsyncIterator[tuple[web.Page, str]]:
+async def served(url: str) -> AsyncIterator[tuple[web.Routes, str]]:
     """The page of ``url`` served by uvicorn on this test's loop: it and its address."""
     with Inspector(url) as inspector:
-        page = web.Page(inspector)
+        page = web.Routes(inspector)
         listener = web.bind("127.0.0.1", 0)
         app = page.app(web.allowed_hosts("127.0.0.1"), None)
         server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning"))
@@ -145,7 +146,7 @@ async def test_a_client_that_stops_reading_while_its_child_writes_is_dropped(
 
     harness.runner.script = run
     child = (await harness.start("q1")).conversation_id
-    caplog.set_level(logging.WARNING, "delegation.web_stream")
+    caplog.set_level(logging.WARNING, "delegation.web.stream")
     async with served(db_url) as (page, url):
         events = f"{url}api/children/{child}/events"
         with contextlib.closing(await asyncio.to_thread(Silent, events)) as silent:

@@ -1,4 +1,4 @@
-"""The shape of the wire, SPEC §2: JSON names, what is always written, what is omitted."""
+"""The shape of the wire, design §2: JSON names, what is always written, what is omitted."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from delegation import (
     encode,
 )
 
-# SPEC §2, in order: (JSON name, always present?)
+# design §2, in order: (JSON name, always present?)
 SHAPES: dict[type[msgspec.Struct], list[tuple[str, bool]]] = {
     Profile: [
         ("name", True),

@@ -1,18 +1,23 @@
 """The runtime wing: the public :class:`Engine` and what runs under it.
 
-- :mod:`~delegation.engine.api`: ``Engine``, the embedding API (SPEC §6);
-- :mod:`~delegation.engine.methods`: the five child methods (SPEC §5) it serves;
+- :mod:`~delegation.engine.api`: ``Engine``, the embedding API (design §6);
+- :mod:`~delegation.engine.methods`: the five child methods (design §5) it serves;
 - :mod:`~delegation.engine.runtime`: what the parts share, and the one write entry;
 - :mod:`~delegation.engine.supervisor` and :mod:`~delegation.engine.local_run`: the
   runs this process executes, from their start to their end;
 - :mod:`~delegation.engine.membership`: this host among the hosts of its database (§12);
 - :mod:`~delegation.engine.operators`: operators' control requests (§11);
-- :mod:`~delegation.engine.timers`: the lease and retention wake-ups.
+- :mod:`~delegation.engine.timers` and :mod:`~delegation.engine.upkeep`: the lease and
+  retention wake-ups, and what they do;
+- :mod:`~delegation.engine.notices`: commit notices (what wakes a follow, a wait and
+  the control watcher), and :mod:`~delegation.engine.following`: ``follow`` and
+  ``follow_read``;
+- :mod:`~delegation.engine.telemetry`: OpenTelemetry's spans and metrics (its extra).
 
 Nothing below the engine (the use cases, the store, the runners) imports this package.
 """
 
 from delegation.engine.api import Engine
-from delegation.engine.methods import ParamsLike
+from delegation.wire import ParamsLike
 
 __all__ = ["Engine", "ParamsLike"]

@@ -1,4 +1,4 @@
-"""The embedding API (SPEC §6): ``Engine`` wires the store, the use cases and the runs.
+"""The embedding API (design §6): ``Engine`` wires the store, the use cases and the runs.
 
 One engine owns one database (a SQLite file, or a PostgreSQL database). Its parts share
 a :class:`~delegation.engine.runtime.Runtime` (the store, the clock, the one write
@@ -7,7 +7,7 @@ entry): the :class:`~delegation.engine.supervisor.Supervisor` runs the children,
 :class:`~delegation.engine.operators.ControlWatcher` applies operators' requests and
 :class:`~delegation.engine.timers.Timers` wake lease expiry and retention. Every child
 method checks authority inside the transaction that acts on it (see
-:mod:`delegation.service`); what must follow a commit (starting, stopping or waking a
+:mod:`delegation.usecases.service`); what must follow a commit (starting, stopping or waking a
 run) happens here, after the commit.
 """
 
@@ -21,27 +21,31 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
-from delegation import errors, maintenance, queries, service, telemetry
+import msgspec
+
+from delegation import errors
 from delegation.backlog import UNBOUNDED, Room
 from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.config import EngineConfig
-from delegation.engine import following
+from delegation.engine import following, telemetry
 from delegation.engine.membership import Membership
-from delegation.engine.methods import ChildMethods, ParamsLike
+from delegation.engine.methods import ChildMethods
+from delegation.engine.notices import Notices
 from delegation.engine.operators import WATCH_INTERVAL_S, ControlWatcher
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor, collector_paused
 from delegation.engine.timers import Timers
 from delegation.engine.upkeep import Upkeep
 from delegation.options import ExecutionOptions
-from delegation.protection import Protected, host_code, host_imports
-from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
+from delegation.protocol import ToolBegin
+from delegation.records import ChildFilter, ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
 from delegation.runs import Runner
-from delegation.store import Connection
 from delegation.store import processes as store_processes
 from delegation.store.interface import Store
+from delegation.store.sql import Connection
 from delegation.store.stores import open_store
-from delegation.watch import Notices
+from delegation.usecases import maintenance, queries, service
+from delegation.usecases.protection import Protected, host_code, host_imports
 from delegation.wire import (
     CANCEL_METHOD,
     READ_METHOD,
@@ -49,13 +53,14 @@ from delegation.wire import (
     START_METHOD,
     STEER_METHOD,
     Event,
+    ParamsLike,
     Preset,
     Result,
     SteerResult,
 )
 
 if TYPE_CHECKING:
-    from delegation.telemetry import MeterProvider, TracerProvider
+    from delegation.engine.telemetry import MeterProvider, TracerProvider
 
 log = logging.getLogger("delegation.engine")
 T = TypeVar("T")
@@ -68,7 +73,7 @@ class Engine:
 
     With OpenTelemetry's API installed (``durable-delegation[otel]``), spans and metrics go to
     ``tracer_provider`` and ``meter_provider``, or to the global providers when None
-    (see :mod:`delegation.telemetry`); without it, both are ignored."""
+    (see :mod:`delegation.engine.telemetry`); without it, both are ignored."""
 
     def __init__(
         self,
@@ -88,7 +93,7 @@ class Engine:
         self._telemetry = telemetry.for_engine(tracer_provider, meter_provider)
         if self._telemetry is not None:
             self._db.on_commit = self._telemetry.committed
-        # Several hosts share a database: its server's clock is everyone's (SPEC §12).
+        # Several hosts share a database: its server's clock is everyone's (design §12).
         clock = clock or (ServerClock() if self._db.shared else SystemClock())
         notices = Notices(self._announced)
         self._rt = Runtime(self.config, self._db, clock, self._telemetry, notices)
@@ -137,12 +142,12 @@ class Engine:
 
     async def open(self) -> None:
         """Open (and migrate) the database, take over from the previous host instance,
-        arm the lease timer and resume the children this host owns (SPEC §7). Before
+        arm the lease timer and resume the children this host owns (design §7). Before
         resuming, kill what lost runs left running and remove the private temp dirs
-        hosts that ended left (:mod:`delegation.tmpdirs`).
+        hosts that ended left (:mod:`delegation.runners.tmpdirs`).
 
         Before anything is opened, a runner whose own confinement settings would give
-        its children the database, its credentials or the host's code (SPEC §23:
+        its children the database, its credentials or the host's code (design §23:
         ``check_confinement``, as the command runner's ``read_write``) is refused: its
         error is raised and nothing is created."""
         # Every run is handed this set: no runner that wraps another can forget it.
@@ -173,7 +178,7 @@ class Engine:
                 await self._boot(loop)
         except BaseException:
             # A boot that fails gives everything back, the host lock first: the process
-            # may exit or try again, and the next host may open (SPEC §18).
+            # may exit or try again, and the next host may open (design §18).
             await self._give_back()
             raise
 
@@ -212,7 +217,7 @@ class Engine:
 
     async def failed(self) -> errors.DelegationError:
         """Wait until the engine stopped on its own while open: its SQLite file was
-        replaced while in use (SPEC §18). Its runs are stopped, nothing more is written,
+        replaced while in use (design §18). Its runs are stopped, nothing more is written,
         and :meth:`close` raises the error returned here: the host should close, exit."""
         return await self._membership.failed()
 
@@ -274,13 +279,27 @@ class Engine:
     async def connect(self, runner_id: str, host_instance_id: str) -> RunnerConnection:
         """Register a runner connection, one generation above its last.
 
-        A different ``host_instance_id`` than last time revokes the runner's leases.
+        A different ``host_instance_id`` than last time revokes the runner's leases and
+        cancels their children ("cancelled: runner restarted"), logged once as
+        ``runner_restarted``: keep the id across a host's restarts.
         """
         self._require_open()
         use = Use(service.connect, self.config, self.instance_id, runner_id, host_instance_id)
-        handle, affected = await self._rt.write(use)
-        await self._supervisor.stop(affected)
-        return handle
+        connected = await self._rt.write(use)
+        if connected.was is not None and (connected.revoked or connected.affected):
+            log.warning(
+                "runner %s came back as host instance %s (it was %s): its %d leases were"
+                " revoked and %d children cancelled (keep host_instance_id across restarts"
+                " to keep them)",
+                runner_id,
+                host_instance_id,
+                connected.was,
+                connected.revoked,
+                len(connected.affected),
+                extra={"action": "runner_restarted", "runner_id": runner_id},
+            )
+        await self._supervisor.stop(connected.affected)
+        return connected.handle
 
     async def disconnect(self, conn: RunnerConnection) -> None:
         """End a connection: its tool grants end; leases survive for a reconnect."""
@@ -301,26 +320,34 @@ class Engine:
         """Open the tool grant of one live extension tool call.
 
         ``policy`` is the parent run's own effective ``ExecutionOptions``: no child
-        started under this tool (or a lease made from it) may widen it (SPEC §9).
+        started under this tool (or a lease made from it) may widen it (design §9).
         None: no ceiling but each preset's own.
         """
-        self._require_open()
-        use = Use(
-            service.open_tool,
-            self.config,
-            self.instance_id,
-            conn,
-            run_id=run_id,
-            conversation_id=conversation_id,
-            tool_call_id=tool_call_id,
-            extension_id=extension_id,
-            presets=list(presets),
-            workspace=workspace,
-            policy=policy,
+        begin = ToolBegin(
+            run_id,
+            conversation_id,
+            tool_call_id,
+            extension_id,
+            list(presets),
+            workspace,
+            msgspec.UNSET if policy is None else policy,
         )
-        grant = await self._rt.write(use)
+        return await self.begin_tool(conn, begin)
+
+    async def begin_tool(self, conn: RunnerConnection, begin: ToolBegin) -> ToolHandle:
+        """:meth:`open_tool` with its input as ``tool.begin`` carries it, whole."""
+        self._require_open()
+        grant = await self._rt.write(
+            Use(service.open_tool, self.config, self.instance_id, conn, begin)
+        )
         return ToolHandle(
-            grant.id, conn.runner_id, conn.id, run_id, conversation_id, tool_call_id, extension_id
+            grant.id,
+            conn.runner_id,
+            conn.id,
+            begin.run_id,
+            begin.conversation_id,
+            begin.tool_call_id,
+            begin.extension_id,
         )
 
     async def close_tool(self, tool: ToolHandle) -> None:
@@ -405,7 +432,7 @@ class Engine:
         return await methods.answer(method, methods.handler(method), conn, params, room)
 
     async def start(self, conn: RunnerConnection, params: ParamsLike) -> Result:
-        """``child.start``: the child's Result once it is admitted (SPEC §5)."""
+        """``child.start``: the child's Result once it is admitted (design §5)."""
         self._require_open()
         return await self._methods.answer(
             START_METHOD, self._methods.start, conn, params, UNBOUNDED
@@ -455,14 +482,8 @@ class Engine:
         limit: int = 100,
     ) -> list[ChildRecord]:
         """Child records, newest first, filtered by state, lease and parent."""
-        filters = {
-            "state": state,
-            "lease_id": lease_id,
-            "parent_run_id": parent_run_id,
-            "parent_conversation_id": parent_conversation_id,
-            "limit": limit,
-        }
-        return await self._db.read(lambda c: queries.list_children(c, **filters))
+        wanted = ChildFilter(state, lease_id, parent_run_id, parent_conversation_id, limit)
+        return await self._db.read(lambda c: queries.list_children(c, wanted))
 
     async def events(
         self,
@@ -490,7 +511,7 @@ class Engine:
         event was given, whoever ended it (this host, another one, a takeover). Woken by
         the commit itself (another host's by its ``NOTIFY``); with no wake-up for a
         second it reads again anyway, so a lost notice only delays the end. A read the
-        database could not answer is tried again (see :mod:`delegation.follow`).
+        database could not answer is tried again (see :mod:`delegation.usecases.follow`).
 
         Raises:
             errors.ChildNotFound: no such execution.

@@ -7,7 +7,7 @@ The host's own view reads every page of the store as it is. A runner follows onl
 it may read, so there every page is a ``child.read`` (its authority, its wait for
 admission, its page bound and its refusals), read again each time the child's commits
 move its version (the engine's notices, as :meth:`Engine.follow` is woken). The loop is
-:func:`delegation.follow.pages`.
+:func:`delegation.usecases.follow.pages`.
 
 A ``Result`` does not say whether its page was cut (by count, or by bytes where reads
 are bounded so), so a page that held events counts as cut: the follower reads again at
@@ -21,10 +21,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 import msgspec
 
-from delegation import errors, follow, queries
+from delegation import errors
+from delegation.engine.notices import Notices
 from delegation.records import ChildRecord
 from delegation.store.interface import Store
-from delegation.watch import Notices
+from delegation.usecases import follow, queries
 from delegation.wire import Event, Params, Result
 
 
@@ -36,7 +37,7 @@ def any_pages(
     until its execution is terminal; ``limit`` events a page, within ``max_bytes``
     (a page cut by bytes says ``more``: it is read on at once)."""
 
-    async def read(after: int, limit: int) -> queries.Page:
+    async def read(after: int, limit: int) -> queries.PagedResult:
         return await db.read(
             lambda c: queries.page(c, child_id, after, limit, max_bytes, strict=False)
         )
@@ -76,9 +77,9 @@ async def owned_pages(
         raise errors.ChildPurged()
     after = first.events[-1].sequence if first.events else params.after
 
-    async def page(after: int, _limit: int) -> queries.Page:
+    async def page(after: int, _limit: int) -> queries.PagedResult:
         result = await read(msgspec.structs.replace(params, after=after))
-        return queries.Page(result, more=bool(result.events))  # perhaps cut: read on
+        return queries.PagedResult(result, more=bool(result.events))  # perhaps cut: read on
 
     # Watched before the next read: a commit since the first one is read, not slept past.
     with notices.following(child.id):

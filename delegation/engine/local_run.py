@@ -29,14 +29,16 @@ import enum
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from delegation import authority, errors, queries, service
+from delegation import authority, errors
 from delegation import os_processes as processes
 from delegation.engine.runtime import Runtime, Use
 from delegation.records import ChildRecord, RecordedStep
-from delegation.store import Connection, steps
 from delegation.store import processes as store_processes
+from delegation.store import steps
 from delegation.store.events import EventRow
+from delegation.store.sql import Connection
 from delegation.store.steers import mark_delivered
+from delegation.usecases import queries, service
 from delegation.wire import Result
 
 if TYPE_CHECKING:
@@ -142,9 +144,9 @@ class LocalRun:
     # --- hooks of the run's context (runs.Hooks) ------------------------------------------
 
     async def admit(self) -> None:
-        # Confined at the start, but the path may have been swapped since (SPEC §3.4).
+        # Confined at the start, but the path may have been swapped since (design §3.4).
         authority.confirm_cwd(self.cwd)
-        # Owed (SPEC §19): a database away delays the admission, never drops it; a run
+        # Owed (design §19): a database away delays the admission, never drops it; a run
         # stopped meanwhile (its task cancelled) stops waiting.
         owed, stopped, on_admitted = self.rt.owed, self.stopped, self._on_admitted
         if not self.lease_pending:
@@ -190,7 +192,7 @@ class LocalRun:
         try:
             await self.rt.db.barrier()
         except errors.StoreUnavailable:
-            # The events are kept and written once the database is back (SPEC §19): a
+            # The events are kept and written once the database is back (design §19): a
             # run waits for that, as for a slow disk, rather than fail for it.
             await self.rt.owed(self.stopped, Use(_barrier))
         if self.suspended:  # what it emitted since is not written (see the module)
@@ -210,11 +212,11 @@ class LocalRun:
     def delivered(self, steer_ids: list[int]) -> None:
         self.rt.owe_later(self.stopped, Use(_delivered, steer_ids))
 
-    # --- hooks of the run's journal (journal.JournalHooks, SPEC §15) -------------------
+    # --- hooks of the run's journal (journal.JournalHooks, design §15) -------------------
 
     async def record_step(self, name: str, ordinal: int, step: RecordedStep) -> RecordedStep:
         # Queued behind every event the run appended before it: one commit holds them
-        # all (or they were committed earlier). Owed like an admission (SPEC §19).
+        # all (or they were committed earlier). Owed like an admission (design §19).
         use = Use(_record_step, self.child_id, name, ordinal, step)
         recorded = await self.rt.owed(self.stopped, use)
         if recorded is None:

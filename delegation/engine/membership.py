@@ -1,7 +1,7 @@
-"""This host's membership among the hosts of one database (SPEC §7, §12): its boot's
+"""This host's membership among the hosts of one database (design §7, §12): its boot's
 takeover, its heartbeats, the takeover of dead hosts, the fence when another host took
 it over, the cut-off when no heartbeat commits, and the rejoin after either. On a SQLite
-file, the one host's hold on it: a file replaced under it stops the host (SPEC §18).
+file, the one host's hold on it: a file replaced under it stops the host (design §18).
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ import secrets
 import time
 from collections.abc import Sequence
 
-from delegation import errors, maintenance, tmpdirs
+from delegation import errors
 from delegation import os_processes as processes
 from delegation.clock import ServerClock
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
 from delegation.engine.timers import Timers
+from delegation.runners import tmpdirs
 from delegation.store import lifecycle
 from delegation.store.batch import boot_clock
+from delegation.usecases import maintenance
 
 log = logging.getLogger("delegation.engine")
 
@@ -45,9 +47,9 @@ class Membership:
     # --- boot ---------------------------------------------------------------------------
 
     async def boot(self) -> maintenance.Takeover:
-        """Name a new host instance and take over from the previous ones (SPEC §7):
+        """Name a new host instance and take over from the previous ones (design §7):
         kill what lost runs left running, remove the private temp dirs hosts that ended
-        left (:mod:`delegation.tmpdirs`), and stop what the takeover cancelled. Returns
+        left (:mod:`delegation.runners.tmpdirs`), and stop what the takeover cancelled. Returns
         the takeover, whose children :meth:`Supervisor.resume` runs once the engine is
         open."""
         rt = self._rt
@@ -97,7 +99,7 @@ class Membership:
 
     def start(self) -> None:
         """Heartbeat from now on, on a database several hosts share; on a file, look
-        every ``host_heartbeat_s`` whether it is still the one opened (SPEC §18)."""
+        every ``host_heartbeat_s`` whether it is still the one opened (design §18)."""
         beats = self._heartbeats() if self._rt.db.shared else self._hold_file()
         self._task = asyncio.create_task(beats, name="delegation-beat")
 
@@ -256,7 +258,7 @@ class Membership:
         """No heartbeat has committed for so long that another host may declare this
         one dead any moment (the database away, or this host cut off from it): stop
         every local run now, without a write, so none runs beside the copy a taking
-        host would resume (SPEC §19). Once a heartbeat commits again, the host rejoins
+        host would resume (design §19). Once a heartbeat commits again, the host rejoins
         (:meth:`_back_from_cut`)."""
         if self._cut or boot_clock() < self._alive_deadline:
             return

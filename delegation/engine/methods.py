@@ -1,9 +1,9 @@
-"""The five child methods of SPEC §5, as :class:`~delegation.engine.api.Engine` serves
+"""The five child methods of design §5, as :class:`~delegation.engine.api.Engine` serves
 them by wire name (``Engine.call``) and as its typed methods.
 
 Each call is decoded strictly (:class:`Params`, its JSON or a dict of wire names), runs
 in a span named by its wire name when traced, and checks authority inside the
-transaction that acts on it (:mod:`delegation.service`); what must follow a commit
+transaction that acts on it (:mod:`delegation.usecases.service`); what must follow a commit
 (stopping a run, delivering a steer) happens here, after it. A page is read once the
 caller's ``room`` (serve: the stream's unread bytes) holds ``max_page_bytes`` for it.
 """
@@ -11,24 +11,34 @@ caller's ``room`` (serve: the stream's unread bytes) holds ``max_page_bytes`` fo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
 
 import msgspec
 
-from delegation import errors, queries, service
+from delegation import errors
 from delegation.backlog import Room
 from delegation.codec import decode
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
 from delegation.records import RunnerConnection
-from delegation.store import Connection
-from delegation.wire import CHILD_METHODS, Params, Result, SteerResult
+from delegation.store.sql import Connection
+from delegation.usecases import queries, service
+from delegation.wire import (
+    CANCEL_METHOD,
+    READ_METHOD,
+    RELEASE_METHOD,
+    START_METHOD,
+    STEER_METHOD,
+    Params,
+    ParamsLike,
+    Result,
+    SteerResult,
+)
 
 T = TypeVar("T")
 # What the child methods take: Params, the JSON of them, or a dict of wire names.
-ParamsLike = Params | bytes | bytearray | memoryview | str | dict[str, Any]
-Handler = Callable[[RunnerConnection, Params, Room], Awaitable[T]]
+ChildHandler = Callable[[RunnerConnection, Params, Room], Awaitable[T]]
 _json = msgspec.json.Encoder()
 
 
@@ -39,19 +49,27 @@ class ChildMethods:
     def __init__(self, rt: Runtime, supervisor: Supervisor) -> None:
         self._rt = rt
         self._supervisor = supervisor
+        # The one method table: each wire name to the body that serves it (what
+        # ``engine.call`` and ``serve`` dispatch through).
+        self._by_wire: dict[str, ChildHandler[Result | SteerResult]] = {
+            START_METHOD: self.start,
+            READ_METHOD: self.read,
+            CANCEL_METHOD: self.cancel,
+            STEER_METHOD: self.steer,
+            RELEASE_METHOD: self.release,
+        }
 
-    def handler(self, method: str) -> Handler[Result | SteerResult]:
+    def handler(self, method: str) -> ChildHandler[Result | SteerResult]:
         """The method a wire name names (the typed method's own body: one await less)."""
-        name = CHILD_METHODS.get(method)
-        if name is None:
+        handler = self._by_wire.get(method)
+        if handler is None:
             raise errors.MethodNotFound(f"method not found: {method}")
-        handler: Handler[Result | SteerResult] = getattr(self, name)
         return handler
 
     def answer(
         self,
         method: str,
-        handler: Handler[T],
+        handler: ChildHandler[T],
         conn: RunnerConnection,
         params: ParamsLike,
         room: Room,
@@ -69,9 +87,9 @@ class ChildMethods:
         """``Params`` from Params, its JSON, or a dict of wire names (strictly decoded)."""
         if isinstance(params, Params):
             return params
-        if isinstance(params, dict):
+        if isinstance(params, Mapping):
             try:
-                params = _json.encode(params)
+                params = _json.encode(dict(params))
             except (TypeError, msgspec.EncodeError) as exc:
                 raise errors.MalformedInput(f"malformed child input: {exc}") from None
         if not isinstance(params, bytes | bytearray | memoryview | str):

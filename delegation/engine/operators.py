@@ -1,4 +1,4 @@
-"""Operator control from another process (SPEC §11), on the host's side.
+"""Operator control from another process (design §11), on the host's side.
 
 ``delegation cancel`` and ``delegation steer`` record a control request in the
 database; the host that owns the file watches it (``PRAGMA data_version``, see
@@ -8,10 +8,10 @@ running applies them at its next boot. Applying twice is harmless: a cancel of a
 finished child returns it unchanged, and a steer's request id makes it idempotent, so
 a host that dies between applying and recording does no harm by applying again.
 
-Nothing it meets stops it (SPEC §18): its watch never raises (a bad notice or a failed
+Nothing it meets stops it (design §18): its watch never raises (a bad notice or a failed
 question is logged once and counts as "something may have moved"), a read that fails is
 logged once until one succeeds again, and a loop that fails anyway is logged and run
-again (:func:`delegation.watch.keep_running`).
+again (:func:`delegation.engine.notices.keep_running`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from delegation import errors, maintenance
+from delegation import errors
+from delegation.engine.notices import keep_running
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
 from delegation.store.controls import ControlRecord
 from delegation.store.watch import Watch
-from delegation.watch import keep_running
+from delegation.usecases import maintenance
 from delegation.wire import Result, SteerResult
 
 # The engine's own cancel and steer of one execution (Engine.cancel_child, steer_child).
@@ -82,7 +83,7 @@ class ControlWatcher:
                 await self._from_other_hosts()
 
     async def _from_other_hosts(self) -> None:
-        """Several hosts (SPEC §12): steers another host accepted for a child running
+        """Several hosts (design §12): steers another host accepted for a child running
         here are handed to its run, and followers of children another host runs wake."""
         notices = self._rt.notices
         moved = self._watch.moved()

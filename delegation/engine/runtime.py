@@ -1,12 +1,12 @@
 """What every part of the engine shares, and the one way they write.
 
-A use case (:mod:`delegation.service`, :mod:`delegation.maintenance`) is a function
-``fn(conn, now, *args, **kwargs)`` run in one write transaction. :class:`Use` binds it to
+A use case (:mod:`delegation.usecases.service`, :mod:`delegation.usecases.maintenance`) is
+a function ``fn(conn, now, *args, **kwargs)`` run in one write transaction. :class:`Use` binds it to
 its arguments, checked by the type checker against ``fn``'s own signature, and
 :meth:`Runtime.write` is the one entry through which every use case of the engine is
 queued.
 
-**Stamped when it runs, not when it was queued** (SPEC §12, issue 36): ``now`` is read
+**Stamped when it runs, not when it was queued** (design §12, issue 36): ``now`` is read
 from the engine's clock as the use case runs in its write transaction, a moment before
 its commit. A write may wait in the queue (a busy writer, a host stopped or starved for
 seconds); stamped when queued, a purge committed 12 s late said it was 12 s old, and the
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 from delegation import errors
 from delegation.clock import Clock
 from delegation.config import EngineConfig
-from delegation.store import Connection
+from delegation.engine.notices import Notices
 from delegation.store.interface import Store
-from delegation.watch import Notices
+from delegation.store.sql import Connection
 
 if TYPE_CHECKING:
-    from delegation.telemetry import Telemetry
+    from delegation.engine.telemetry import Telemetry
 
 log = logging.getLogger("delegation.engine")
 T = TypeVar("T")
@@ -104,7 +104,7 @@ class Runtime:
         ``committed``, ``one_write`` and ``durable``: see ``Store.submit``. While the host
         rejoins (fenced, not yet a new instance) a write is refused with ``HostFenced``
         unless ``while_rejoining`` (the rejoin's own write). Once the database was found
-        replaced (SPEC §18), every write is refused with that error."""
+        replaced (design §18), every write is refused with that error."""
         if self.lost is not None:
             raise type(self.lost)(str(self.lost))
         if self.rejoining and not while_rejoining:
@@ -125,7 +125,7 @@ class Runtime:
     ) -> T | None:
         """A write the engine owes and nobody would retry (a run's end, its admission,
         its process, a steer's delivery): tried again while the database is busy or
-        away (SPEC §19), with pauses from 50 ms doubling to 0.4 s, until it commits (its
+        away (design §19), with pauses from 50 ms doubling to 0.4 s, until it commits (its
         value) or ``given_up()`` (None: the run was stopped with its host, whose next
         boot, or the host that took it over, settles it). Anything else is raised."""
         pause = OWED_PAUSE_S

@@ -16,15 +16,16 @@ import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
-from delegation import authority, errors, machine, maintenance, queries, reservation, service
+from delegation import authority, errors, machine
 from delegation.backlog import UNBOUNDED, Room
 from delegation.engine.local_run import LocalRun, LocalRuns
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.timers import Timers
-from delegation.journal import Journal
-from delegation.protection import Protected
 from delegation.records import ChildRecord, RunnerConnection
 from delegation.runs import ChildContext, NotResumable, Recovery, Runner, truncate
+from delegation.usecases import maintenance, queries, reservation, service
+from delegation.usecases.journal import Journal
+from delegation.usecases.protection import Protected
 from delegation.wire import Params, Result
 
 # The error of a child cancelled for running past EngineConfig.max_run_s.
@@ -75,7 +76,7 @@ class Supervisor:
         """Reserve the child; its commit spawns the run; answer once it is admitted.
 
         The reservation is nobody's answer yet: the admission commit that answers the
-        caller syncs it to disk too (SPEC §4: committed before ``prepare``). A caller
+        caller syncs it to disk too (design §4: committed before ``prepare``). A caller
         that goes away must not strand a committed reservation unrun: the commit itself
         spawns the run, and the caller only waits for it. Without a leaseId its one
         write is the reservation's INSERT, after every check.
@@ -319,7 +320,7 @@ class Supervisor:
         (a resumed one counts from its first admission), as the host's own cancel would."""
         rt = self._rt
         now = rt.clock.now()
-        admitted = child.admitted_at  # NaN: stored unreadable (see store.stored_time)
+        admitted = child.admitted_at  # NaN: stored unreadable (see store.sql.stored_time)
         since = admitted if resumed and admitted is not None and math.isfinite(admitted) else now
         await asyncio.sleep(max(0.0, since + limit - now))
         use = Use(service.cancel_exact, child.conversation_id, child.run_id, DEADLINE_EXCEEDED)

@@ -1,14 +1,15 @@
-"""What the timers wake (:mod:`delegation.engine.timers`): lease expiry (SPEC §7) and the
-retention sweep. A database busy or away puts either off, never drops it (SPEC §19)."""
+"""What the timers wake (:mod:`delegation.engine.timers`): lease expiry (design §7) and the
+retention sweep. A database busy or away puts either off, never drops it (design §19)."""
 
 from __future__ import annotations
 
 import logging
 
-from delegation import errors, maintenance
+from delegation import errors
 from delegation.engine.runtime import OWED_PAUSE_MAX_S, Runtime, Use
 from delegation.engine.supervisor import Supervisor
 from delegation.engine.timers import Timers
+from delegation.usecases import maintenance
 
 log = logging.getLogger("delegation.engine")
 
@@ -34,7 +35,7 @@ class Upkeep:
 
     async def expire_on_time(self) -> None:
         """The lease timer: a database busy or away puts the expiry off, never drops it
-        (the one-shot timer is armed again; SPEC §19)."""
+        (the one-shot timer is armed again; design §19)."""
         try:
             await self.expire_due()
         except (errors.DatabaseBusy, errors.StoreUnavailable) as exc:

@@ -3,6 +3,20 @@
 ``scripted`` is a deterministic demo agent; ``command`` runs each profile as a
 subprocess. Any other ``module:attr`` names an object with ``prepare`` or a
 zero-argument factory of one.
+
+* :mod:`~delegation.runners.scripted` - the demo's agent;
+* :mod:`~delegation.runners.pydantic_ai` - a pydantic-ai ``Agent`` per preset (its extra),
+  and :mod:`~delegation.runners.pydantic_ai_demo`, the demo's agent of it;
+* :mod:`~delegation.runners.command` - a subprocess per child, speaking in lines:
+  :mod:`~delegation.runners.command_config` (its settings, checked once),
+  :mod:`~delegation.runners.command_process` (the process: spawn, converse, stop);
+* its containment, decided on the host's side: :mod:`~delegation.runners.containment`
+  (the launcher's spec), :mod:`~delegation.runners.child_view` (what a child may read,
+  and how a root host's child user reaches it), :mod:`~delegation.runners.seccomp_filter`
+  (its system call filter), :mod:`~delegation.runners.limits` (its processes and
+  memory), :mod:`~delegation.runners.tmpdirs` (its private temp dir); and carried out in
+  the child by :mod:`~delegation.runners.child_launcher`;
+* :mod:`~delegation.runners.check` - ``delegation containment``: what a child gets here.
 """
 
 from __future__ import annotations

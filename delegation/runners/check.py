@@ -1,5 +1,5 @@
 """``delegation containment``: what a command child gets on this machine, as one child
-sees it (SPEC §17).
+sees it (design §17).
 
 It starts a real child through the same launcher and confinement a command runner
 uses (with a runner TOML's settings, if given) in a scratch workspace, and the child

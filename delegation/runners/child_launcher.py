@@ -1,4 +1,4 @@
-"""The launcher every command child starts through (SPEC §10, §17, §23); it then becomes
+"""The launcher every command child starts through (design §10, §17, §23); it then becomes
 the child.
 
     python -I -S child_launcher.py SPEC_JSON PROGRAM [ARG ...]

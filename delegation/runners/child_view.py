@@ -1,4 +1,4 @@
-"""What a command child may see of the host's files (SPEC §17, §23), worked out on the
+"""What a command child may see of the host's files (design §17, §23), worked out on the
 host's side for the launcher to carry out (:mod:`delegation.runners.child_launcher`).
 
 * :func:`read_rules`: the Landlock rules for reading beneath the ``read_only`` roots

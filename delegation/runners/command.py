@@ -11,7 +11,7 @@ Every run guarantees:
   on a resume, ``DELEGATION_RECOVERY_ATTEMPT`` and ``DELEGATION_LAST_SEQUENCE``.
 * **stdin** gets the message, then each steer as one line (its line breaks become
   spaces); it stays open until stdout ends. A resumed child gets the steers earlier
-  attempts were handed first, in order, right after the message (SPEC §11's
+  attempts were handed first, in order, right after the message (design §11's
   ``Recovery.delivered_steers``): it keeps the heading it was steered to. A profile
   with ``close_stdin`` gets the message and then the end of stdin: its steers stay
   queued, never written (logged ``steers_not_delivered`` when the run ends).
@@ -25,15 +25,15 @@ Every run guarantees:
 * **Cancellation** sends SIGTERM to the group, SIGKILL after ``grace_s``, and
   re-raises once the process is reaped.
 
-* **Containment** (SPEC §10, :mod:`delegation.runners.containment`): the host is made
+* **Containment** (design §10, :mod:`delegation.runners.containment`): the host is made
   non-dumpable; the command starts through a launcher that ties it to the host's life,
   checks its working directory after the ``chdir``, confines it with Landlock (its cwd
   and a private ``TMPDIR`` read-write, ``read_only`` directories read-only) and refuses
   it Unix sockets; its pid is recorded durably before its program runs. A confinement
   that would reach the database's directory, or let it write the host's own code or
-  this runner's TOML (``ctx.protected``, SPEC §17), is refused before anything starts.
+  this runner's TOML (``ctx.protected``, design §17), is refused before anything starts.
   The private ``TMPDIR`` is removed when the run ends; one a killed host left is removed
-  at the next boot (:mod:`delegation.tmpdirs`).
+  at the next boot (:mod:`delegation.runners.tmpdirs`).
 
 A resume after a host restart runs the command again from the start, with its message,
 the steers it had been given and ``DELEGATION_RECOVERY_ATTEMPT`` and
@@ -56,9 +56,7 @@ from types import MappingProxyType
 from typing import Any
 
 from delegation import os_processes as processes
-from delegation import tmpdirs
-from delegation.protection import Protected, host_code, host_imports
-from delegation.runners import limits
+from delegation.runners import limits, tmpdirs
 from delegation.runners.command_config import (
     DATABASE_CREDENTIALS,
     PLACEHOLDERS,
@@ -95,6 +93,7 @@ from delegation.runners.containment import (
 )
 from delegation.runners.limits import ChildLimits
 from delegation.runs import ChildContext, Recovery
+from delegation.usecases.protection import Protected, host_code, host_imports
 from delegation.wire import Identity, Preset, Request
 
 __all__ = [

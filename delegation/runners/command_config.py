@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PLACEHOLDERS = frozenset({"message", "profile", "conversation_id", "run_id", "cwd"})
-# Where the host's database URL or its password may be: never a child's (SPEC §17).
+# Where the host's database URL or its password may be: never a child's (design §17).
 DATABASE_CREDENTIALS = frozenset(
     {
         "DELEGATION_DB",

@@ -1,4 +1,4 @@
-"""How the command runner contains its children (SPEC §10, §17, §23), on the host's side.
+"""How the command runner contains its children (design §10, §17, §23), on the host's side.
 
 What each command child gets is decided here and carried out in the child itself by
 :mod:`delegation.runners.child_launcher`, the launcher it starts through:
@@ -13,8 +13,8 @@ What each command child gets is decided here and carried out in the child itself
   else: not the files of the database's credentials beneath those (carved out,
   :mod:`delegation.runners.child_view`); the directory of the host's database is refused
   as any of these, and the host's own code, the directories it imports from and its
-  configuration (``ctx.protected``, the runner's TOML) as any it may write (SPEC §17,
-  :mod:`delegation.protection`); from ABI 4 on, TCP may connect only to
+  configuration (``ctx.protected``, the runner's TOML) as any it may write (design §17,
+  :mod:`delegation.usecases.protection`); from ABI 4 on, TCP may connect only to
   ``net_connect`` ports and bind none;
 * where namespaces are allowed (as root, or with unprivileged user namespaces), it is
   the first process of its own PID namespace with its own ``/proc``: it sees no other
@@ -45,9 +45,9 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from delegation.protection import NOTHING, Protected
 from delegation.runners import child_launcher, child_view, limits, seccomp_filter
 from delegation.runners.limits import ChildLimits
+from delegation.usecases.protection import NOTHING, Protected
 
 log = logging.getLogger("delegation.runners.command")
 

@@ -1,4 +1,4 @@
-"""How many processes and how much memory a command child may have (SPEC §23).
+"""How many processes and how much memory a command child may have (design §23).
 
 Each child has at most ``max_processes`` processes (default 256) and ``max_memory``
 bytes (2 GiB), set in the runner's TOML. How the kernel holds it depends on the host:
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from delegation import os_processes as processes
-from delegation import tmpdirs
+from delegation.runners import tmpdirs
 
 log = logging.getLogger("delegation.runners.command")
 

@@ -1,4 +1,4 @@
-"""The ``pydantic-ai`` runner (SPEC §16): a preset is a pydantic-ai ``Agent``.
+"""The ``pydantic-ai`` runner (design §16): a preset is a pydantic-ai ``Agent``.
 
 ``PydanticAIRunner(agents)`` maps a preset name to an ``Agent`` (or a zero-argument
 factory of one). The host keeps its models and credentials; a request carries neither.
@@ -13,7 +13,7 @@ factory of one). The host keeps its models and credentials; a request carries ne
   (``toolOutput``, ``success``), the final output ``result``.
 * **Steers** reach the agent as user messages at its next model request, through
   pydantic-ai's pending-message queue (``enqueue``). Cancellation stops the run at once.
-* **Durable** (SPEC §15): every model request and every tool call is a ``ctx.step``
+* **Durable** (design §15): every model request and every tool call is a ``ctx.step``
   (``model N``, ``tool CALL-ID``), and so are the steers each request took
   (``steers N``). A resumed child runs its agent again from the start of the execution;
   each finished request and call returns what it returned before, without reaching the
@@ -24,7 +24,7 @@ factory of one). The host keeps its models and credentials; a request carries ne
   the JSON form of what a tool returned, on the first run as on a resumed one.
 
 Hazard: a tool that was running when the host died runs again on the resume (what it
-did outside the database is at-least-once, SPEC §15); make tools idempotent by their
+did outside the database is at-least-once, design §15); make tools idempotent by their
 ``tool_call_id`` where that matters.
 """
 

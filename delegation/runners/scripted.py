@@ -40,7 +40,7 @@ class ScriptedRunner:
 
         async def run(ctx: ChildContext) -> None:
             await ctx.admit()
-            # Each step is journaled (SPEC §15): a resumed run gets the finished ones
+            # Each step is journaled (design §15): a resumed run gets the finished ones
             # back without doing them again, and continues from the first unfinished.
             done = 0 if recovery is None else min(steps, recovery.steps)
             if recovery is not None:

@@ -1,4 +1,4 @@
-"""The seccomp filter of a command child (SPEC §23), assembled on the host's side.
+"""The seccomp filter of a command child (design §23), assembled on the host's side.
 
 **Sockets.** A child may create ``AF_INET``/``AF_INET6`` sockets of TCP (protocol 0 or
 6) or UDP (protocol 0 or 17), and ``AF_UNIX`` pairs (``socketpair``: a program's own

@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import Connection
 
 from delegation import errors
-from delegation.store import dbapi
 from delegation.store.dialect import Dialect
 from delegation.store.events import EventRow, insert_events
 from delegation.store.failures import refused, translate, unavailable
+from delegation.store.sql import dbapi
 
 log = logging.getLogger("delegation.store")
 

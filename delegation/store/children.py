@@ -12,8 +12,8 @@ from sqlalchemy import Connection, select, update
 
 from delegation import errors, machine
 from delegation.machine import State, Trigger
-from delegation.records import ChildRecord, ChildSummary
-from delegation.store import Spelling, chunks, run, spelling_of, stored_times
+from delegation.records import ChildFilter, ChildRecord, ChildSummary
+from delegation.store.sql import Spelling, chunks, run, spelling_of, stored_times
 from delegation.store.tables import children, purged
 
 ACTIVE_STATES = [s.value for s in machine.ACTIVE]
@@ -51,7 +51,7 @@ def _many(
     planned_each_time: bool = False,
 ) -> list[ChildRecord]:
     """``active``: read through the one-active index (``where`` repeats ``ACTIVE_TERM``);
-    ``planned_each_time``: see :func:`delegation.store.run`."""
+    ``planned_each_time``: see :func:`delegation.store.sql.run`."""
     sql = f"{_select_active(spelling_of(conn)) if active else _SELECT} WHERE {where}"
     rows = run(conn, sql, params, planned_each_time=planned_each_time)
     return [from_row(row) for row in rows.fetchall()]
@@ -332,18 +332,12 @@ def pending_first_admissions(conn: Connection, tool_ids: Iterable[str]) -> list[
     return found
 
 
-def listing(
-    conn: Connection,
-    *,
-    state: str | None = None,
-    lease_id: str | None = None,
-    parent_run_id: str | None = None,
-    parent_conversation_id: str | None = None,
-    limit: int = 100,
-) -> list[ChildRecord]:
+def listing(conn: Connection, wanted: ChildFilter) -> list[ChildRecord]:
     """Children newest first, filtered; an unfinished state reads only unfinished rows."""
-    active, where, params = _filtered(state, lease_id, parent_run_id, parent_conversation_id)
-    return _many(conn, where, (*params, limit), active=active, planned_each_time=True)
+    active, where, params = _filtered(
+        wanted.state, wanted.lease_id, wanted.parent_run_id, wanted.parent_conversation_id
+    )
+    return _many(conn, where, (*params, wanted.limit), active=active, planned_each_time=True)
 
 
 def summaries(

@@ -1,5 +1,5 @@
 """Control requests: an operator's cancel or steer, recorded by another process and
-applied by the host that owns the database (SPEC §11)."""
+applied by the host that owns the database (design §11)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
-from delegation.store import run, spelling_of
+from delegation.store.sql import run, spelling_of
 
 _FIELDS = (
     "id, conversation_id, run_id, action, message, request_id, created_at, applied_at, outcome"

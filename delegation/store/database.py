@@ -40,9 +40,7 @@ from typing import TypeVar
 from sqlalchemy import Connection, Engine
 
 from delegation import errors
-from delegation.store import dbapi
 from delegation.store.batch import (
-    Job,
     Outage,
     Pending,
     Queue,
@@ -59,6 +57,7 @@ from delegation.store.dialect import Dialect
 from delegation.store.events import EventRow
 from delegation.store.failures import refused, translate, waiting_briefly
 from delegation.store.reading import Reads, healthy
+from delegation.store.sql import dbapi
 from delegation.store.watch import Watch
 
 log = logging.getLogger("delegation.store")
@@ -292,13 +291,6 @@ class Database:
         future: asyncio.Future[T] = self._loop.create_future()
         self._enqueue(Pending(fn, future, durable, committed, one_write))
         return future
-
-    def write_nowait(self, fn: Job) -> None:
-        """Queue ``fn`` without waiting; a failure is logged, never raised."""
-        try:
-            self._enqueue(Pending(fn, None))
-        except errors.StoreError as exc:
-            log.warning("background write dropped: %s", exc)
 
     async def barrier(self) -> None:
         """Return once everything queued before this call is committed."""

@@ -23,7 +23,7 @@ class Engines(NamedTuple):
 
 
 class Dialect(Protocol):
-    # Several hosts may open the database (SPEC §12): instances, fences, locks.
+    # Several hosts may open the database (design §12): instances, fences, locks.
     shared: bool
     # A lone ``one_write`` job may commit as its statement's own transaction.
     writes_alone: bool

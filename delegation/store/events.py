@@ -7,7 +7,7 @@ from typing import NamedTuple
 from sqlalchemy import Connection
 
 from delegation._struct import I64_MAX
-from delegation.store import run, run_many
+from delegation.store.sql import run, run_many
 
 _INSERT = "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)"
 _OUTPUT = "UPDATE children SET output = ? WHERE id = ?"

@@ -12,8 +12,8 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from delegation import errors
-from delegation.store import dbapi
 from delegation.store.postgres import errors as postgres
+from delegation.store.sql import dbapi
 from delegation.store.sqlite import errors as sqlite
 
 _DRIVERS = (sqlite, postgres)

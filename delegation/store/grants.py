@@ -16,16 +16,9 @@ from sqlalchemy import Connection, func, insert, select, update
 from delegation._struct import I64_MAX
 from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, GrantRecord, LeaseRecord, RunnerRecord
-from delegation.store import (
-    Spelling,
-    chunks,
-    registrations,
-    run,
-    spelling_of,
-    stored_time,
-    stored_times,
-)
 from delegation.store import children as child_rows
+from delegation.store import registrations
+from delegation.store.sql import Spelling, chunks, run, spelling_of, stored_time, stored_times
 from delegation.store.tables import children as children_table
 from delegation.store.tables import grants
 from delegation.wire import Preset
@@ -141,16 +134,32 @@ def _insert_returning(names: tuple[str, ...]) -> str:
 
 
 # A call's runner and the open tool grant it names, in one statement (every child
-# method asks for both, first thing).
-_RUNNER_AND_TOOL = (
-    "SELECT "
-    + ", ".join(
-        [*(f"r.{name}" for name in registrations.FIELDS), *(f"g.{name}" for name in FIELDS)]
+# method asks for both, first thing); more columns after theirs where a hot path reads
+# more in the same statement. Each is built once, here (or once per dialect), by name.
+_RUNNER_COLUMNS = [
+    *(f"r.{name}" for name in registrations.FIELDS),
+    *(f"g.{name}" for name in FIELDS),
+]
+_TOOL_END = len(_RUNNER_COLUMNS)  # where a statement's own columns begin
+
+
+def _runner_and_tool(columns: Sequence[str] = (), join: str = "") -> str:
+    """The runner and its open tool grant, then ``columns`` (from a ``join`` on the
+    children ``c`` after the grant's, if any)."""
+    listed = ", ".join([*_RUNNER_COLUMNS, *columns])
+    return (
+        f"SELECT {listed} FROM runners r LEFT JOIN grants g ON g.run_id = ?"
+        " AND g.tool_call_id = ? AND g.kind = 'tool' AND g.runner_id = r.runner_id"
+        f" AND g.closed_at IS NULL{' ' + join if join else ''} WHERE r.runner_id = ?"
     )
-    + " FROM runners r LEFT JOIN grants g ON g.run_id = ? AND g.tool_call_id = ?"
-    " AND g.kind = 'tool' AND g.runner_id = r.runner_id AND g.closed_at IS NULL"
-    " WHERE r.runner_id = ?"
-)
+
+
+def _named(row: Any, *names: str) -> dict[str, Any]:
+    """A statement's own columns (after the runner's and the grant's) by name."""
+    return dict(zip(names, row[_TOOL_END:], strict=False))
+
+
+_RUNNER_AND_TOOL = _runner_and_tool()
 
 
 def runner_and_tool(
@@ -162,19 +171,8 @@ def runner_and_tool(
     return (None, None) if row is None else _runner_and_tool_of(row, tool_call_id)
 
 
-def _runner_and_tool_with(columns: str, join: str = "") -> str:
-    """:data:`_RUNNER_AND_TOOL` with more ``columns`` (from a ``join`` on children
-    ``c`` after the tool grant's, if any): one statement instead of two on a hot path."""
-    with_columns = _RUNNER_AND_TOOL.replace(" FROM runners r", f", {columns} FROM runners r")
-    if not join:
-        return with_columns
-    return with_columns.replace(" WHERE r.runner_id = ?", f" {join} WHERE r.runner_id = ?")
-
-
-_CHILD_COLUMNS = ", ".join(f"c.{name}" for name in child_rows.FIELDS)
-_RUNNER_TOOL_AND_DEPTH = _runner_and_tool_with(
-    "(SELECT d.depth FROM children d WHERE d.run_id = ?)"
-)
+_CHILD_COLUMNS = [f"c.{name}" for name in child_rows.FIELDS]
+_RUNNER_TOOL_AND_DEPTH = _runner_and_tool(["(SELECT d.depth FROM children d WHERE d.run_id = ?)"])
 
 
 def runner_tool_and_depth(
@@ -186,29 +184,26 @@ def runner_tool_and_depth(
     if row is None:
         return None, None, 0
     runner, tool = _runner_and_tool_of(row, tool_call_id)
-    return runner, tool, int(row[_TOOL_END] or 0)
+    return runner, tool, int(_named(row, "depth")["depth"] or 0)
 
 
 _RUNNER_TOOL_AND_EXECUTIONS = (
-    _runner_and_tool_with(_CHILD_COLUMNS, "LEFT JOIN children c ON c.conversation_id = ?")
+    _runner_and_tool(_CHILD_COLUMNS, "LEFT JOIN children c ON c.conversation_id = ?")
     + " ORDER BY c.id"
 )
 # The child a requestId names is looked up in a subquery, by id, not joined: a join on
 # the tool grant's id (itself outer-joined) plans, on PostgreSQL, as a scan of every
 # child once the statement is prepared on a new database, and stays so as it grows.
-_RUNNER_TOOL_AND_REQUEST = _runner_and_tool_with(
-    "(SELECT COUNT(*) FROM children n WHERE n.grant_id = g.id),"
-    " (SELECT e.id FROM children e WHERE e.grant_id = g.id AND e.request_id = ?)"
-)
+_REQUEST_COLUMNS = [
+    "(SELECT COUNT(*) FROM children n WHERE n.grant_id = g.id)",
+    "(SELECT e.id FROM children e WHERE e.grant_id = g.id AND e.request_id = ?)",
+]
 
 
 def _runner_and_tool_of(row: Any, tool_call_id: str) -> tuple[RunnerRecord, GrantRecord | None]:
     width = len(registrations.FIELDS)
     tool = _record(row[width:_TOOL_END]) if tool_call_id and row[width] is not None else None
     return RunnerRecord(*row[:width]), tool
-
-
-_TOOL_END = len(registrations.FIELDS) + len(FIELDS)  # where the joined columns begin
 
 
 def runner_tool_and_executions(
@@ -223,9 +218,8 @@ def runner_tool_and_executions(
     if not rows:
         return None, None, []
     runner, tool = _runner_and_tool_of(rows[0], tool_call_id)
-    executions = [
-        child_rows.from_row(row[_TOOL_END:]) for row in rows if row[_TOOL_END] is not None
-    ]
+    joined = (row[_TOOL_END:] for row in rows)  # the children's columns, after the grant's
+    executions = [child_rows.from_row(child) for child in joined if child[0] is not None]
     return runner, tool, executions
 
 
@@ -252,14 +246,12 @@ class StartReads:
 
 @cache
 def _start_reads(spelling: Spelling) -> str:
-    """:data:`_RUNNER_TOOL_AND_REQUEST`, with the two rows' versions where the store has
-    them (``Spelling.row_version``: PostgreSQL's; a start then checks them as it inserts)."""
+    """What a start reads (:func:`runner_tool_and_request`), in this store's spelling:
+    with the two rows' versions where it has them (``Spelling.row_version``:
+    PostgreSQL's; a start then checks them as it inserts)."""
     version = spelling.row_version
-    if version is None:
-        return _RUNNER_TOOL_AND_REQUEST
-    return _RUNNER_TOOL_AND_REQUEST.replace(
-        " FROM runners r", f", {version.format(t='r')}, {version.format(t='g')} FROM runners r", 1
-    )
+    versions = [] if version is None else [version.format(t="r"), version.format(t="g")]
+    return _runner_and_tool([*_REQUEST_COLUMNS, *versions])
 
 
 def runner_tool_and_request(
@@ -273,11 +265,13 @@ def runner_tool_and_request(
     if row is None:
         return StartReads(None, None, None, 0, None)
     runner, tool = _runner_and_tool_of(row, tool_call_id)
-    count, existing = int(row[_TOOL_END] or 0), row[_TOOL_END + 1]
+    found = _named(row, "count", "existing", "runner_version", "tool_version")
+    existing = found["existing"]
     child = child_rows.get(conn, existing) if existing is not None else None  # a retry
     seen = None
     if tool is not None and spelling.row_version is not None:
-        seen = SeenTool(runner, tool, (row[_TOOL_END + 2], row[_TOOL_END + 3]))
+        seen = SeenTool(runner, tool, (found["runner_version"], found["tool_version"]))
+    count = int(found["count"] or 0)
     return StartReads(runner, tool, child, count, seen)
 
 
@@ -339,7 +333,7 @@ def count_leases(conn: Connection, runner_id: str) -> int:
 def trim_tombstones(conn: Connection, owners: Iterable[tuple[str, str]], keep: int) -> None:
     """Keep the ``keep`` newest tombstones of each (runner, extension) of ``owners``; drop
     the older ones. Each extension has its own: one extension's releases never drop
-    another's tombstone (SPEC §18).
+    another's tombstone (design §18).
 
     A dropped tombstone no longer fences its leaseId, and the records of children
     that were under it keep their rows (``grant_id`` becomes NULL).

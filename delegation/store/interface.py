@@ -1,4 +1,4 @@
-"""What a store must do for the engine (SPEC §12): the one interface every store keeps.
+"""What a store must do for the engine (design §12): the one interface every store keeps.
 
 The engine reaches its database only through a :class:`Store`; use cases are plain
 functions ``fn(conn) -> T`` that the store runs inside a transaction of its own, using
@@ -43,7 +43,7 @@ The guarantees a store gives, and the engine relies on:
 * **Several hosts** (a ``shared`` store): each host instance holds a lock of its own
   that the server frees when the host's process ends, and heartbeats; a batch commits
   only while its instance has not been taken over (the fence, see ``claim``).
-* **Lost.** A SQLite file replaced while in use (a restore renamed over it, SPEC §18)
+* **Lost.** A SQLite file replaced while in use (a restore renamed over it, design §18)
   is noticed before each commit and by ``held``: from then on every batch is refused
   with ``DatabaseReplaced`` (its events dropped), and ``on_lost``, if set, is called
   once on the loop's thread, before the refused jobs' callers hear of it.
@@ -116,8 +116,6 @@ class Store(Protocol):
     ) -> asyncio.Future[T]: ...
 
     async def write(self, fn: Callable[[Connection], T]) -> T: ...
-
-    def write_nowait(self, fn: Callable[[Connection], Any]) -> None: ...
 
     async def barrier(self) -> None: ...
 

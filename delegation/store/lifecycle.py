@@ -1,5 +1,5 @@
 """The set-based SQL of the engine's own use cases: boot reconciliation, lease expiry
-and retention (SPEC §7). :mod:`delegation.maintenance` orders them; each statement
+and retention (design §7). :mod:`delegation.usecases.maintenance` orders them; each statement
 acts on every row it concerns at once, so a boot stays fast with thousands of children.
 """
 
@@ -14,25 +14,27 @@ from sqlalchemy import Connection, TextClause, text
 from delegation import errors
 from delegation.machine import Outcome, State, Trigger, sources, target
 from delegation.records import Resumable
-from delegation.store import Spelling, children, chunks, events, spelling_of
+from delegation.store import children, events
 from delegation.store.children import ACTIVE_TERM
+from delegation.store.sql import Spelling, chunks, spelling_of
 
 _encoder = msgspec.json.Encoder()
 
 
-# Where a statement reads the unfinished children through ix_children_one_active: each
-# store's ``Spelling.active`` in its place (see ``_q``).
+# Where a statement reads the unfinished children through ix_children_one_active: a
+# named field each store's ``Spelling.active`` fills (see ``_q``).
 ACTIVE = "{active}"
 
 
 def _q(conn: Connection, sql: str) -> TextClause:
-    """``sql``, reading the unfinished children as ``conn``'s store spells it."""
+    """``sql``, reading the unfinished children as ``conn``'s store spells it: compiled
+    once per store and statement."""
     return _statement(spelling_of(conn), sql)
 
 
 @cache
 def _statement(spelling: Spelling, sql: str) -> TextClause:
-    return text(sql.replace(ACTIVE, spelling.active))
+    return text(sql.format(active=spelling.active))
 
 
 def _recovery_event(sequence: int, message: str) -> bytes:
@@ -60,7 +62,7 @@ TAKEOVER_LOCK = 0x64656C6567617466  # PostgreSQL advisory lock key ("delegatf")
 INSTANCE_LOCKS = 0x6465  # a host instance's own lock: (INSTANCE_LOCKS, hashtext(its id))
 # The children a takeover acts on: owned by no instance, or by one that was taken over
 # (by this host now, or by any earlier: what a fenced host wrote after its takeover is
-# picked up by the next). A live host's children are never among them (SPEC §12).
+# picked up by the next). A live host's children are never among them (design §12).
 _BUSY_RETRY_S = 1.0  # another host holds the expiry: look again this much later
 LOST = (
     "(engine_instance_id IS NULL OR engine_instance_id IN"

@@ -14,7 +14,7 @@ from typing import Literal
 
 from sqlalchemy import Connection
 
-from delegation.store import run, spelling_of
+from delegation.store.sql import run, spelling_of
 
 Kind = Literal["conversation", "run", "parent_run", "lease", "runner"]
 

@@ -1,11 +1,11 @@
-"""The recorded operating-system processes of child runs (SPEC §10)."""
+"""The recorded operating-system processes of child runs (design §10)."""
 
 from __future__ import annotations
 
 from sqlalchemy import Connection
 
 from delegation.os_processes import ProcessId
-from delegation.store import run
+from delegation.store.sql import run
 
 
 def record(conn: Connection, child_id: int, process: ProcessId, now: float) -> None:

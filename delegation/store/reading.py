@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine
 
 from delegation import errors
-from delegation.store import dbapi
 from delegation.store.failures import translated
+from delegation.store.sql import dbapi
 
 log = logging.getLogger("delegation.store")
 

@@ -9,7 +9,7 @@ import secrets
 from sqlalchemy import Connection, insert, select, update
 
 from delegation.records import RunnerConnection, RunnerRecord
-from delegation.store import run
+from delegation.store.sql import run
 from delegation.store.tables import connections, engine_instances, runners
 
 

@@ -1,10 +1,10 @@
 """What a store's aggregates ask of its dialect's SQL (children, grants, lifecycle …):
 the few fragments and statements SQLite and PostgreSQL spell differently. Each
 dialect holds its own (``sqlite/spelling.py``, ``postgres/spelling.py``); an aggregate
-gets its connection's with :func:`delegation.store.spelling_of` and never asks which
+gets its connection's with :func:`delegation.store.sql.spelling_of` and never asks which
 store it is on.
 
-The store's plain SQL (:func:`delegation.store.run`) marks parameters with ``?``, the
+The store's plain SQL (:func:`delegation.store.sql.run`) marks parameters with ``?``, the
 one marker it has; PostgreSQL's dialect runs a text with psycopg's ``%s`` in its place.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 
 class Cursor(Protocol):
-    """What :func:`delegation.store.run` returns on either store (sqlite3's or psycopg's
+    """What :func:`delegation.store.sql.run` returns on either store (sqlite3's or psycopg's
     cursor)."""
 
     @property
@@ -31,7 +31,7 @@ class Spelling(Protocol):
     # index named where the store would not use it by itself (SQLite), and that hint.
     active: str
     active_index: str
-    # The database's clock, in epoch seconds (heartbeats are the database's, SPEC §12).
+    # The database's clock, in epoch seconds (heartbeats are the database's, design §12).
     clock: str
     # Appended to a SELECT whose rows must stay as read until the transaction ends
     # (PostgreSQL; a SQLite write transaction already excludes every other writer).

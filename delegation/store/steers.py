@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import Connection, func, insert, select, update
 
-from delegation.store import chunks, run
+from delegation.store.sql import chunks, run
 from delegation.store.tables import steers
 
 

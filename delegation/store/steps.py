@@ -1,4 +1,4 @@
-"""The step journal (SPEC §15): each step an execution recorded, by child and name.
+"""The step journal (design §15): each step an execution recorded, by child and name.
 
 The statements are plain SQL both stores spell alike (named parameters, ``ON CONFLICT``
 as SQLite and PostgreSQL both write it).
@@ -10,7 +10,7 @@ from sqlalchemy import Connection, text
 
 from delegation import errors
 from delegation.records import RecordedStep, StepRow
-from delegation.store import stored_time
+from delegation.store.sql import stored_time
 
 _RECORD = text(
     "INSERT INTO steps (child_id, name, ordinal, raw, value, recorded_at)"

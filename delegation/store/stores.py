@@ -1,100 +1,55 @@
-"""Which store a URL names, and what the rest of the package asks of it by URL.
-
-``sqlite:///PATH`` is the SQLite store (:mod:`delegation.store.sqlite`);
-``postgresql+psycopg://…`` (or plain ``postgresql://…``, which means psycopg 3 here)
-is the PostgreSQL one (:mod:`delegation.store.postgres`, extra ``durable-delegation[postgres]``).
-Either is the one writer (:class:`delegation.store.database.Database`) composed with
-that store's dialect.
-Nothing outside ``store/`` looks at a URL's scheme.
-"""
+"""What the rest of the package asks of a store by URL, through its record
+(:mod:`delegation.store.backend`): nothing outside ``store/`` looks at a URL's scheme."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy import Connection, make_url
-from sqlalchemy.exc import ArgumentError
 
-from delegation import dburl
 from delegation.store import migrate
-from delegation.store.database import Database
+from delegation.store.backend import Backend, Reader, as_url, backend_of
 from delegation.store.interface import Store
 from delegation.store.postgres.connect import libpq
-from delegation.store.sqlite import files
-from delegation.store.sqlite.dialect import SqliteDialect
-from delegation.store.sqlite.watch import FileWatch
 from delegation.store.watch import Watch
 
 T = TypeVar("T")
 
 
-class Reader(Protocol):
-    def read(self, fn: Callable[[Connection], T]) -> T: ...
-
-    def close(self) -> None: ...
+def _found(url: str) -> tuple[Backend, str]:
+    url = as_url(url)
+    backend = backend_of(url)
+    return backend, backend.normalize(url)
 
 
 def normalize(url: str) -> str:
-    """``url`` with its driver made explicit, and several PostgreSQL hosts named in one
-    spelling, ``?host=h1,h2&port=p1,p2`` (see :mod:`delegation.dburl`): what SQLAlchemy's
-    engines and :func:`libpq` read alike. A URL of neither store is refused.
+    """``url`` as every connection of its store reads it (a plain path: the SQLite URL
+    of that file).
 
     Raises:
-        ValueError: not a SQLite file URL nor a PostgreSQL one, or a PostgreSQL URL that
-            cannot be read (one line saying why).
+        ValueError: not a SQLite file nor a PostgreSQL URL, or one that cannot be read
+            (one line saying why).
     """
-    try:
-        parsed = make_url(dburl.one_spelling(url))
-    except ArgumentError:
-        parsed = None
-    if parsed is not None and parsed.get_backend_name() == "postgresql":
-        if parsed.drivername == "postgresql":  # SQLAlchemy's default would be psycopg2
-            parsed = parsed.set(drivername="postgresql+psycopg")
-        if parsed.drivername != "postgresql+psycopg":
-            raise ValueError(
-                "delegation talks to PostgreSQL through psycopg 3: postgresql+psycopg://…"
-            )
-        _need_psycopg()
-        return parsed.render_as_string(hide_password=False)
-    files.sqlite_path(url)  # raises ValueError for anything else
-    return url
+    return _found(url)[1]
 
 
-def is_postgres(url: str) -> bool:
-    return make_url(url).get_backend_name() == "postgresql"
-
-
-def _need_psycopg() -> None:
-    try:
-        import psycopg  # noqa: F401
-    except ImportError as exc:
-        raise ValueError(
-            "PostgreSQL needs psycopg 3: pip install 'durable-delegation[postgres]'"
-        ) from exc
+def store_name(url: str) -> str:
+    """``sqlite`` or ``postgresql``: the store ``url`` names."""
+    return _found(url)[0].name
 
 
 def open_store(url: str, *, synchronous: str, busy_timeout_ms: int) -> Store:
     """The store for ``url``, not opened yet (see :class:`Store`)."""
-    url = normalize(url)
-    if is_postgres(url):
-        from delegation.store.postgres.dialect import PostgresDialect
-
-        return Database(
-            url, PostgresDialect(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
-        )
-    dialect = SqliteDialect(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
-    return Database(url, dialect)
+    backend, url = _found(url)
+    return backend.open(url, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms)
 
 
 def open_watch(url: str, interval: float) -> Watch:
     """Notices of commits other processes make to the database at ``url``."""
-    url = normalize(url)
-    if is_postgres(url):
-        from delegation.store.postgres.watch import PostgresWatch
-
-        return PostgresWatch(url, interval)
-    return FileWatch(files.sqlite_path(url), interval)
+    backend, url = _found(url)
+    return backend.watch(url, interval)
 
 
 def reader(url: str) -> Reader:
@@ -103,12 +58,8 @@ def reader(url: str) -> Reader:
     Raises:
         errors.StoreError: no database there (SQLite: no file), or it cannot be reached.
     """
-    url = normalize(url)
-    if is_postgres(url):
-        from delegation.store.postgres.admin import PostgresReadOnly
-
-        return PostgresReadOnly(url)
-    return files.ReadOnly(url)
+    backend, url = _found(url)
+    return backend.reader(url)
 
 
 def read_once(url: str, fn: Callable[[Connection], T]) -> T:
@@ -120,14 +71,10 @@ def read_once(url: str, fn: Callable[[Connection], T]) -> T:
 
 
 def write_once(url: str, fn: Callable[[Connection], T], *, busy_timeout_ms: int = 5000) -> T:
-    """One short write transaction beside a live host (``sqlite.files.write_once``); on
-    PostgreSQL the host is told at once (``NOTIFY``)."""
-    url = normalize(url)
-    if is_postgres(url):
-        from delegation.store.postgres import admin
-
-        return admin.write_once(url, fn, busy_timeout_ms=busy_timeout_ms)
-    return files.write_once(url, fn, busy_timeout_ms=busy_timeout_ms)
+    """One short write transaction beside a live host (SQLite: beside its lock; on
+    PostgreSQL the host is told at once, ``NOTIFY``)."""
+    backend, url = _found(url)
+    return backend.write_once(url, fn, busy_timeout_ms=busy_timeout_ms)
 
 
 def upgrade(
@@ -135,15 +82,8 @@ def upgrade(
 ) -> tuple[str | None, str | None]:
     """The schema revision before and after an optional upgrade to head (``on_step``:
     told of each revision applied)."""
-    url = normalize(url)
-    if is_postgres(url):
-        from delegation.store.postgres import admin
-
-        if not apply:
-            current = admin.revision(url)
-            return current, current
-        return admin.upgrade(url, on_step=on_step)
-    return files.upgrade_file(url, apply=apply, on_step=on_step)
+    backend, url = _found(url)
+    return backend.upgrade(url, apply=apply, on_step=on_step)
 
 
 def with_database(url: str, name: str) -> str:
@@ -151,22 +91,22 @@ def with_database(url: str, name: str) -> str:
     return make_url(url).set(database=name).render_as_string(hide_password=False)
 
 
-def file_of(url: str) -> Any:
+def file_of(url: str) -> Path | None:
     """The SQLite file behind ``url``; None for a store without one."""
-    url = normalize(url)
-    return None if is_postgres(url) else files.sqlite_path(url)
+    backend, url = _found(url)
+    return backend.file_of(url)
 
 
 __all__ = [
     "Reader",
     "file_of",
-    "is_postgres",
     "libpq",
     "normalize",
     "open_store",
     "open_watch",
     "read_once",
     "reader",
+    "store_name",
     "upgrade",
     "write_once",
 ]

@@ -43,7 +43,7 @@ BIG: TypeEngine[int] = Integer().with_variant(BigInteger(), "postgresql")
 
 STATES = "('prepared', 'admitted', 'running', 'done', 'cancelled')"
 
-# The engine instances (one per host's life, SPEC §12); a runner's own host is
+# The engine instances (one per host's life, design §12); a runner's own host is
 # ``host_instance_id`` elsewhere. Its constraints keep the names they were given while
 # the table was ``engine_instances`` (revision 0010): renaming them on SQLite means
 # rebuilding children, grants and connections, whose rows cascade.
@@ -53,7 +53,7 @@ engine_instances = Table(
     Column("id", Text),
     Column("started_at", TIME, nullable=False),
     Column("closed_at", TIME),
-    # The database's clock at the instance's last heartbeat (several hosts, SPEC §12).
+    # The database's clock at the instance's last heartbeat (several hosts, design §12).
     Column("heartbeat_at", TIME),
     # The live instance that took this one's work over once it was dead or closed.
     Column("taken_by", Text),
@@ -143,7 +143,7 @@ Index(
 )
 Index("ix_grants_tool_call", grants.c.run_id, grants.c.tool_call_id)
 # Tombstones (revoked leases) by owner, newest last: each (runner, extension) keeps its
-# newest few, and trimming reads only that owner's (SPEC §18; revision 0013).
+# newest few, and trimming reads only that owner's (design §18; revision 0013).
 Index(
     "ix_grants_tombstones",
     grants.c.runner_id,
@@ -187,12 +187,12 @@ children = Table(
     Column("admitted_at", TIME),
     Column("finished_at", TIME),
     # The live tool grant that authorized the start: a first admission under a lease
-    # cannot outlive it (SPEC §3.5).
+    # cannot outlive it (design §3.5).
     Column("origin_grant_id", Text),
     # The W3C traceparent of the start that reserved it: every attempt to execute it
     # is a span of that trace, after a restart too (OpenTelemetry; NULL: none).
     Column("trace_context", Text),
-    # The effective options at its start (SPEC §14), as the codec wrote them; NULL: a
+    # The effective options at its start (design §14), as the codec wrote them; NULL: a
     # child reserved before revision 0011.
     Column("options", LargeBinary),
     CheckConstraint(f"state IN {STATES}", name="state"),
@@ -216,7 +216,7 @@ children = Table(
 )
 Index("ix_children_grant_request", children.c.grant_id, children.c.request_id, unique=True)
 Index("ix_children_conversation", children.c.conversation_id)
-# At most one unfinished execution per conversation (SPEC §3.6), enforced by SQLite.
+# At most one unfinished execution per conversation (design §3.6), enforced by SQLite.
 Index(
     "ix_children_one_active",
     children.c.conversation_id,
@@ -249,7 +249,7 @@ events = Table(
     sqlite_with_rowid=False,
 )
 
-# The step journal (SPEC §15): what a child's execution did, each step at most once.
+# The step journal (design §15): what a child's execution did, each step at most once.
 # ``value`` is the step's result as the codec wrote it (JSON), or the bytes a step
 # returned (``raw`` = 1); ``ordinal`` counts an execution's steps from 1.
 steps = Table(
@@ -284,7 +284,7 @@ steers = Table(
 Index("ix_steers_child_request", steers.c.child_id, steers.c.request_id, unique=True)
 
 # The operating-system process a child's run started (the command runner records it),
-# so that a boot after a crash kills any still alive before resuming (SPEC §10).
+# so that a boot after a crash kills any still alive before resuming (design §10).
 processes = Table(
     "processes",
     metadata,
@@ -297,7 +297,7 @@ processes = Table(
 )
 
 # An operator's cancel or steer from another process (``delegation cancel``): the host
-# that owns the file applies it within a second, or the next one at boot (SPEC §11).
+# that owns the file applies it within a second, or the next one at boot (design §11).
 controls = Table(
     "controls",
     metadata,

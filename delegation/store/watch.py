@@ -1,9 +1,9 @@
-"""Notices of commits by other connections, other processes too (SPEC §11): the waiting
+"""Notices of commits by other connections, other processes too (design §11): the waiting
 every store's watch shares. Each dialect answers :meth:`Watch.ask` its own way
 (SQLite: :class:`delegation.store.sqlite.watch.FileWatch`; PostgreSQL:
 :class:`delegation.store.postgres.watch.PostgresWatch`).
 
-Nothing a watch meets stops the loops that wait on it (SPEC §18): a question that fails
+Nothing a watch meets stops the loops that wait on it (design §18): a question that fails
 is logged once (until one succeeds again) and answered "something may have moved" once
 every ``GUESS_S`` seconds meanwhile, so the watcher reads its tables (which say what is
 true) as a slow poll would.

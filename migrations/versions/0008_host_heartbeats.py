@@ -1,4 +1,4 @@
-"""host heartbeats: several hosts on one PostgreSQL database (SPEC §12)
+"""host heartbeats: several hosts on one PostgreSQL database (design §12)
 
 A host instance writes ``heartbeat_at`` (the database's clock) every few seconds; one
 whose heartbeat is too old is taken over by a live host, which records itself in

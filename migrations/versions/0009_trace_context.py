@@ -1,4 +1,4 @@
-"""a child keeps the trace context it was started in (OpenTelemetry, SPEC §13)
+"""a child keeps the trace context it was started in (OpenTelemetry, design §13)
 
 ``trace_context`` is the W3C ``traceparent`` of the ``child.start`` call that reserved
 the child, so that every attempt to execute it, after a restart in another process

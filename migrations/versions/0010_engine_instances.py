@@ -1,6 +1,6 @@
 """engine instances: ``host_instances`` is renamed ``engine_instances``
 
-The table holds the engine's own instances (one per host's life, SPEC §12), whose ids
+The table holds the engine's own instances (one per host's life, design §12), whose ids
 rows name in ``engine_instance_id``; ``host_instance_id`` is a runner's host. Only the
 table's name changes: its rows stay, and the references to it follow the rename on
 both dialects (PostgreSQL's by the table itself, SQLite's rewritten by its RENAME).

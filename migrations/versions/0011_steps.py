@@ -1,4 +1,4 @@
-"""a step journal, and each execution's options as at its start (SPEC §14, §15)
+"""a step journal, and each execution's options as at its start (design §14, §15)
 
 ``steps``: one row per step an execution recorded, keyed by the child (the execution)
 and the step's name; purged with its child (ON DELETE CASCADE).

@@ -1,4 +1,4 @@
-"""a child's end is announced, whoever writes it (SPEC §18), on PostgreSQL
+"""a child's end is announced, whoever writes it (design §18), on PostgreSQL
 
 A trigger sends ``NOTIFY delegation, '<child id>'`` whenever a child's state becomes
 terminal (``done``, ``cancelled``), delivered when that transaction commits: a host's

@@ -1,6 +1,6 @@
 """tombstones per extension: an index of each (runner, extension)'s revoked leases
 
-A runner keeps the newest tombstones of each of its extensions (SPEC §18), no longer of
+A runner keeps the newest tombstones of each of its extensions (design §18), no longer of
 the runner as a whole, so that one extension's releases never drop another's. Trimming
 them after a release reads only that extension's, through this index. No row changes.
 

@@ -9,10 +9,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 
-from delegation import errors, passwords
-from delegation.store import dbapi
+from delegation import errors
+from delegation.store import passwords
 from delegation.store.failures import unavailable
 from delegation.store.lifecycle import INSTANCE_LOCKS
+from delegation.store.sql import dbapi
 
 log = logging.getLogger("delegation.store")
 
@@ -119,7 +120,7 @@ def _read_only_transactions(dbapi_connection: Any, _record: Any = None) -> None:
 
 
 def connect_error(url: str, exc: BaseException) -> errors.DelegationError:
-    """An outage is the retryable refusal (SPEC §19; its cause says what libpq said);
+    """An outage is the retryable refusal (design §19; its cause says what libpq said);
     a server that refuses who connects is a StoreError naming the database."""
     if unavailable(exc):
         return errors.StoreUnavailable()

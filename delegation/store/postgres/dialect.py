@@ -1,4 +1,4 @@
-"""The engine's store on PostgreSQL (SPEC §12), through psycopg 3.
+"""The engine's store on PostgreSQL (design §12), through psycopg 3.
 
 The dialect the store's writer (:class:`delegation.store.database.Database`) is composed
 with on PostgreSQL: the writer is the same on both stores (one write connection that
@@ -21,7 +21,7 @@ this dialect holds is only what PostgreSQL does differently:
   (``lock_timeout``), then fails with :class:`errors.DatabaseBusy`, as on SQLite.
 * **Durability.** Every batch commits with the server's ``synchronous_commit`` (on by
   default): an answer is given only after the commit is flushed to the server's WAL.
-* **Ownership.** One live host per database (SPEC §9): the host holds a session-level
+* **Ownership.** One live host per database (design §9): the host holds a session-level
   advisory lock on a connection of its own for its whole life. The server releases it
   when that connection ends -- the host's process dying in any way included -- so a new
   host opens at once after a crash. Migrations run under a transaction-level advisory
@@ -48,7 +48,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from delegation import credentials, errors
+from delegation import errors
+from delegation.store import credentials
 from delegation.store.dialect import Engines
 from delegation.store.failures import translate, unavailable
 from delegation.store.lifecycle import INSTANCE_LOCKS
@@ -73,7 +74,7 @@ _INSTANCE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")  # the ids a host gives its
 
 
 class PostgresDialect:
-    shared = True  # several hosts may open this database (SPEC §12)
+    shared = True  # several hosts may open this database (design §12)
     writes_alone = True  # autocommit saves BEGIN's and COMMIT's round trips
     starts_as_seen = True  # row versions (xmin, ctid) tell a changed row
 
@@ -86,7 +87,7 @@ class PostgresDialect:
 
     def open(self) -> Engines:
         """Migrate the database to head (never two hosts at once) and make the engines.
-        Other hosts may share the database (SPEC §12); ``claim`` names this one.
+        Other hosts may share the database (design §12); ``claim`` names this one.
 
         Raises:
             errors.SchemaMismatch: the database is not ours to migrate.
@@ -309,5 +310,5 @@ class PostgresDialect:
 
     def secret_paths(self) -> list[str]:
         """libpq's files of credentials the host may use, named in its URL, its
-        environment or by default (SPEC §23, :mod:`delegation.credentials`)."""
+        environment or by default (design §23, :mod:`delegation.store.credentials`)."""
         return credentials.files(self.url)

@@ -84,7 +84,7 @@ class PostgresSpelling:
     @staticmethod
     def run(raw: Any, sql: str, params: Sequence[Any], planned_each_time: bool) -> Any:
         # ``planned_each_time``: planned anew on every run, never from a plan kept since
-        # the connection prepared it (see ``delegation.store.run``).
+        # the connection prepared it (see ``delegation.store.sql.run``).
         if planned_each_time:
             return raw.execute(_text(sql), params, prepare=False)
         return raw.execute(_text(sql), params)

@@ -1,7 +1,7 @@
 """PostgreSQL's watch: ``LISTEN delegation``, with a slow poll as a fallback.
 
 Any login that may connect can ``NOTIFY delegation`` with any payload (it needs no
-privilege), so a payload is read strictly (SPEC §18): ``c`` (a control request or a
+privilege), so a payload is read strictly (design §18): ``c`` (a control request or a
 steer), empty (anything may have moved), or child ids, each 1 to 19 ASCII digits,
 separated by commas. Anything else counts as "anything may have moved", and is logged
 once per watch (``watch_bad_notice``), however many come.

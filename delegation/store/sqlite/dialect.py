@@ -1,6 +1,6 @@
 """The SQLite dialect of the store's writer (:class:`delegation.store.database.Database`).
 
-One host per file, held by the file's lock (SPEC §9): nothing is shared, fenced or
+One host per file, held by the file's lock (design §9): nothing is shared, fenced or
 claimed. SQLite has a single writer, so the engine does not fight for the lock: the
 write connection's busy handler is off (an inline commit on the loop's thread never
 waits), and the writer thread waits for the lock itself, up to ``busy_timeout``, with
@@ -12,7 +12,7 @@ synced commit always follows before anyone is -- which commits at ``NORMAL``: it
 survives a crash of the process, and only a power loss before the next synced commit
 could undo it.
 
-A replaced file (SPEC §18): the host's lock and connections hold the file it opened,
+A replaced file (design §18): the host's lock and connections hold the file it opened,
 not its path. A file renamed over the path while the host runs (a backup restored)
 is noticed by :meth:`SqliteDialect.verify` -- one ``stat`` of the path before each
 commit, and at the engine's periodic check -- and from then on every batch is refused
@@ -26,8 +26,9 @@ import time
 from typing import Any
 
 from delegation import errors
-from delegation.store import dbapi, migrate
+from delegation.store import migrate
 from delegation.store.dialect import Engines
+from delegation.store.sql import dbapi
 from delegation.store.sqlite.errors import is_busy
 from delegation.store.sqlite.files import check_file, make_engine, sqlite_path
 from delegation.store.sqlite.hostlock import HostLock

@@ -13,16 +13,15 @@ from urllib.parse import parse_qs
 from sqlalchemy import Connection, Engine, create_engine, event
 
 from delegation import errors
-from delegation.store import dbapi, migrate
+from delegation.store import migrate
+from delegation.store.backend import ACCEPTED_URLS
 from delegation.store.failures import translate, translated
+from delegation.store.sql import dbapi
 from delegation.store.sqlite.hostlock import HostLock
 
 T = TypeVar("T")
 
 # What --db and Engine(url) accept, said whenever a URL is neither.
-ACCEPTED_URLS = (
-    "a SQLite file (a path, or sqlite:///PATH) or a PostgreSQL URL (postgresql://USER@HOST/DB)"
-)
 
 
 def sqlite_path(url: str) -> Path:
@@ -83,6 +82,9 @@ class ReadOnly:
         path = sqlite_path(url)
         if not path.is_file():
             raise errors.StoreError(f"no delegation database at {path}")
+        if not immutable and not Path(f"{path}-wal").exists():
+            # A WAL reader would leave a -wal and -shm beside a file it then refuses.
+            ReadOnly.read_once(url, migrate.check, immutable=True)
         # immutable: read the file alone, creating no -wal nor -shm (see check_file).
         options = "mode=ro&immutable=1" if immutable else "mode=ro"
         self._engine = create_engine(

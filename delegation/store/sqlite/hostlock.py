@@ -1,4 +1,4 @@
-"""One live host per SQLite file (SPEC §9): an exclusive ``flock`` on the database file.
+"""One live host per SQLite file (design §9): an exclusive ``flock`` on the database file.
 
 The lock is held on an open file description of the database file itself for the
 engine's whole life. The kernel releases it when that description is closed, and so

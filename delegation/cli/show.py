@@ -1,0 +1,378 @@
+"""The inspection commands: ``children``, ``show``, ``events``, ``steps`` and ``leases``.
+
+Printing only: every value comes from an :class:`Inspector`, which reads the file
+through SQLite's read-only mode, so these commands are safe beside a running host.
+Tables are for people (they fit the terminal, ``--wide`` for every column: see
+:mod:`delegation.cli.listing`); ``--json`` is for scripts (one document, or JSON Lines for
+``events`` so that ``--follow --json`` streams).
+
+Children write much of what is printed (events, errors, outputs). Nothing of it may
+drive the terminal (:mod:`delegation.cli.terminal`). ``--json`` output is left to JSON's own
+escaping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from delegation.cli.listing import Column, table
+from delegation.cli.terminal import cells, line_console, printable, printable_json, table_console
+from delegation.codec import encode
+from delegation.machine import State
+from delegation.records import ChildRecord, LeaseRecord, StepRow
+from delegation.store import migrate
+from delegation.store.prefixes import Kind
+from delegation.usecases.inspector import MAX_STEPS_LISTED, MIN_PREFIX, AmbiguousId, Inspector
+from delegation.usecases.views import (
+    UNREADABLE,
+    child_json,
+    json_safe,
+    lease_status,
+    step_json,
+    wire_names,
+)
+from delegation.wire import Event
+
+RECENT_EVENTS = 5
+RECENT_STEPS = 10  # the last steps `show` lists; `steps` lists them all
+_FIELDS = ("text", "tool_name", "input", "tool_output", "error")
+# The arguments that name ids, with the kind of id each names: a unique prefix will do.
+ID_ARGUMENTS: dict[str, Kind] = {
+    "child": "conversation",
+    "run": "run",
+    "parent": "parent_run",
+    "lease": "lease",
+    "runner": "runner",
+}
+_NOUNS = {"parent_run": "parent run"}
+
+
+def command(args: argparse.Namespace, url: str) -> int:
+    """Run one inspection command on the database at ``url``; returns the exit code.
+
+    Raises:
+        errors.StoreError: the file is missing or unreadable (the CLI prints it).
+    """
+    commands: dict[str, Callable[[Inspector, argparse.Namespace], int]] = {
+        "children": _children,
+        "show": _show,
+        "events": _events,
+        "steps": _steps,
+        "leases": _leases,
+    }
+    with Inspector(url) as inspector:
+        inspector.check()
+        revision, head = inspector.revision(), migrate.head()
+        if revision != head:
+            found = f"schema {revision}" if revision else "no schema"
+            return _fail(f"{found}, this delegation reads {head}: run `delegation db upgrade`")
+        refusal = resolve_ids(inspector, args)
+        if refusal is not None:
+            return _fail(refusal)
+        return commands[args.command](inspector, args)
+
+
+def resolve_ids(inspector: Inspector, args: argparse.Namespace) -> str | None:
+    """Every id argument made whole (a unique prefix stands for its id); None, or why
+    not: a prefix that more than one id begins with."""
+    for name, kind in ID_ARGUMENTS.items():
+        text = getattr(args, name, None)
+        if text is None:
+            continue
+        try:
+            setattr(args, name, inspector.resolve(kind, text))
+        except AmbiguousId as exc:
+            shown = ", ".join(printable(c) for c in exc.candidates) + (", …" if exc.more else "")
+            noun = _NOUNS.get(kind, kind)
+            return (
+                f"{printable(exc.prefix)} begins more than one {noun} id: {shown}; give more of it"
+            )
+    return None
+
+
+def missing_child(args: argparse.Namespace) -> str:
+    """``no child c-1 run r-2``, and why an id too short to be a prefix found nothing."""
+    given = [args.child] + ([args.run] if args.run else [])
+    said = f"no child {args.child}" + (f" run {args.run}" if args.run else "")
+    if any(len(text) < MIN_PREFIX for text in given):
+        return f"{said} (an id prefix needs at least {MIN_PREFIX} characters)"
+    return said
+
+
+# --- children ------------------------------------------------------------------------
+
+
+def _children(inspector: Inspector, args: argparse.Namespace) -> int:
+    if args.state is not None and args.state not in set(State):
+        return _fail(f"unknown state {args.state!r}; use one of {', '.join(State)}")
+    records = inspector.list_children(
+        state=args.state, lease_id=args.lease, parent_run_id=args.parent, limit=args.limit
+    )
+    if args.json:
+        _print_json([child_json(record) for record in records])
+        return 0
+    console = table_console(wide=args.wide)
+    width = None if args.wide else console.width
+    console.print(table(records, child_columns(time.time()), inspector, width))
+    return 0
+
+
+def child_columns(now: float) -> list[Column[ChildRecord]]:
+    """The columns of ``children``: those at 80 columns, then the rest with ``--wide``."""
+    return [
+        Column("conversation", lambda r: r.conversation_id, kind="conversation"),
+        Column("run", lambda r: r.run_id, kind="run"),
+        Column("state", lambda r: r.state),
+        Column("profile", lambda r: r.profile, most=12),
+        Column("runner", lambda r: r.runner_id, kind="runner", narrow=False),
+        Column("extension", lambda r: r.extension_id, narrow=False),
+        Column("lease", lambda r: r.lease_id or "", kind="lease", narrow=False),
+        Column("parent conversation", lambda r: r.parent_conversation_id, narrow=False),
+        Column("parent run", lambda r: r.parent_run_id, kind="parent_run", narrow=False),
+        Column("created", lambda r: local_time(r.created_at), narrow=False),
+        Column("finished", lambda r: local_time(r.finished_at), narrow=False),
+        Column("age", lambda r: age(now - r.created_at)),
+        Column("error / output", lambda r: shorten(r.error or r.output), fill=True),
+    ]
+
+
+# --- show ----------------------------------------------------------------------------
+
+
+def _show(inspector: Inspector, args: argparse.Namespace) -> int:
+    record = inspector.get_child(args.child, args.run)
+    if record is None:
+        return _missing(args)
+    count, recent = 0, deque[Event](maxlen=RECENT_EVENTS)
+    for event in inspector.all_events(record.conversation_id, record.run_id):
+        count += 1
+        recent.append(event)
+    steps = inspector.steps(record.conversation_id, record.run_id, RECENT_STEPS, latest=True)
+    if args.json:
+        document = child_json(record)
+        document["eventCount"] = count
+        document["recentEvents"] = [json.loads(encode(event)) for event in recent]
+        document["stepCount"] = steps.count
+        document["recentSteps"] = [step_json(step) for step in steps.steps]
+        _print_json(document)
+        return 0
+    grid = Table("field", "value", show_header=False, box=None, pad_edge=False)
+    grid.columns[0].no_wrap = True
+    grid.columns[1].overflow = "fold"  # a long word is folded onto the next line, never cut
+    for key, value in child_json(record).items():
+        if isinstance(value, dict):  # its newlines are layout: escaped line by line
+            grid.add_row(Text(key), Text(printable_json(value)))
+            continue
+        if key.endswith("At"):
+            value = local_time(value)
+        grid.add_row(*cells(key, "" if value is None else str(value)))
+    grid.add_row(*cells("events", str(count)))
+    grid.add_row(*cells("steps", str(steps.count)))
+    console = table_console()
+    console.print(grid)
+    for event in recent:
+        console.print(event_line(event))
+    if steps.steps:
+        console.print(table(steps.steps, step_columns(), inspector, console.width))
+    if steps.more:
+        said = f"{steps.more} earlier: delegation steps {record.conversation_id}"
+        console.print(Text(printable(said), style="dim"))
+    return 0
+
+
+# --- events --------------------------------------------------------------------------
+
+
+def _events(inspector: Inspector, args: argparse.Namespace) -> int:
+    record = inspector.get_child(args.child, args.run)
+    if record is None:
+        return _missing(args)
+    emit = _json_line if args.json else _human_line()
+    if not args.follow:
+        for event in inspector.all_events(record.conversation_id, record.run_id, args.after):
+            emit(event)
+        return 0
+    for event in inspector.follow(record.conversation_id, record.run_id, args.after):
+        emit(event)
+    return ended(inspector.get_child(record.conversation_id, record.run_id), args.json)
+
+
+GONE = "the child is no longer in the database (purged)"
+
+
+def ended(record: ChildRecord | None, as_json: bool) -> int:
+    """How a followed execution ended, as its last line: its final state and error (or
+    that it is gone, exit 1: a follow ends only once its child is terminal or gone)."""
+    if as_json:
+        end: dict[str, Any] = {"state": None, "error": GONE, "output": ""}
+        if record is not None:
+            end = {"state": record.state, "error": record.error, "output": record.output}
+        sys.stdout.write(json.dumps({"end": end}) + "\n")
+        sys.stdout.flush()
+    elif record is None:
+        line_console().print(Text(f"-- gone: {GONE}", style="bold"))
+    else:
+        how = f"{record.state}: {record.error}" if record.error else record.state
+        line_console().print(Text(f"-- {printable(how)}", style="bold"))
+    return 0 if record is not None else 1
+
+
+def event_line(event: Event) -> Text:
+    line = Text(f"{event.sequence:>6} ", style="dim")
+    line.append(f"{printable(event.kind):<12}", style="bold")
+    parts = [printable(getattr(event, name)) for name in _FIELDS if getattr(event, name)]
+    if event.success is not None:
+        parts.append("ok" if event.success else "failed")
+    line.append(" " + " | ".join(parts))
+    return line
+
+
+def _json_line(event: Event) -> None:
+    sys.stdout.write(encode(event).decode() + "\n")
+    sys.stdout.flush()
+
+
+def _human_line() -> Callable[[Event], None]:
+    console = line_console()
+
+    def emit(event: Event) -> None:
+        console.print(event_line(event))
+        console.file.flush()
+
+    return emit
+
+
+# --- steps ---------------------------------------------------------------------------
+
+
+def _steps(inspector: Inspector, args: argparse.Namespace) -> int:
+    found = inspector.steps(args.child, args.run)
+    record = found.child
+    if record is None:
+        return _missing(args)
+    if args.json:
+        document = {
+            "conversationId": record.conversation_id,
+            "runId": record.run_id,
+            "stepCount": found.count,
+            "steps": [step_json(step) for step in found.steps],
+        }
+        _print_json(document)
+        return 0
+    if not found.steps:
+        said = f"no steps recorded by child {record.conversation_id} run {record.run_id}"
+        line_console().print(Text(printable(said)))
+        return 0
+    console = table_console(wide=args.wide)
+    console.print(
+        table(found.steps, step_columns(), inspector, None if args.wide else console.width)
+    )
+    if found.more:  # only past a host's max_steps above the default
+        said = f"{found.more} more not listed (a listing stops at {MAX_STEPS_LISTED})"
+        console.print(Text(said, style="dim"))
+    return 0
+
+
+def step_columns() -> list[Column[StepRow]]:
+    """The columns of ``steps``: the name takes what the line has left (cut with ``…``
+    unless ``--wide``); a step's value is never shown."""
+    return [
+        Column("#", lambda r: str(r.ordinal)),
+        Column("name", lambda r: r.name, fill=True),
+        Column("size", lambda r: byte_size(r.size)),
+        Column("recorded", lambda r: local_time(r.recorded_at)),
+    ]
+
+
+def byte_size(size: int) -> str:
+    """``512 B``, ``1.5 KiB``, ``1.0 MiB``."""
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.1f} KiB"
+    return f"{size / (1024 * 1024):.1f} MiB"
+
+
+# --- leases --------------------------------------------------------------------------
+
+
+def _leases(inspector: Inspector, args: argparse.Namespace) -> int:
+    records = inspector.leases(args.runner)
+    now = time.time()
+    if args.json:
+        _print_json(
+            [wire_names({**dataclasses.asdict(r), "status": lease_status(r, now)}) for r in records]
+        )
+        return 0
+    console = table_console(wide=args.wide)
+    console.print(
+        table(records, lease_columns(now), inspector, None if args.wide else console.width)
+    )
+    return 0
+
+
+def lease_columns(now: float) -> list[Column[LeaseRecord]]:
+    """The columns of ``leases``: those at 80 columns, then the rest with ``--wide``."""
+    return [
+        Column("lease", lambda r: r.lease_id, kind="lease"),
+        Column("runner", lambda r: r.runner_id, kind="runner"),
+        Column("extension", lambda r: r.extension_id, most=12),
+        Column("parent run", lambda r: r.run_id or "", narrow=False),
+        Column("parent conversation", lambda r: r.conversation_id or "", narrow=False),
+        Column("children", lambda r: str(r.children)),
+        Column("created", lambda r: local_time(r.created_at), narrow=False),
+        Column("status", lambda r: lease_status(r, now), fill=True),
+    ]
+
+
+def age(seconds: float) -> str:
+    """How long ago, in its largest unit: ``42s``, ``5m``, ``3h``, ``12d``."""
+    if not math.isfinite(seconds):  # from a time stored unreadable
+        return UNREADABLE
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def local_time(timestamp: float | None) -> str:
+    if timestamp is None:
+        return ""
+    try:
+        return datetime.fromtimestamp(timestamp).astimezone().isoformat(timespec="seconds")
+    except (ValueError, OverflowError, OSError):  # NaN (stored unreadable), or no date
+        return UNREADABLE
+
+
+def shorten(text: str, width: int = 60) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _print_json(document: Any) -> None:
+    sys.stdout.write(json.dumps(json_safe(document), indent=2) + "\n")
+
+
+def _missing(args: argparse.Namespace) -> int:
+    return _fail(missing_child(args))
+
+
+def _fail(message: str) -> int:
+    print(f"delegation: {message}", file=sys.stderr)
+    return 1

@@ -1,0 +1,22 @@
+"""The use cases: what the engine does, one write transaction each, over the store.
+
+Each is a function ``fn(conn, now, ...)`` the engine's runtime runs in one transaction
+(:class:`delegation.engine.runtime.Use`), or a read over a connection:
+
+* :mod:`~delegation.usecases.reservation` - ``child.start``'s checks and its reservation;
+* :mod:`~delegation.usecases.service` - the other child methods, tool calls and runs;
+* :mod:`~delegation.usecases.maintenance` - boot, heartbeats and takeover, expiry,
+  retention, operators' control requests;
+* :mod:`~delegation.usecases.queries` - the read models (pages, records, lists);
+* :mod:`~delegation.usecases.followups` - a follow-up's frozen configuration;
+* :mod:`~delegation.usecases.protection` - what no child process may reach;
+* :mod:`~delegation.usecases.journal` - a run's step journal;
+* :mod:`~delegation.usecases.stored` - stored request and preset blobs, decoded;
+* :mod:`~delegation.usecases.follow` - following a child's events as they commit;
+* :mod:`~delegation.usecases.inspector` - the read-only inspection of a database
+  beside a live host (the CLI's and the web page's reads);
+* :mod:`~delegation.usecases.views` - the read models as JSON and text for people and
+  scripts (``--json``, the web page).
+
+They import the contract, the pure core and the store; never the engine above them.
+"""

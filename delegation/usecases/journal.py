@@ -1,0 +1,143 @@
+"""The step journal as a run sees it (design §15): ``ctx.step`` and ``ctx.recorded``.
+
+A step runs its function at most once per execution and name: its result is committed
+(after every event the run emitted before it) before ``step`` returns, and a resumed
+execution gets the recorded value back without the function being called. What the
+function did outside the database is at-least-once: a host that dies inside a step runs
+it again when the child resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar, overload
+
+import msgspec
+
+from delegation import errors
+from delegation.records import RecordedStep
+
+T = TypeVar("T")
+
+MAX_NAME_BYTES = 1024
+
+
+class JournalHooks(Protocol):
+    """What the engine does for the journal: committed writes and reads of steps."""
+
+    async def record_step(self, name: str, ordinal: int, step: RecordedStep) -> RecordedStep: ...
+
+    async def read_step(self, name: str, run_id: str | None) -> RecordedStep | None: ...
+
+    async def step_names(self) -> list[str]: ...
+
+
+class Journal:
+    """One execution's steps: the names recorded (loaded once, on a resumed execution)
+    and the steps in flight, so that one name runs once even when called concurrently."""
+
+    __slots__ = ("_hooks", "_max_bytes", "_max_steps", "_names", "_recorded", "_running")
+
+    def __init__(self, hooks: JournalHooks, *, recorded: int, max_bytes: int, max_steps: int):
+        self._hooks = hooks
+        self._max_bytes = max_bytes
+        self._max_steps = max_steps
+        self._recorded = recorded  # steps of this execution recorded before this attempt
+        # Made when first needed: a run that takes no step costs the collector nothing.
+        self._names: set[str] | None = None
+        self._running: dict[str, asyncio.Future[RecordedStep]] | None = None
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[Any] | Any],
+        args: tuple[Any, ...],
+        as_type: Any,
+    ) -> Any:
+        _check_name(name)
+        names = await self._known()
+        if name in names:
+            return _decode(await self._stored(name), as_type)
+        if self._running is None:
+            self._running = {}
+        running = self._running.get(name)
+        if running is not None:  # the same name, called again while it runs: once
+            return _decode(await asyncio.shield(running), as_type)
+        if len(names) + len(self._running) >= self._max_steps:
+            raise errors.StepLimit()
+        done: asyncio.Future[RecordedStep] = asyncio.get_running_loop().create_future()
+        self._running[name] = done
+        try:
+            result = fn(*args)
+            if inspect.isawaitable(result):  # a coroutine function's; a plain one's is its value
+                result = await result
+            step = _encode(result, self._max_bytes)
+            stored = await self._hooks.record_step(name, len(names) + 1, step)
+            names.add(name)
+        except BaseException as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved: a failed step is the caller's exception only
+            raise
+        finally:
+            del self._running[name]
+        done.set_result(stored)
+        return result if stored == step else _decode(stored, as_type)
+
+    async def recorded(self, name: str, run_id: str | None, as_type: Any) -> Any:
+        _check_name(name)
+        stored = await self._hooks.read_step(name, run_id)
+        return None if stored is None else _decode(stored, as_type)
+
+    @property
+    def count(self) -> int:
+        return self._recorded if self._names is None else len(self._names)
+
+    async def _known(self) -> set[str]:
+        if self._names is None:
+            self._names = set(await self._hooks.step_names()) if self._recorded else set()
+        return self._names
+
+    async def _stored(self, name: str) -> RecordedStep:
+        stored = await self._hooks.read_step(name, None)
+        if stored is None:  # recorded names leave only with their child
+            raise errors.ChildPurged()
+        return stored
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise ValueError("a step name must be a non-empty string")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise ValueError(f"a step name must be at most {MAX_NAME_BYTES} bytes")
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def _encode(result: object, limit: int) -> RecordedStep:
+    if isinstance(result, bytes | bytearray | memoryview):
+        step = RecordedStep(True, bytes(result))
+    else:
+        try:
+            step = RecordedStep(False, _encoder.encode(result))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(
+                f"a step's result must be bytes or encodable by msgspec: {exc}"
+            ) from None
+    if len(step.value) > limit:
+        raise errors.StepTooLarge()
+    return step
+
+
+@overload
+def _decode(stored: RecordedStep, as_type: type[T]) -> T: ...
+@overload
+def _decode(stored: RecordedStep, as_type: None) -> Any: ...
+def _decode(stored: RecordedStep, as_type: Any) -> Any:
+    if stored.raw:
+        return stored.value
+    if as_type is None:
+        return msgspec.json.decode(stored.value)
+    return msgspec.json.decode(stored.value, type=as_type)

@@ -1,0 +1,153 @@
+"""Read models: the Result of a child, and the records tools and the CLI list.
+
+Each function is one read transaction on a WAL reader, so it only ever sees
+committed rows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import msgspec
+
+from delegation import errors
+from delegation.codec import encode
+from delegation.records import ChildFilter, ChildRecord, LeaseRecord
+from delegation.store import children, events, grants
+from delegation.store.sql import Connection
+from delegation.wire import Event, Result
+
+_events = msgspec.json.Decoder(list[Event])
+
+
+def decode_events(bodies: list[bytes]) -> list[Event]:
+    if not bodies:
+        return []
+    return _events.decode(b"[" + b",".join(bodies) + b"]")
+
+
+# What a non-empty page adds to the encoding of its Result without events (the
+# events field is omitted when empty, and comes last): ``,"events":[`` and ``]``.
+_EVENTS_FIELD = len(b',"events":[]')
+# A Result's encoding besides its strings (each character of which takes at most six
+# bytes): field names, quotes, commas, booleans, and the events field's own.
+_MOST_BESIDES = 512
+
+
+class PagedResult(NamedTuple):
+    """A child's Result with one page of its events, and whether more events were
+    committed already when it was read (the page was cut by count or by bytes)."""
+
+    result: Result
+    more: bool
+
+    @property
+    def events(self) -> list[Event]:
+        return self.result.events
+
+    @property
+    def done(self) -> bool:
+        return self.result.done
+
+
+def result_of(
+    child: ChildRecord, bodies: list[bytes], max_bytes: int | None = None, *, strict: bool = True
+) -> Result:
+    """A child's wire Result with the events of ``bodies``, as many as fit within
+    ``max_bytes`` (see :func:`fit`); a child that ended unadmitted answers
+    AdmissionFailed (unless not ``strict``: the host's own view, which owes no caller
+    an admission)."""
+    if strict and child.terminal and child.admitted_at is None:
+        raise errors.AdmissionFailed(child.error)
+    identity = child.identity_fields()
+    result = Result(
+        **identity,
+        done=child.terminal,
+        cancelled=child.state == "cancelled",
+        error=child.error,
+        output=child.output,
+        events=[],
+    )
+    if max_bytes is not None and bodies:
+        # Most pages are far below the bound: measure only where it may be passed.
+        texts = sum(len(text) for text in identity.values()) + len(child.output + child.error)
+        if _MOST_BESIDES + 6 * texts + sum(map(len, bodies)) + len(bodies) > max_bytes:
+            bodies = fit(result, bodies, max_bytes)
+    return msgspec.structs.replace(result, events=decode_events(bodies)) if bodies else result
+
+
+def fit(result: Result, bodies: list[bytes], max_bytes: int) -> list[bytes]:
+    """The first of ``bodies`` (always one, if any) that keep ``result``'s encoding
+    with them as events within ``max_bytes``.
+
+    A stored body is the event's wire encoding, so its length is what the event adds
+    (plus a comma); a body written otherwise only shrinks when it is encoded again (no
+    JSON spelling of a string is shorter than the encoder's), so the bound holds.
+    """
+    size = len(encode(result)) + _EVENTS_FIELD - 1  # the first event takes no comma
+    for count, body in enumerate(bodies):
+        size += len(body) + 1
+        if size > max_bytes and count > 0:
+            return bodies[:count]
+    return bodies
+
+
+def page(
+    conn: Connection,
+    child_id: int,
+    after: int,
+    limit: int,
+    max_bytes: int,
+    *,
+    strict: bool = True,
+) -> PagedResult:
+    child = children.get(conn, child_id)
+    if child is None:
+        raise errors.ChildPurged()
+    return page_of(conn, child, after, limit, max_bytes, strict=strict)
+
+
+def page_of(
+    conn: Connection,
+    child: ChildRecord,
+    after: int,
+    limit: int,
+    max_bytes: int,
+    *,
+    strict: bool = True,
+) -> PagedResult:
+    """The page of a child already read in this transaction: up to ``limit`` events
+    after ``after`` whose encoded Result stays within ``max_bytes``."""
+    bodies = events.page(conn, child.id, after, limit)
+    result = result_of(child, bodies, max_bytes, strict=strict)
+    return PagedResult(result, len(result.events) < len(bodies) or len(bodies) >= limit)
+
+
+def child_by_id(conn: Connection, child_id: int) -> ChildRecord | None:
+    return children.get(conn, child_id)
+
+
+def find_child(conn: Connection, conversation_id: str, run_id: str | None) -> ChildRecord | None:
+    return children.find(conn, conversation_id, run_id)
+
+
+def list_children(conn: Connection, wanted: ChildFilter) -> list[ChildRecord]:
+    return children.listing(conn, wanted)
+
+
+def child_events(
+    conn: Connection, conversation_id: str, run_id: str | None, after: int, limit: int
+) -> list[Event]:
+    child = children.find(conn, conversation_id, run_id)
+    if child is None:
+        return []
+    return decode_events(events.page(conn, child.id, after, limit))
+
+
+def active_under_lease(conn: Connection, runner_id: str, lease_id: str) -> list[int]:
+    return children.active_under_lease(conn, runner_id, lease_id)
+
+
+def leases(conn: Connection, runner_id: str | None = None) -> list[LeaseRecord]:
+    """Live leases and tombstones, newest first, with how many children each holds."""
+    return grants.leases_with_counts(conn, runner_id)

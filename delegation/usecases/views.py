@@ -1,0 +1,97 @@
+"""The read models for people and scripts: a child, a step, a lease as JSON (the wire's
+camelCase names; a time stored unreadable as null), and a lease's status and a span of
+time as text. What ``delegation … --json`` prints and the web page serves alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, TypeVar, cast
+
+from delegation.records import ChildRecord, LeaseRecord, StepRow
+
+T = TypeVar("T")
+
+UNREADABLE = "unreadable"  # what a table shows for a time stored as no number
+
+
+def child_json(record: ChildRecord) -> dict[str, Any]:
+    """A child record for scripts, named as the wire names it (camelCase: the runner's
+    ``runner_host_instance_id`` is the wire's ``hostInstanceId``), request, preset and
+    options decoded."""
+    values = wire_names(dataclasses.asdict(record))
+    values["request"] = _decoded(record.request)
+    values["preset"] = _decoded(record.preset)
+    # The effective options at its start (design §14); None for a child from before them.
+    values["options"] = None if record.options is None else _decoded(record.options)
+    return values
+
+
+# A record's field whose wire name is not its camelCase form.
+_WIRE_NAMES = {"runner_host_instance_id": "hostInstanceId"}
+
+
+def wire_names(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the wire's camelCase names: ``conversation_id`` is
+    ``conversationId``, as in ``Result``; a field only the database has is named the same
+    way (``created_at``: ``createdAt``)."""
+    return {_WIRE_NAMES.get(key) or camel(key): value for key, value in values.items()}
+
+
+def camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(word.capitalize() for word in rest)
+
+
+def _decoded(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
+
+
+def step_json(step: StepRow) -> dict[str, Any]:
+    """A recorded step for scripts: name, place, size in bytes and time, never its value."""
+    return {
+        "name": step.name,
+        "ordinal": step.ordinal,
+        "size": step.size,
+        "recordedAt": json_safe(step.recorded_at),
+    }
+
+
+def lease_status(lease: LeaseRecord, now: float) -> str:
+    """``revoked (reason)``, ``live``, ``overdue`` or ``expires in 59m 12s``."""
+    if lease.revoked_at is not None:
+        return f"revoked ({lease.revoke_reason})" if lease.revoke_reason else "revoked"
+    if lease.expires_at is None:
+        return "live"
+    if not math.isfinite(lease.expires_at):
+        return f"expiry {UNREADABLE}"
+    left = lease.expires_at - now
+    return "overdue" if left <= 0 else f"expires in {duration(left)}"
+
+
+def duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return UNREADABLE
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    units = ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s"))
+    shown = [f"{n}{unit}" for n, unit in units if n][:2]
+    return " ".join(shown) or "0s"
+
+
+def json_safe(value: T) -> T:
+    """``value`` with every float JSON has no number for (NaN: a time stored unreadable;
+    infinities) as null: ``json.dumps`` would write ``NaN``, which no JSON parser reads."""
+    safe: Any = value
+    if isinstance(value, float) and not math.isfinite(value):
+        safe = None
+    elif isinstance(value, dict):
+        safe = {key: json_safe(item) for key, item in value.items()}
+    elif isinstance(value, list):
+        safe = [json_safe(item) for item in value]
+    return cast(T, safe)

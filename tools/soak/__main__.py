@@ -1,0 +1,7 @@
+"""``python -m delegation.soak``."""
+
+import sys
+
+from tools.soak import main
+
+sys.exit(main())
