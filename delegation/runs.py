@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import re
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -97,6 +98,40 @@ def truncate(text: str, limit: int) -> str:
     return _string.decode(encoded[: _escape_start(encoded, end)] + b'"')
 
 
+# What a provider's exception may carry that must not reach a peer (design §20): a
+# URL's query string (``?key=...``), an authorization header's value, a named secret
+# (``api_key=...``, ``"token": "..."``), and tokens shaped like keys.
+_QUERY = re.compile(r"((?:https?|wss?)://[^\s?#'\"<>]+)\?[^\s#'\"<>]*")
+_NAMED = re.compile(
+    r"(?i)((?:api[_-]?key|access[_-]?token|auth[_-]?token|token|secret|password|passwd"
+    r"|client[_-]?secret|x-api-key|x-goog-api-key)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&}]+"
+)
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
+_KEYLIKE = re.compile(
+    r"\b(?:sk-(?:ant-|proj-)?[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{16,}|github_pat_\w{16,}"
+    r"|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{20,}|AKIA[0-9A-Z]{16}|hf_[A-Za-z0-9]{16,})"
+)
+# A long run of letters and digits with upper, lower and digit alike: a key, not a word
+# or an id of ours (those are lower-case hex).
+_OPAQUE = re.compile(
+    r"\b(?=[A-Za-z0-9_-]*[a-z])(?=[A-Za-z0-9_-]*[A-Z])(?=[A-Za-z0-9_-]*\d)"
+    r"[A-Za-z0-9_-]{32,}\b"
+)
+REDACTED = "[redacted]"
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with what looks like a credential replaced by ``[redacted]``: the query
+    string of every URL, the value of a named secret or an authorization header, and
+    tokens shaped like API keys. For the error a child ends with, which every page of
+    the child carries to its peer (a provider's exception text may quote its request)."""
+    text = _QUERY.sub(rf"\1?{REDACTED}", text)
+    text = _NAMED.sub(rf"\1{REDACTED}", text)
+    text = _BEARER.sub(rf"\1 {REDACTED}", text)
+    text = _KEYLIKE.sub(REDACTED, text)
+    return _OPAQUE.sub(REDACTED, text)
+
+
 def _escape_start(encoded: bytes, end: int) -> int:
     """``end``, or the start of the escape (``\\n``, ``\\u0001``) it falls inside."""
     # An escape is at most six bytes: one cut inside began at most five bytes back.
@@ -169,6 +204,13 @@ class ChildContext:
         self._steer_ready: asyncio.Event | None = None
         self._closed = False
         self.admitted = False
+
+    @property
+    def max_step_bytes(self) -> int:
+        """The largest step result this run may record (``EngineConfig.max_step_bytes``)."""
+        if self._journal is None:
+            raise RuntimeError("this run has no step journal")
+        return self._journal.max_bytes
 
     @property
     def protected(self) -> Protected:

@@ -36,6 +36,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 from delegation import Engine, EngineConfig, ExecutionOptions, Preset  # noqa: E402
 from delegation.runners import pydantic_ai as runner_module  # noqa: E402
 from delegation.runners.pydantic_ai import PydanticAIRunner, UnknownAgent  # noqa: E402
+from tests import rows  # noqa: E402
 from tests.support import Harness, identity, open_harness  # noqa: E402
 
 GENERATION = 7
@@ -426,3 +427,83 @@ def test_importing_delegation_imports_no_pydantic_ai() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == "[]"
+
+
+# --- design §20: what a replay sees -------------------------------------------------------
+
+
+async def test_a_model_that_repeats_a_call_id_gets_each_call_run_once(
+    db_url: str, workspace: Path
+) -> None:
+    """Named by the model's id, the second `call_0` got the first call's recorded result:
+    the tool never ran and the agent got wrong data, on the first run already. (Within
+    one response pydantic-ai itself refuses a repeated id.)"""
+    script = Script(
+        call("add", "call_0", a=1, b=2),
+        call("add", "call_0", a=10, b=20),
+        ModelResponse(
+            parts=[
+                ToolCallPart("grep", {"pattern": "x"}, tool_call_id="call_0"),
+                ToolCallPart("grep", {"pattern": "y"}, tool_call_id="call_1"),
+            ]
+        ),
+        text("done"),
+    )
+    ran: list[str] = []
+    runner = PydanticAIRunner({"worker": agent_of(script, ran)})
+    async with hosted(db_url, workspace, runner) as h:
+        started = await h.start("q1", message="add twice")
+        record = await finished(h, started.conversation_id)
+        seen = await events(h, started.conversation_id)
+    sql = "SELECT name FROM steps WHERE child_id = :c AND name LIKE 'tool %' ORDER BY name"
+    steps = [name for (name,) in rows.rows(db_url, sql, {"c": record.id})]
+    assert record.state == "done"
+    assert sorted(ran) == ["add 1 2", "add 10 20", "grep x", "grep y"]
+    outputs = [e.tool_output for e in seen if e.kind == "tool-result"]
+    assert sorted(outputs) == ["3", "30", "found x", "found y"]
+    assert steps == ["tool 1.1", "tool 2.1", "tool 3.1", "tool 3.2"]
+    # What the model was given back for each call: its own result, never the first's.
+    returned = [
+        part.content
+        for message in script.requests[-1]
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if getattr(part, "part_kind", "") == "tool-return"
+    ]
+    assert returned == [3, 30, "found x", "found y"]
+
+
+async def test_a_tool_result_over_max_step_bytes_is_dropped_and_the_child_goes_on(
+    db_url: str, workspace: Path
+) -> None:
+    """It ended the whole child (step_too_large) after the tool had run."""
+    script = Script(call("dump", "c1"), text("asked for less"))
+    agent: Agent[None, str] = Agent(FunctionModel(script))
+    ran: list[str] = []
+
+    @agent.tool_plain
+    def dump() -> str:
+        """Returns a lot."""
+        ran.append("dump")
+        return "x" * 10000
+
+    runner = PydanticAIRunner({"worker": agent})
+    config = EngineConfig(release_drain_s=2.0, max_step_bytes=4096)
+    async with Engine(db_url, runner=runner, config=config) as engine:
+        h = await open_harness(engine, runner, workspace, [PRESET])
+        started = await h.start("q1", message="dump it")
+        record = await finished(h, started.conversation_id)
+        seen = await events(h, started.conversation_id)
+    assert (record.state, record.error, record.output) == ("done", "", "asked for less")
+    assert ran == ["dump"]
+    (result,) = [e for e in seen if e.kind == "tool-result"]
+    note = runner_module.oversize_note("dump", 10002, 4096)
+    assert (result.success, result.tool_output) == (False, note)
+    returned = [
+        part.content
+        for message in script.requests[-1]
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if getattr(part, "part_kind", "") == "tool-return"
+    ]
+    assert returned == [note]

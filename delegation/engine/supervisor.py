@@ -22,7 +22,14 @@ from delegation.engine.local_run import LocalRun, LocalRuns
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.timers import Timers
 from delegation.records import ChildRecord, RunnerConnection
-from delegation.runs import ChildContext, NotResumable, Recovery, Runner, truncate
+from delegation.runs import (
+    ChildContext,
+    NotResumable,
+    Recovery,
+    Runner,
+    redact_secrets,
+    truncate,
+)
 from delegation.usecases import maintenance, queries, reservation, service
 from delegation.usecases.journal import Journal
 from delegation.usecases.protection import Protected
@@ -311,8 +318,9 @@ class Supervisor:
     def _failure(self, exc: BaseException) -> str:
         """The error a run's exception leaves on its child: its text, cut as an event's
         field is (``max_event_field_bytes``, measured as the wire encodes it), since
-        every page of the child carries it and a runner's exception may hold anything."""
-        text = str(exc) or type(exc).__name__
+        every page of the child carries it and a runner's exception may hold anything:
+        what looks like a credential in it is redacted (design §20)."""
+        text = redact_secrets(str(exc) or type(exc).__name__)
         return truncate(text, self._rt.config.max_event_field_bytes)
 
     async def _deadline(self, child: ChildRecord, resumed: bool, limit: float) -> None:

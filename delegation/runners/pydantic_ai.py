@@ -14,14 +14,17 @@ factory of one). The host keeps its models and credentials; a request carries ne
 * **Steers** reach the agent as user messages at its next model request, through
   pydantic-ai's pending-message queue (``enqueue``). Cancellation stops the run at once.
 * **Durable** (design §15): every model request and every tool call is a ``ctx.step``
-  (``model N``, ``tool CALL-ID``), and so are the steers each request took
-  (``steers N``). A resumed child runs its agent again from the start of the execution;
+  (``model N``; ``tool N.K``, the K-th call of the response to request N, never named
+  by the model's own call id, which some models repeat), and so are the steers each
+  request took (``steers N``). A resumed child runs its agent again from the start of the execution;
   each finished request and call returns what it returned before, without reaching the
   model or the tool, and the run continues from the first unfinished one. The final
   message history is the step ``messages``: a follow-up starts from it
   (``ctx.recorded("messages", run_id=ctx.previous_run_id)``). Only messages are stored,
   never a model or a credential. A tool's result is journaled as JSON: the agent sees
-  the JSON form of what a tool returned, on the first run as on a resumed one.
+  the JSON form of what a tool returned, on the first run as on a resumed one. A result
+  over ``max_step_bytes`` is not kept: the model gets a note that says so (a
+  ``tool-result`` without success), is asked for less, and the child goes on.
 
 Hazard: a tool that was running when the host died runs again on the resume (what it
 did outside the database is at-least-once, design §15); make tools idempotent by their
@@ -178,6 +181,10 @@ class Journaled(AbstractCapability[Any]):
         self._requests = 0  # model requests answered (made or replayed)
         self._turns = 0  # request steps begun
         self._replayed: list[str] = []  # steers the replayed steps had taken
+        # The last response's tool calls, and the positions of those given a step name:
+        # a call is named by where it stands, never by the model's id (design §20).
+        self._calls: list[ToolCallPart] = []
+        self._named: set[int] = set()
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
@@ -235,7 +242,28 @@ class Journaled(AbstractCapability[Any]):
         self._requests += 1
         (response,) = ModelMessagesTypeAdapter.validate_json(stored)
         assert isinstance(response, ModelResponse)
+        self._calls = [part for part in response.parts if isinstance(part, ToolCallPart)]
+        self._named = set()
         return response
+
+    def _position(self, call: ToolCallPart) -> str:
+        """``N.K``: the K-th tool call of the response to model request N. A model may
+        give every call the same id (``call_0`` each turn): the position tells them
+        apart, on the first run as on a replay, whatever order they run in."""
+        found = next((k for k, c in enumerate(self._calls) if c is call), None)
+        if found is None or found in self._named:  # a copy of the part: the first equal one
+            found = next(
+                (
+                    k
+                    for k, c in enumerate(self._calls)
+                    if k not in self._named
+                    and (c.tool_name, c.tool_call_id, c.args)
+                    == (call.tool_name, call.tool_call_id, call.args)
+                ),
+                len(self._calls) + len(self._named),
+            )
+        self._named.add(found)
+        return f"{self._requests}.{found + 1}"
 
     def _narrowed(self, parameters: ModelRequestParameters) -> ModelRequestParameters:
         """Native (provider-side) tools pass the same ceiling as function tools."""
@@ -274,10 +302,17 @@ class Journaled(AbstractCapability[Any]):
                 self._emit_result(call, str(exc), success=False)
                 raise
             value = to_jsonable_python(result, fallback=str)
+            size = len(to_json(value))
+            if size > self.ctx.max_step_bytes:
+                # Not kept: neither the journal nor the model gets it, and the child
+                # goes on; the model is told, as of a tool that failed.
+                note = oversize_note(call.tool_name, size, self.ctx.max_step_bytes)
+                self._emit_result(call, note, success=False)
+                return note
             self._emit_result(call, value if isinstance(value, str) else _json(value), True)
             return value
 
-        return await self.ctx.step(f"tool {call.tool_call_id}", execute)
+        return await self.ctx.step(f"tool {self._position(call)}", execute)
 
     def _emit_result(self, call: ToolCallPart, output: str, success: bool) -> None:
         self.ctx.emit(
@@ -307,6 +342,15 @@ class JournaledModel(WrapperModel):
         return await self._journal.request(
             self.wrapped, messages, model_settings, model_request_parameters
         )
+
+
+def oversize_note(tool_name: str, size: int, limit: int) -> str:
+    """What the model (and the journal) gets instead of a tool result over
+    ``max_step_bytes``."""
+    return (
+        f"tool {tool_name} returned {size} bytes, over the {limit}-byte limit of what a"
+        " child records: the result was dropped; ask for less"
+    )
 
 
 def _json(value: object) -> str:

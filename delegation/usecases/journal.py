@@ -2,7 +2,9 @@
 
 A step runs its function at most once per execution and name: its result is committed
 (after every event the run emitted before it) before ``step`` returns, and a resumed
-execution gets the recorded value back without the function being called. What the
+execution gets the recorded value back without the function being called. The first run
+gets the recorded value too, decoded as a replay decodes it (design §20): a run and its
+replay see equal values. What the
 function did outside the database is at-least-once: a host that dies inside a step runs
 it again when the child resumes.
 """
@@ -74,6 +76,9 @@ class Journal:
             if inspect.isawaitable(result):  # a coroutine function's; a plain one's is its value
                 result = await result
             step = _encode(result, self._max_bytes)
+            # What a replay will see, seen now (design §20): a value that does not come
+            # back as ``type`` is refused here, before anything is recorded.
+            seen = _decoded_first(step, as_type)
             stored = await self._hooks.record_step(name, len(names) + 1, step)
             names.add(name)
         except BaseException as exc:
@@ -83,12 +88,17 @@ class Journal:
         finally:
             del self._running[name]
         done.set_result(stored)
-        return result if stored == step else _decode(stored, as_type)
+        # Another process recorded the name first: its value is the step's.
+        return seen if stored == step else _decode(stored, as_type)
 
     async def recorded(self, name: str, run_id: str | None, as_type: Any) -> Any:
         _check_name(name)
         stored = await self._hooks.read_step(name, run_id)
         return None if stored is None else _decode(stored, as_type)
+
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
 
     @property
     def count(self) -> int:
@@ -109,7 +119,11 @@ class Journal:
 def _check_name(name: object) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError("a step name must be a non-empty string")
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate: no database stores it as text
+        raise ValueError("a step name must be valid UTF-8 text") from None
+    if size > MAX_NAME_BYTES:
         raise ValueError(f"a step name must be at most {MAX_NAME_BYTES} bytes")
 
 
@@ -129,6 +143,16 @@ def _encode(result: object, limit: int) -> RecordedStep:
     if len(step.value) > limit:
         raise errors.StepTooLarge()
     return step
+
+
+def _decoded_first(step: RecordedStep, as_type: Any) -> Any:
+    """The value a first run's step returns: decoded from what is recorded, as a
+    replay decodes it, so both see equal values (a tuple comes back a list, NaN None,
+    an int key a string, unless ``type`` says otherwise)."""
+    try:
+        return _decode(step, as_type)
+    except msgspec.MsgspecError as exc:  # encodable, but not as ``type``
+        raise TypeError(f"a step's result does not decode as {as_type!r}: {exc}") from None
 
 
 @overload
