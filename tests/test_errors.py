@@ -12,7 +12,7 @@ from delegation import DelegationError, errors
 ALL = [
     cls
     for _, cls in inspect.getmembers(errors, inspect.isclass)
-    if issubclass(cls, Exception) and cls.__module__ == errors.__name__
+    if issubclass(cls, Exception) and cls.__module__.startswith(f"{errors.__name__}.")
 ]
 
 # Every message docs/design.md quotes, with the class that carries it.
@@ -59,6 +59,9 @@ QUOTED = {
     errors.ReleaseUnconfirmed: (
         "child lease revoked but cleanup is not yet confirmed; retry release"
     ),
+    errors.InputUnknown: "child input request not found",
+    errors.InputAnswered: "child input was already answered",
+    errors.InputClosed: "child is not waiting for input",
 }
 
 
