@@ -42,6 +42,13 @@ class EngineConfig:
     # A child running longer than this since its run was prepared is cancelled with "child
     # deadline exceeded" (None: no limit; a resumed child counts from its first admission).
     max_run_s: float | None = None
+    # A child that waits (design §21): how long its run waits in memory before the engine
+    # suspends it (``waiting``, holding no task), and the bounds of what waits: open input
+    # requests of one execution, events kept for one conversation (payloads are at most
+    # ``max_step_bytes``).
+    hold_s: float = 30.0
+    max_open_inputs: int = 16
+    max_buffered_events: int = 1024
 
     def __post_init__(self) -> None:
         if self.synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
@@ -64,9 +71,13 @@ class EngineConfig:
             self.max_steps,
             self.host_heartbeat_s,
             self.host_timeout_s,
+            self.max_open_inputs,
+            self.max_buffered_events,
         )
         if self.max_run_s is not None and not 0 < self.max_run_s < 10**9:
             raise ValueError("max_run_s must be positive (seconds), or None for no limit")
+        if not 0 <= self.hold_s < 10**9:
+            raise ValueError("hold_s must be zero or more seconds (0: suspend at once)")
         if any(n <= 0 for n in numbers) or self.max_recovery_attempts < 0:
             raise ValueError("engine limits and timings must be positive")
         if self.host_timeout_s <= 2 * self.host_heartbeat_s:

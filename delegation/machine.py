@@ -18,6 +18,7 @@ class State(StrEnum):
     PREPARED = "prepared"
     ADMITTED = "admitted"
     RUNNING = "running"
+    WAITING = "waiting"  # design §21: it holds no task, no process and no slot
     DONE = "done"
     CANCELLED = "cancelled"
 
@@ -28,6 +29,8 @@ class Trigger(StrEnum):
     FINISH = "finish"  # the run returned or failed (before admission too)
     STOP = "stop"  # cancellation was requested and the run has stopped
     SUSPEND = "suspend"  # the host instance running it went away
+    WAIT = "wait"  # its run waited past hold_s for an answer, a time or an event (§21)
+    WAKE = "wake"  # what it waited for came (or its timeout): it resumes
 
 
 class Outcome(StrEnum):
@@ -46,7 +49,7 @@ def outcome(state: str, error: str) -> Outcome:
 
 
 TERMINAL: frozenset[State] = frozenset({State.DONE, State.CANCELLED})
-ACTIVE: frozenset[State] = frozenset({State.PREPARED, State.ADMITTED, State.RUNNING})
+ACTIVE: frozenset[State] = frozenset({State.PREPARED, State.ADMITTED, State.RUNNING, State.WAITING})
 
 TRANSITIONS: Mapping[tuple[State, Trigger], State] = {
     (State.PREPARED, Trigger.ADMIT): State.ADMITTED,
@@ -58,6 +61,11 @@ TRANSITIONS: Mapping[tuple[State, Trigger], State] = {
     (State.ADMITTED, Trigger.STOP): State.CANCELLED,
     (State.RUNNING, Trigger.STOP): State.CANCELLED,
     (State.RUNNING, Trigger.SUSPEND): State.ADMITTED,
+    (State.RUNNING, Trigger.WAIT): State.WAITING,
+    (State.WAITING, Trigger.WAKE): State.ADMITTED,
+    (State.WAITING, Trigger.STOP): State.CANCELLED,
+    # A waiting child whose stored record no longer decodes cannot be woken (design §18).
+    (State.WAITING, Trigger.FINISH): State.DONE,
 }
 
 

@@ -115,6 +115,8 @@ class ChildRecord:
     # narrows the first execution's, never the preset as registered since. None: a child
     # reserved before they were stored (its request and preset give them, as then).
     options: bytes | None = None
+    # Input requests of the execution still open (design §21): its Result lists them.
+    inputs_open: int = 0
 
     @property
     def terminal(self) -> bool:

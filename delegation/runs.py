@@ -16,7 +16,7 @@ import asyncio
 import builtins
 import re
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, overload
@@ -27,6 +27,7 @@ from delegation import errors
 from delegation.codec import encode
 from delegation.usecases.journal import Journal
 from delegation.usecases.protection import NOTHING, Protected
+from delegation.usecases.waits import WaitHooks, Waits
 from delegation.wire import Event, Identity, Preset, Request
 
 T = TypeVar("T")
@@ -184,6 +185,8 @@ class ChildContext:
         protected: Protected = NOTHING,
         journal: Journal | None = None,
         previous_run_id: str | None = None,
+        wait_hooks: WaitHooks | None = None,
+        hold_s: float = 30.0,
     ) -> None:
         self.identity = identity
         self.request = request
@@ -204,6 +207,9 @@ class ChildContext:
         self._steer_ready: asyncio.Event | None = None
         self._closed = False
         self.admitted = False
+        self._wait_hooks = wait_hooks
+        self._hold_s = hold_s
+        self._waits: Waits | None = None  # made by the first wait (design §21)
 
     @property
     def max_step_bytes(self) -> int:
@@ -281,6 +287,63 @@ class ChildContext:
             raise RuntimeError("this run has no step journal")
         return await self._journal.recorded(name, run_id, type)
 
+    # --- waiting (design §21) ----------------------------------------------------------
+
+    async def ask(
+        self,
+        name: str,
+        prompt: str,
+        *,
+        kind: str = "input",
+        options: Sequence[str] | None = None,
+        tool_name: str | None = None,
+        tool_call_id: str | None = None,
+        input: Any = None,  # noqa: A002 (design §21 names it)
+        timeout: float | None = None,
+    ) -> str:
+        """Ask a person (design §21): the answer, a text or one of ``options`` (an
+        ``approval``'s are ``approve`` and ``deny``). Commits an input request (its
+        inputId is ``name``) and an ``input-required`` event, with every event before
+        it, then waits; in memory for ``hold_s``, then the child is suspended and woken
+        when answered. A named step: a replay gets the answer back at once.
+
+        Raises ``errors.InputTimeout`` past ``timeout`` seconds (at the resumed ask),
+        ``errors.InputLimit`` past ``max_open_inputs`` open requests, and ``ValueError``
+        for a bad name, kind, options or timeout.
+        """
+        return await self._waiting().ask(
+            name, prompt, kind=kind, options=options, tool_name=tool_name,
+            tool_call_id=tool_call_id, input=input, timeout=timeout,
+        )  # fmt: skip
+
+    async def sleep(self, name: str, seconds: float) -> None:
+        """Sleep ``seconds``, durably (design §21): the wake time is recorded the first
+        time, and after a restart or a suspension only what remains is slept."""
+        await self._waiting().sleep(name, seconds)
+
+    async def wait_event(self, name: str, key: str, *, timeout: float | None = None) -> Any:
+        """The payload of the event ``key`` sent to this conversation (``send_event``,
+        ``delegation send``), an event sent before the wait included (design §21).
+
+        Raises ``errors.EventTimeout`` past ``timeout`` seconds (at the resumed wait)."""
+        return await self._waiting().wait_event(name, key, timeout)
+
+    def _waiting(self) -> Waits:
+        if self._wait_hooks is None or self._journal is None:
+            raise RuntimeError("this run cannot wait (no engine hooks for it)")
+        if not self.admitted:
+            raise RuntimeError("a run waits only once admitted: call admit() first")
+        if self._waits is None:
+            self._waits = Waits(
+                self._wait_hooks, self._journal, hold_s=self._hold_s, numbered=self._numbered
+            )
+        return self._waits
+
+    def wake_waits(self) -> None:
+        """Engine side: something the run waits for may have come."""
+        if self._waits is not None:
+            self._waits.notify()
+
     def emit(self, event: Event) -> int:
         """Append an event without blocking; the engine assigns and returns its sequence.
 
@@ -291,6 +354,19 @@ class ChildContext:
         Raises ``TypeError`` for anything but a well-formed Event (nothing is appended and
         no sequence is used) and ``RuntimeError`` once the run has ended.
         """
+        sequence, body, output = self._prepare(event)
+        self._hooks.append(sequence, body, output)
+        return sequence
+
+    def _numbered(self, event: Event) -> tuple[int, bytes]:
+        """``event`` given the next sequence and encoded as :meth:`emit` does, for the
+        engine to write in a transaction of its own (an input request's)."""
+        sequence, body, _ = self._prepare(event)
+        return sequence, body
+
+    def _prepare(self, event: Event) -> tuple[int, bytes, str | None]:
+        """The next sequence, the event's stored body (cut and checked) and a result's
+        whole text: the sequence is used from now on."""
         if self._closed:
             raise RuntimeError("the child run has ended; its context no longer accepts events")
         if not isinstance(event, Event):
@@ -311,8 +387,7 @@ class ChildContext:
         except (msgspec.MsgspecError, TypeError, ValueError) as exc:
             raise TypeError(f"emit() takes a well-formed Event: {exc}") from None
         self._sequence = sequence
-        self._hooks.append(sequence, body, output)
-        return sequence
+        return sequence, body, output
 
     def _cut(self, event: Event) -> Event:
         """``event`` with its oversized fields cut (a field that is not a string is

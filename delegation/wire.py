@@ -23,6 +23,8 @@ READ_METHOD = "child.read"
 CANCEL_METHOD = "child.cancel"
 STEER_METHOD = "child.steer"
 RELEASE_METHOD = "child.lease.release"
+# design §21: the answer to a child's input request (a person's, an approval's).
+INPUT_METHOD = "child.input"
 # The five child methods' wire names (design §2), in the seed's order.
 CHILD_METHODS: tuple[str, ...] = (
     START_METHOD,
@@ -147,6 +149,10 @@ class Params(WireStruct, frozen=True):
     request_id: str = ""
     lease_id: str = ""
     after: Uint64 = 0
+    # child.input (design §21): which input request, and the option chosen (an
+    # approval's ``approve`` or ``deny``); ``message`` is a text answer.
+    input_id: str = ""
+    decision: str = ""
 
 
 class Identity(WireStruct, frozen=True):
@@ -176,13 +182,28 @@ class Event(WireStruct, frozen=True, kw_only=True):
     error: str = ""
 
 
+class InputRequest(WireStruct, frozen=True):
+    """What a waiting child asks (design §21): an ``input`` (text, or one of
+    ``options``) or an ``approval`` (of a tool call: ``approve`` or ``deny``)."""
+
+    kind: str
+    prompt: str = ""
+    tool_name: str = ""
+    tool_call_id: str = ""
+    input: str = ""
+    options: list[str] = msgspec.field(default_factory=list)
+    expires_at: str = ""  # RFC 3339, UTC; empty: no timeout
+
+
 class Result(Identity, frozen=True):
-    """A child's identity, its state, and one page of its events."""
+    """A child's identity, its state, and one page of its events. A child that asks
+    carries its open ``inputRequests`` by inputId (absent otherwise, as in the seed)."""
 
     done: bool = always(bool)
     cancelled: bool = False
     error: str = ""
     output: str = ""
+    input_requests: dict[str, InputRequest] = msgspec.field(default_factory=dict)
     events: list[Event] = msgspec.field(default_factory=list)
 
 

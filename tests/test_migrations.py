@@ -325,6 +325,60 @@ def test_engine_instances_keep_their_rows_through_the_rename(tmp_path: Path) -> 
         raw.close()
 
 
+def test_the_children_rebuild_keeps_every_row_that_refers_to_a_child(tmp_path: Path) -> None:
+    """Revision 0014 rebuilds ``children`` on SQLite (its CHECK gains ``waiting``). An
+    Engine migrates with foreign keys on, and dropping the old table then deleted every
+    event, step and steer of every child (ON DELETE CASCADE)."""
+    path = tmp_path / "at_0013.db"
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        with engine.connect() as conn:
+            migrate.upgrade(conn, "0013")
+    finally:
+        engine.dispose()
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("PRAGMA foreign_keys=ON")
+    _insert(raw, "engine_instances", {"id": "h-1", "started_at": T0})
+    _insert(raw, "runners", _row("runners", 0, runner_id="r-1"))
+    _insert(raw, "connections", _row("connections", 0))
+    _insert(raw, "grants", _row("grants", 0))
+    _insert(raw, "children", _row("children", 0, state="running", **STATE_FIELDS["running"]))
+    (child_id,) = raw.execute("SELECT id FROM children").fetchone()
+    raw.execute("INSERT INTO events (child_id, sequence, body) VALUES (?, 1, ?)", (child_id, b"{}"))
+    raw.execute(
+        "INSERT INTO steps (child_id, name, ordinal, value, recorded_at) VALUES (?, 's', 1, ?, ?)",
+        (child_id, b"1", T0),
+    )
+    raw.close()
+    before = _counts(path)
+
+    async def open_and_close() -> None:
+        async with Engine(f"sqlite:///{path}", runner=ScriptRunner()):
+            pass
+
+    asyncio.run(open_and_close())  # migrates to head, foreign keys on
+    assert _counts(path) == before and before["events"] == before["steps"] == 1
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
+        assert raw.execute("SELECT wakes, inputs_open, wake_at FROM children").fetchall() == [
+            (0, 0, None)
+        ]
+    finally:
+        raw.close()
+
+
+def _counts(path: Path) -> dict[str, int]:
+    raw = sqlite3.connect(path)
+    try:
+        return {
+            table: raw.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in ("children", "events", "steps", "grants", "connections")
+        }
+    finally:
+        raw.close()
+
+
 # --- 3. constraints, through raw SQL -----------------------------------------------------
 
 T0 = 1_800_000_000.0

@@ -244,6 +244,30 @@ def build_parser() -> argparse.ArgumentParser:
     steer.add_argument("--run", help=RUN_HELP)
     _add_json(steer)
 
+    answer = commands.add_parser(
+        "input", help="answer a waiting child's input request (applied within a second)"
+    )
+    _add_db(answer)
+    answer.add_argument("child", help=CHILD_HELP)
+    answer.add_argument("input_id", metavar="INPUT_ID", help="the request's inputId")
+    given = answer.add_mutually_exclusive_group(required=True)
+    given.add_argument("--approve", action="store_true", help="approve (an approval)")
+    given.add_argument("--deny", action="store_true", help="deny (an approval)")
+    given.add_argument("--text", help="a text answer (a request without options)")
+    given.add_argument("--decision", help="one of the request's options")
+    answer.add_argument("--run", help=RUN_HELP)
+    _add_json(answer)
+
+    send = commands.add_parser(
+        "send", help="send an event to a child's conversation (ctx.wait_event takes it)"
+    )
+    _add_db(send)
+    send.add_argument("child", help=CHILD_HELP)
+    send.add_argument("key", help="the event's key")
+    send.add_argument("--data", default="null", help="its payload, as JSON (default: null)")
+    send.add_argument("--id", dest="idempotency_key", help="sent once per conversation")
+    _add_json(send)
+
     leases = commands.add_parser("leases", help="leases and tombstones")
     _add_db(leases)
     leases.add_argument("--runner", help="only this runnerId (or its prefix)")
@@ -377,7 +401,7 @@ def _run(args: argparse.Namespace) -> int:
         return _db(args)
     if args.command == "web":
         return _web(args)
-    if args.command in ("cancel", "steer"):
+    if args.command in ("cancel", "steer", "input", "send"):
         from delegation.cli import operate
 
         return operate.command(args, args.url)

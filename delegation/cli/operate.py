@@ -1,5 +1,5 @@
-"""``delegation cancel`` and ``delegation steer``: an operator acts on a child of a live
-host from another process (design §11). Parsing and printing only.
+"""``delegation cancel``, ``steer``, ``input`` and ``send``: an operator acts on a child of
+a live host from another process (design §11, §21). Parsing and printing only.
 
 The command records a control request in the database (one short write beside the
 host) and waits for the host to apply it (:mod:`delegation.engine.operators`), watching the file
@@ -38,17 +38,17 @@ def command(args: argparse.Namespace, url: str) -> int:
         child = inspector.get_child(args.child, args.run)
         if child is None:
             return _fail(args, missing_child(args))
-        if child.terminal:
+        if child.terminal and args.command != "send":
             return _fail(args, f"child {child.conversation_id} has already ended ({child.state})")
-        message = args.message if args.command == "steer" else ""
-        if args.command == "steer" and not message.strip():
-            return _fail(args, "a steer needs a nonempty message")
-        request_id = f"op-{secrets.token_hex(8)}" if args.command == "steer" else ""
+        try:
+            action, message, request_id = _control(args)
+        except ValueError as exc:
+            return _fail(args, str(exc))
         control_id = write_once(
             url,
             lambda c: controls.submit(
-                c, child.conversation_id, child.run_id, args.command, message, request_id,
-                time.time(),
+                c, child.conversation_id, None if action == "event" else child.run_id, action,
+                message, request_id, time.time(),
             ),
         )  # fmt: skip
         applied = _wait_applied(inspector, url, control_id)
@@ -60,6 +60,30 @@ def command(args: argparse.Namespace, url: str) -> int:
         if args.command == "cancel" and getattr(args, "wait", False):
             outcome.update(_wait_ended(inspector, url, child))
         return _report(args, child, {"applied": True, **outcome})
+
+
+def _control(args: argparse.Namespace) -> tuple[str, str, str]:
+    """The control request a command records: its action, message and request id.
+
+    Raises:
+        ValueError: what the command was given cannot make one.
+    """
+    fresh = f"op-{secrets.token_hex(8)}"
+    if args.command == "cancel":
+        return "cancel", "", ""
+    if args.command == "steer":
+        if not args.message.strip():
+            raise ValueError("a steer needs a nonempty message")
+        return "steer", args.message, fresh
+    if args.command == "input":
+        decision = "approve" if args.approve else "deny" if args.deny else args.decision
+        fields = {"inputId": args.input_id, "decision": decision, "text": args.text}
+        return "input", json.dumps(fields), fresh
+    try:
+        payload = json.loads(args.data)
+    except ValueError as exc:
+        raise ValueError(f"--data is not JSON: {exc}") from None
+    return "event", json.dumps({"key": args.key, "payload": payload}), args.idempotency_key or ""
 
 
 def _wait_applied(inspector: Inspector, url: str, control_id: int) -> ControlRecord | None:
@@ -111,6 +135,11 @@ def _report(args: argparse.Namespace, child: ChildRecord, outcome: dict[str, Any
         state = outcome.get("state", "cancelling")
         error = outcome.get("error") or ""
         print(printable(f"cancelled {who}: {state}" + (f" ({error})" if error else "")))
+    elif args.command == "input":
+        print(printable(f"answered {args.input_id} of {who}: {outcome.get('state', '')}"))
+    elif args.command == "send":
+        kept = "sent" if outcome.get("accepted") else "already sent (nothing changed)"
+        print(printable(f"event {args.key} to {child.conversation_id}: {kept}"))
     else:
         reason = f" ({outcome['reason']})" if outcome.get("reason") else ""
         print(f"steered {who}: {outcome.get('outcome')}{reason}")

@@ -160,8 +160,11 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         count += 1
         recent.append(event)
     steps = inspector.steps(record.conversation_id, record.run_id, RECENT_STEPS, latest=True)
+    asks = inspector.input_requests(record)
     if args.json:
         document = child_json(record)
+        if asks:  # as the child's Result carries them (design §21)
+            document["inputRequests"] = {key: json.loads(encode(ask)) for key, ask in asks.items()}
         document["eventCount"] = count
         document["recentEvents"] = [json.loads(encode(event)) for event in recent]
         document["stepCount"] = steps.count
@@ -180,6 +183,10 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         grid.add_row(*cells(key, "" if value is None else str(value)))
     grid.add_row(*cells("events", str(count)))
     grid.add_row(*cells("steps", str(steps.count)))
+    for key, ask in asks.items():
+        choices = f" ({' / '.join(ask.options)})" if ask.options else ""
+        said = f"{ask.kind}: {ask.prompt}{choices}"
+        grid.add_row(*cells(f"input {key}", said))
     console = table_console()
     console.print(grid)
     for event in recent:

@@ -59,6 +59,7 @@ from delegation.protocol import (
     EVENTS,
     FOLLOW,
     FOLLOW_STOP,
+    INPUT,
     READ,
     REGISTER,
     RELEASE,
@@ -240,6 +241,11 @@ class Client:
     async def release(self, params: ParamsLike) -> Result:
         """``child.lease.release``: release a lease and stop its children."""
         return await self._ask(RELEASE, wire_params(params))
+
+    async def input(self, params: ParamsLike) -> Result:
+        """``child.input`` (design §21): answer a waiting child's input request
+        (``inputId``, and ``decision`` or a text ``message``; ``requestId``)."""
+        return await self._ask(INPUT, wire_params(params))
 
     async def follow(
         self, params: ParamsLike, *, max_buffered: int = FOLLOW_BUFFER_BYTES
@@ -544,4 +550,5 @@ class SyncClient:
     cancel = _blocking(Client.cancel)
     steer = _blocking(Client.steer)
     release = _blocking(Client.release)
+    input = _blocking(Client.input)
     call = _blocking(Client.call)

@@ -14,10 +14,9 @@ run) happens here, after the commit.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -27,32 +26,34 @@ from delegation import errors
 from delegation.backlog import UNBOUNDED, Room
 from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.config import EngineConfig
-from delegation.engine import following, telemetry
+from delegation.engine import telemetry
 from delegation.engine.membership import Membership
 from delegation.engine.methods import ChildMethods
 from delegation.engine.notices import Notices
 from delegation.engine.operators import WATCH_INTERVAL_S, ControlWatcher
+from delegation.engine.reads import EngineReads
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor, collector_paused
 from delegation.engine.timers import Timers
 from delegation.engine.upkeep import Upkeep
+from delegation.engine.waking import OperatorWaits, Waking
 from delegation.options import ExecutionOptions
 from delegation.protocol import ToolBegin
-from delegation.records import ChildFilter, ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
+from delegation.records import RunnerConnection, ToolHandle
 from delegation.runs import Runner
 from delegation.store import processes as store_processes
 from delegation.store.interface import Store
 from delegation.store.sql import Connection
 from delegation.store.stores import open_store
-from delegation.usecases import maintenance, queries, service
+from delegation.usecases import maintenance, service, waiting
 from delegation.usecases.protection import Protected, host_code, host_imports
 from delegation.wire import (
     CANCEL_METHOD,
+    INPUT_METHOD,
     READ_METHOD,
     RELEASE_METHOD,
     START_METHOD,
     STEER_METHOD,
-    Event,
     ParamsLike,
     Preset,
     Result,
@@ -64,9 +65,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("delegation.engine")
 T = TypeVar("T")
+_json = msgspec.json.Encoder()
 
 
-class Engine:
+class Engine(EngineReads):
     """Durable child runs on SQLite or PostgreSQL.
 
     Use as ``async with Engine(url, runner=...) as engine``.
@@ -98,12 +100,18 @@ class Engine:
         notices = Notices(self._announced)
         self._rt = Runtime(self.config, self._db, clock, self._telemetry, notices)
         self.timers = Timers(
-            self.clock, self._expire_on_time, self._sweep, self.config.retention_sweep_s
+            self.clock,
+            self._expire_on_time,
+            self._sweep,
+            self.config.retention_sweep_s,
+            wake=self._wake_on_time,
         )
         self._supervisor = Supervisor(self._rt, runner, self.timers)
         self._upkeep = Upkeep(self._rt, self._supervisor, self.timers)
         self._membership = Membership(self._rt, self._supervisor, self.timers)
         self._methods = ChildMethods(self._rt, self._supervisor)
+        self._waking = Waking(self._rt, self._supervisor, self.timers)
+        self._methods.on_delivered = self._waking.delivered
         self._db.on_lost = self._membership.lost
         self._controls: ControlWatcher | None = None
         self._open = False
@@ -193,12 +201,14 @@ class Engine:
         self.timers.start(loop)
         self.timers.arm(deadline)
         self._supervisor.resume(takeover)
+        await self._waking.arm()  # the waiting children it owns now (design §21)
         self._controls = ControlWatcher(
             self._rt,
             self._supervisor,
             self.cancel_child,
             self.steer_child,
             self._db.watch(WATCH_INTERVAL_S),
+            OperatorWaits(self.answer_input, self.send_event, self._waking),
         )
         self._controls.start()  # operators' requests: those left while down first
         self._membership.start()
@@ -235,6 +245,9 @@ class Engine:
 
     async def _sweep(self) -> None:
         await self._upkeep.sweep()
+
+    async def _wake_on_time(self) -> None:
+        await self._waking.wake_on_time()
 
     async def close(self) -> None:
         """Stop local execution gracefully; leased children are resumed at the next boot.
@@ -418,6 +431,65 @@ class Engine:
         self._methods.deliver_steer(outcome)
         return outcome.result
 
+    # --- a child that waits (design §21) ------------------------------------------------
+
+    async def answer_input(
+        self,
+        conversation_id: str,
+        input_id: str,
+        *,
+        decision: str | None = None,
+        text: str | None = None,
+        run_id: str | None = None,
+        request_id: str | None = None,
+    ) -> Result:
+        """The host's own answer to a child's input request (a person's, an operator's),
+        whatever its grant: ``decision`` one of the request's options (an approval's
+        ``approve`` or ``deny``), or ``text`` for a request without options. Idempotent
+        per ``request_id`` (a fresh one if None); returns the child's Result.
+
+        Raises the refusals of ``child.input``: ``InputUnknown``, ``InputAnswered``,
+        ``InputInvalid``, ``InputClosed``; ``ChildNotFound`` for no such child.
+        """
+        self._require_open()
+        rid = request_id or f"host-{secrets.token_hex(8)}"
+        use = Use(
+            waiting.answer_exact, conversation_id, run_id, input_id, decision or "", text or "",
+            rid,
+        )  # fmt: skip
+        delivered = await self._rt.write(use)
+        self._waking.delivered(delivered)
+        return await self._supervisor.page(delivered.child_id, 0, strict=False)
+
+    async def send_event(
+        self,
+        conversation_id: str,
+        key: str,
+        payload: object = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> bool:
+        """Send the event ``key`` to a conversation (design §21): a wait of its newest
+        execution for ``key`` gets ``payload`` (anything msgspec encodes), now if one
+        waits, else the first that asks. Among events not taken yet the first sent with
+        a key wins, and an ``idempotency_key`` is sent once: False when this send
+        changed nothing.
+
+        Raises:
+            errors.ChildNotFound: no such conversation.
+            errors.EventTooLarge: a payload over ``max_step_bytes`` once encoded.
+            errors.EventBufferFull: ``max_buffered_events`` wait to be taken already.
+        """
+        self._require_open()
+        try:
+            body = _json.encode(payload)
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise errors.InputError(f"an event's payload must be JSON-encodable: {exc}") from None
+        use = Use(waiting.send_event, self.config, conversation_id, key, body, idempotency_key)
+        delivered = await self._rt.write(use)
+        self._waking.delivered(delivered)
+        return delivered.accepted
+
     # --- the five methods -------------------------------------------------------------
 
     async def call(
@@ -457,93 +529,21 @@ class Engine:
             STEER_METHOD, self._methods.steer, conn, params, UNBOUNDED
         )
 
+    async def input(self, conn: RunnerConnection, params: ParamsLike) -> Result:
+        """``child.input`` (design §21): answer an input request of the child, with
+        ``inputId`` and ``decision`` (or ``message`` for a text), idempotent per
+        ``requestId``; the child's Result."""
+        self._require_open()
+        return await self._methods.answer(
+            INPUT_METHOD, self._methods.input, conn, params, UNBOUNDED
+        )
+
     async def release(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.lease.release``: revoke a lease and wait for its children to stop."""
         self._require_open()
         return await self._methods.answer(
             RELEASE_METHOD, self._methods.release, conn, params, UNBOUNDED
         )
-
-    # --- read models ------------------------------------------------------------------
-
-    async def get_child(
-        self, conversation_id: str, run_id: str | None = None
-    ) -> ChildRecord | None:
-        """The newest execution of a conversation (or the one ``run_id`` names), or None."""
-        return await self._db.read(lambda c: queries.find_child(c, conversation_id, run_id))
-
-    async def list_children(
-        self,
-        *,
-        state: str | None = None,
-        lease_id: str | None = None,
-        parent_run_id: str | None = None,
-        parent_conversation_id: str | None = None,
-        limit: int = 100,
-    ) -> list[ChildRecord]:
-        """Child records, newest first, filtered by state, lease and parent."""
-        wanted = ChildFilter(state, lease_id, parent_run_id, parent_conversation_id, limit)
-        return await self._db.read(lambda c: queries.list_children(c, wanted))
-
-    async def events(
-        self,
-        conversation_id: str,
-        run_id: str | None = None,
-        after: int = 0,
-        limit: int | None = None,
-    ) -> list[Event]:
-        """Committed events of an execution with ``sequence > after``, oldest first."""
-        size = limit or self.config.events_per_read
-        return await self._db.read(
-            lambda c: queries.child_events(c, conversation_id, run_id, after, size)
-        )
-
-    def _announced(self, wanted: bool) -> None:
-        """The store announces committed events only while a child is followed: a
-        batch then wakes the loop once more, which no one should pay for unasked."""
-        self._db.on_events = self._rt.notices.bump if wanted else None
-
-    async def follow(
-        self, conversation_id: str, run_id: str | None = None, after: int = 0
-    ) -> AsyncIterator[Event]:
-        """Every committed event of an execution after ``after``, each once, in order,
-        as it commits; the iterator ends once the execution is terminal and its last
-        event was given, whoever ended it (this host, another one, a takeover). Woken by
-        the commit itself (another host's by its ``NOTIFY``); with no wake-up for a
-        second it reads again anyway, so a lost notice only delays the end. A read the
-        database could not answer is tried again (see :mod:`delegation.usecases.follow`).
-
-        Raises:
-            errors.ChildNotFound: no such execution.
-            errors.ChildPurged: the execution was purged before its end was read.
-            errors.HostClosing: the engine closed while following.
-        """
-        self._require_open()
-        child = await self.get_child(conversation_id, run_id)
-        if child is None:
-            raise errors.ChildNotFound(f"child not found: {conversation_id}")
-        max_bytes = self.config.max_page_bytes
-        pages = following.any_pages(self._db, self._rt.notices, child.id, max_bytes)
-        async for event in pages(after, self.config.events_per_read):
-            yield event
-
-    def follow_read(
-        self, conn: RunnerConnection, params: ParamsLike, *, room: Room = UNBOUNDED
-    ) -> AsyncGenerator[Result]:
-        """``child.follow``: the pages ``child.read`` answers from ``params.after`` on,
-        each read as the child's commits land, until the one that finds it terminal.
-        Every page is a read: its authority and refusals (see ``owned_pages``), and its
-        room reserved in ``room`` (see :meth:`call`)."""
-        self._require_open()
-        methods = self._methods
-        read = functools.partial(methods.read, conn, room=room)
-        limit = self.config.events_per_read  # the most events a read puts in a page
-        notices, owned = self._rt.notices, methods.params(params)
-        return following.owned_pages(read, self.get_child, notices, owned, limit)
-
-    async def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
-        """Leases and tombstones, newest first."""
-        return await self._db.read(lambda c: queries.leases(c, runner_id))
 
 
 def _forget_processes(conn: Connection, now: float, child_ids: list[int]) -> None:

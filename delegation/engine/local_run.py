@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from delegation import authority, errors
@@ -35,10 +35,12 @@ from delegation.engine.runtime import Runtime, Use
 from delegation.records import ChildRecord, RecordedStep
 from delegation.store import processes as store_processes
 from delegation.store import steps
+from delegation.store import waits as store_waits
 from delegation.store.events import EventRow
 from delegation.store.sql import Connection
 from delegation.store.steers import mark_delivered
-from delegation.usecases import queries, service
+from delegation.store.waits import WaitRow
+from delegation.usecases import queries, service, waiting
 from delegation.wire import Result
 
 if TYPE_CHECKING:
@@ -59,11 +61,14 @@ class LocalRun:
         "_decided",
         "_ended",
         "child_id",
+        "conversation_id",
         "ctx",
         "cwd",
         "emitted",
         "first",
         "lease_pending",
+        "on_parked",
+        "parked",
         "phase",
         "rt",
         "suspended",
@@ -78,13 +83,17 @@ class LocalRun:
         cwd: str,
         lease_pending: bool,
         first: asyncio.Future[Result | None] | None = None,
+        conversation_id: str = "",
     ) -> None:
         self.rt = rt
         self.child_id = child_id
+        self.conversation_id = conversation_id
         self.cwd = cwd
         self.lease_pending = lease_pending  # a first admission under its lease re-checks
         self.phase = Phase.PREPARING
         self.suspended = False  # graceful close: stop without recording an end
+        # Its child waits (design §21): the run's task ends without recording an end.
+        self.parked = False
         # ADMITTED or ENDED, and ENDED: the events are made when first asked for (True:
         # set before anyone asked), as each object of a run costs in every GC run.
         self._decided: asyncio.Event | bool = False
@@ -95,6 +104,7 @@ class LocalRun:
         self.ctx: ChildContext | None = None
         self.emitted = False  # an event was appended in this process
         self.tracked = False  # a process of the run is recorded (ended with the run)
+        self.on_parked: Callable[[float | None], None] | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -214,10 +224,12 @@ class LocalRun:
 
     # --- hooks of the run's journal (journal.JournalHooks, design §15) -------------------
 
-    async def record_step(self, name: str, ordinal: int, step: RecordedStep) -> RecordedStep:
+    async def record_step(
+        self, name: str, ordinal: int, step: RecordedStep, closes_wait: bool
+    ) -> RecordedStep:
         # Queued behind every event the run appended before it: one commit holds them
         # all (or they were committed earlier). Owed like an admission (design §19).
-        use = Use(_record_step, self.child_id, name, ordinal, step)
+        use = Use(_record_step, self.child_id, name, ordinal, step, closes_wait)
         recorded = await self.rt.owed(self.stopped, use)
         if recorded is None:
             raise errors.HostClosing("this run was stopped with its host: its step is not recorded")
@@ -232,6 +244,47 @@ class LocalRun:
 
     async def step_names(self) -> list[str]:
         return await self.rt.db.read(lambda c: steps.names(c, self.child_id))
+
+    # --- hooks of the run's waits (waits.WaitHooks, design §21) --------------------------
+
+    def now(self) -> float:
+        return self.rt.clock.now()
+
+    async def wait_state(self, name: str) -> WaitRow | None:
+        return await self.rt.db.read(lambda c: waiting.wait_state(c, self.child_id, name))
+
+    async def open_wait(
+        self, name: str, spec: waiting.WaitSpec, event: tuple[int, bytes] | None
+    ) -> WaitRow:
+        row = None if event is None else EventRow(self.child_id, event[0], event[1], None)
+        if row is not None:
+            self.emitted = True
+        use = Use(waiting.open_wait, self.rt.config, self.child_id, name, spec, row)
+        return await self._owed_wait(use)
+
+    async def take_event(self, name: str) -> WaitRow:
+        return await self._owed_wait(Use(waiting.take_event, self.child_id, name))
+
+    async def _owed_wait(self, use: Use[WaitRow]) -> WaitRow:
+        found = await self.rt.owed(self.stopped, use)
+        if found is None:
+            raise errors.HostClosing("this run was stopped with its host while it waited")
+        return found
+
+    async def suspend_waiting(self) -> bool:
+        """Suspend the child (``waiting``) unless something it waits for can end now; once
+        committed its task is cancelled, and it is this host's to wake (the supervisor's
+        ``parked`` callback: its timer)."""
+        use = Use(waiting.suspend, self.child_id, self.rt.instance_id)
+        suspended = await self.rt.owed(self.stopped, use)
+        if suspended is None:
+            return False
+        self.parked = True
+        if self.on_parked is not None:
+            self.on_parked(suspended.wake_at)
+        if self.task is not None:
+            self.task.cancel()
+        return True
 
     async def previous_run_id(self, conversation_id: str) -> str | None:
         """The execution before this one in its conversation (a follow-up's), if any."""
@@ -272,9 +325,18 @@ def _delivered(conn: Connection, now: float, steer_ids: list[int]) -> None:
 
 
 def _record_step(
-    conn: Connection, now: float, child_id: int, name: str, ordinal: int, step: RecordedStep
+    conn: Connection,
+    now: float,
+    child_id: int,
+    name: str,
+    ordinal: int,
+    step: RecordedStep,
+    closes_wait: bool,
 ) -> RecordedStep:
-    return steps.record(conn, child_id, name, ordinal, step, now)
+    recorded = steps.record(conn, child_id, name, ordinal, step, now)
+    if closes_wait:
+        store_waits.close(conn, child_id, name, now)
+    return recorded
 
 
 def _barrier(conn: Connection, now: float) -> bool:

@@ -18,11 +18,11 @@ from delegation import os_processes as processes
 from delegation.clock import ServerClock
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
-from delegation.engine.timers import Timers
+from delegation.engine.timers import WAKE_JOB, Timers
 from delegation.runners import tmpdirs
 from delegation.store import lifecycle
 from delegation.store.batch import boot_clock
-from delegation.usecases import maintenance
+from delegation.usecases import maintenance, waiting
 
 log = logging.getLogger("delegation.engine")
 
@@ -232,6 +232,9 @@ class Membership:
         finally:
             self._supervisor.resume(takeover)
         self._timers.arm(await self._rt.db.read(maintenance.next_deadline))
+        # The waiting children it took are this host's to wake (design §21).
+        me = self._rt.instance_id
+        self._timers.arm(await self._rt.db.read(lambda c: waiting.next_wake(c, me)), WAKE_JOB)
 
     async def _correct_clock(self, clock: ServerClock) -> None:
         """Read the server's clock on the reader (not behind queued writes), so the

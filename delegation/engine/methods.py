@@ -23,9 +23,10 @@ from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
 from delegation.records import RunnerConnection
 from delegation.store.sql import Connection
-from delegation.usecases import queries, service
+from delegation.usecases import queries, service, waiting
 from delegation.wire import (
     CANCEL_METHOD,
+    INPUT_METHOD,
     READ_METHOD,
     RELEASE_METHOD,
     START_METHOD,
@@ -44,7 +45,8 @@ _json = msgspec.json.Encoder()
 
 class ChildMethods:
     """``child.start``, ``child.read``, ``child.cancel``, ``child.steer`` and
-    ``child.lease.release`` on the runtime and the supervisor of one engine."""
+    ``child.lease.release`` (and ``child.input``, design §21) on the runtime and the
+    supervisor of one engine."""
 
     def __init__(self, rt: Runtime, supervisor: Supervisor) -> None:
         self._rt = rt
@@ -57,7 +59,10 @@ class ChildMethods:
             CANCEL_METHOD: self.cancel,
             STEER_METHOD: self.steer,
             RELEASE_METHOD: self.release,
+            INPUT_METHOD: self.input,
         }
+        # An answer committed (design §21): its run here reads again, or its child wakes.
+        self.on_delivered: Callable[[waiting.Delivered], None] = lambda _: None
 
     def handler(self, method: str) -> ChildHandler[Result | SteerResult]:
         """The method a wire name names (the typed method's own body: one await less)."""
@@ -139,6 +144,12 @@ class ChildMethods:
         if remaining:
             raise errors.ReleaseUnconfirmed()
         return Result(done=True)
+
+    async def input(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
+        """``child.input`` (design §21): answer the child's input request ``inputId``."""
+        delivered = await self._rt.write(Use(waiting.answer, self._rt.config, conn, params))
+        self.on_delivered(delivered)
+        return await self._supervisor.page(delivered.child_id, params.after, room)
 
     # --- what follows a commit --------------------------------------------------------
 

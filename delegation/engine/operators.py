@@ -1,9 +1,10 @@
 """Operator control from another process (design §11), on the host's side.
 
-``delegation cancel`` and ``delegation steer`` record a control request in the
-database; the host that owns the file watches it (``PRAGMA data_version``, see
-:class:`delegation.store.sqlite.watch.FileWatch`), applies each pending request as its own
-``cancel_child`` / ``steer_child``, and records what happened. A host that was not
+``delegation cancel``, ``delegation steer``, ``delegation input`` and ``delegation send``
+(design §21) record a control request in the database; the host that owns the file
+watches it (``PRAGMA data_version``, see :class:`delegation.store.sqlite.watch.FileWatch`),
+applies each pending request as its own ``cancel_child``, ``steer_child``,
+``answer_input`` or ``send_event``, and records what happened. A host that was not
 running applies them at its next boot. Applying twice is harmless: a cancel of a
 finished child returns it unchanged, and a steer's request id makes it idempotent, so
 a host that dies between applying and recording does no harm by applying again.
@@ -20,7 +21,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from delegation import errors
 from delegation.engine.notices import keep_running
@@ -34,6 +35,18 @@ from delegation.wire import Result, SteerResult
 # The engine's own cancel and steer of one execution (Engine.cancel_child, steer_child).
 CancelChild = Callable[[str, str | None, str], Awaitable[Result]]
 SteerChild = Callable[[str, str, str | None, str | None], Awaitable[SteerResult]]
+
+
+class Waiting(Protocol):
+    """The engine's answer and event for a waiting child (design §21), and what to do
+    when another host committed something a wait here may want."""
+
+    async def answer(self, control: ControlRecord, fields: dict[str, Any]) -> Result: ...
+
+    async def send(self, control: ControlRecord, fields: dict[str, Any]) -> bool: ...
+
+    async def from_other_hosts(self) -> None: ...
+
 
 log = logging.getLogger("delegation.controls")
 
@@ -51,12 +64,14 @@ class ControlWatcher:
         cancel_child: CancelChild,
         steer_child: SteerChild,
         watch: Watch,
+        waiting: Waiting | None = None,
     ) -> None:
         self._rt = rt
         self._supervisor = supervisor
         self._cancel_child = cancel_child
         self._steer_child = steer_child
         self._watch = watch
+        self._waiting = waiting
         self._task: asyncio.Task[None] | None = None
         self._applying: set[int] = set()
         self._running: set[asyncio.Task[None]] = set()
@@ -91,6 +106,11 @@ class ControlWatcher:
             notices.bump_all()
         else:
             notices.bump(moved)
+        if self._waiting is not None:
+            try:
+                await self._waiting.from_other_hosts()
+            except errors.DelegationError as exc:
+                self._unread_now("waits_unread", "waits", exc)
         local = self._supervisor.steerable()
         if not local:
             return
@@ -163,9 +183,35 @@ class ControlWatcher:
 
     async def _outcome(self, control: ControlRecord) -> dict[str, Any]:
         try:
+            if control.action in ("input", "event"):
+                return await self._waited(control)
             steered = await self._steer_child(
                 control.conversation_id, control.message, control.run_id, control.request_id
             )
             return {"outcome": steered.outcome, "reason": steered.reason}
         except errors.DelegationError as exc:
             return {"failure": str(exc), "failureReason": exc.reason}
+
+    async def _waited(self, control: ControlRecord) -> dict[str, Any]:
+        """An operator's answer (``delegation input``) or event (``delegation send``):
+        its fields travel as JSON in the control's message."""
+        if self._waiting is None:
+            raise errors.InternalError()
+        try:
+            fields = json.loads(control.message)
+        except ValueError:
+            fields = None
+        if not isinstance(fields, dict):
+            raise errors.MalformedInput("malformed control request")
+        if control.action == "input":
+            result = await self._waiting.answer(control, fields)
+            return {"state": _state_of(result)}
+        return {"accepted": await self._waiting.send(control, fields)}
+
+
+def _state_of(result: Result) -> str:
+    if result.cancelled:
+        return "cancelled"
+    if result.done:
+        return "done"
+    return "waiting" if result.input_requests else "running"

@@ -161,12 +161,13 @@ class Runtime:
         except errors.DelegationError as exc:  # a fenced host, a closed store: the next boot
             log.warning("background write dropped: %s", exc, extra={"action": "write_dropped"})
 
-    def background(self, work: Coroutine[Any, Any, Any]) -> None:
+    def background(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``work`` in a task of its own, cancelled at close; a failure nobody
         awaits is logged (``background_failed``), never silent."""
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._ended)
+        return task
 
     def _ended(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)

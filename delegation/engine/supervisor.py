@@ -14,14 +14,14 @@ import contextlib
 import gc
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from delegation import authority, errors, machine
 from delegation.backlog import UNBOUNDED, Room
 from delegation.engine.local_run import LocalRun, LocalRuns
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.timers import Timers
-from delegation.records import ChildRecord, RunnerConnection
+from delegation.records import ChildRecord, Resumable, RunnerConnection
 from delegation.runs import (
     ChildContext,
     NotResumable,
@@ -76,6 +76,8 @@ class Supervisor:
         # them whose cancellation came meanwhile (see stop).
         self._resuming: set[int] = set()
         self._cancel_on_resume: set[int] = set()
+        # A run here suspended its child (design §21): when it wakes at the latest.
+        self.on_parked: Callable[[float | None], None] | None = None
 
     # --- child.start ------------------------------------------------------------------
 
@@ -195,7 +197,10 @@ class Supervisor:
         *,
         first: asyncio.Future[Result | None] | None = None,
     ) -> LocalRun:
-        local = LocalRun(self._rt, child.id, child.cwd, plan.lease_pending, first)
+        local = LocalRun(
+            self._rt, child.id, child.cwd, plan.lease_pending, first, child.conversation_id
+        )
+        local.on_parked = self.on_parked
         self.runs.add(local)
         local.task = asyncio.create_task(
             self._execute(local, child, plan, recovery, steers),
@@ -229,6 +234,29 @@ class Supervisor:
                 extra={"action": "child_recovered", "run_id": item.child.run_id},
             )
 
+    def wake(self, woken: Sequence[Resumable]) -> None:
+        """Run again the children a wake-up committed ``running`` here (design §21)."""
+        for item in woken:
+            recovery = Recovery(item.attempt, item.last_sequence, item.delivered, item.steps)
+            plan = reservation.plan_of(item.child, item.policy)
+            self.spawn(item.child, plan, recovery, item.steers)
+            log.info("child woken", extra={"action": "child_woken", "run_id": item.child.run_id})
+
+    def notify_waits(self, child_id: int) -> bool:
+        """Tell a run here that something it waits for may have come; False when the
+        child runs nowhere here."""
+        local = self.runs.get(child_id)
+        if local is None or local.ctx is None or local.parked:
+            return False
+        local.ctx.wake_waits()
+        return True
+
+    def notify_all_waits(self) -> None:
+        """Every run here reads its waits again (another host committed something)."""
+        for local in self.runs:
+            if local.ctx is not None and not local.parked:
+                local.ctx.wake_waits()
+
     async def _execute(
         self,
         local: LocalRun,
@@ -260,6 +288,8 @@ class Supervisor:
                 max_field_bytes=self._rt.config.max_event_field_bytes,
                 hooks=local,
                 protected=self.protected,
+                wait_hooks=local,
+                hold_s=self._rt.config.hold_s,
                 journal=Journal(
                     local,
                     recorded=recovery.steps if recovery else 0,
@@ -296,7 +326,8 @@ class Supervisor:
             if ctx is not None:
                 ctx.close()
             try:
-                ended = await self._finish(local, error)
+                # A run whose child now waits ends without an end (design §21).
+                ended = None if local.parked else await self._finish(local, error)
             except errors.DelegationError as exc:
                 # A run stopped with its host meanwhile was not to record its end: its
                 # child resumes at the next boot or on the host that took it over (the
@@ -377,7 +408,7 @@ class Supervisor:
             if local is None and child_id in self._resuming:
                 self._cancel_on_resume.add(child_id)  # stopped as it is spawned
                 continue
-            if local is None:
+            if local is None or local.parked:  # a waiting child: no run to stop
                 orphans.append(child_id)
                 continue
             local.cancel()

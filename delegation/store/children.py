@@ -21,7 +21,7 @@ ACTIVE_STATES = [s.value for s in machine.ACTIVE]
 # Unfinished children by state alone: ix_children_one_active holds exactly these rows.
 # A query through it repeats the index's own term and reads ``Spelling.active`` (SQLite
 # uses a partial index only when told).
-ACTIVE_TERM = "state IN ('prepared', 'admitted', 'running')"
+ACTIVE_TERM = "state IN ('prepared', 'admitted', 'running', 'waiting')"
 
 
 # Hot paths use plain SQL through the same connection: building and caching a Core
@@ -105,6 +105,15 @@ def by_state(conn: Connection, state: str) -> list[ChildRecord]:
     return _many(conn, f"{ACTIVE_TERM} AND state = ? ORDER BY id", (state,), active=True)
 
 
+def of_ids(conn: Connection, ids: list[int]) -> list[ChildRecord]:
+    """The children of these ids (those that exist), by id."""
+    found: list[ChildRecord] = []
+    for part in chunks(ids):
+        marks = ", ".join("?" for _ in part)
+        found += _many(conn, f"id IN ({marks}) ORDER BY id", tuple(part))
+    return found
+
+
 def was_purged(
     conn: Connection, grant_id: str | None, conversation_id: str, run_id: str | None
 ) -> bool:
@@ -160,6 +169,7 @@ _FRESH: dict[str, Any] = {
     "options": None,
     "lease_id": None,
     "followup": 0,
+    "inputs_open": 0,
 }
 
 

@@ -42,6 +42,7 @@ def _recovery_event(sequence: int, message: str) -> bytes:
 
 
 PREPARED, ADMITTED, RUNNING = State.PREPARED.value, State.ADMITTED.value, State.RUNNING.value
+WAITING = State.WAITING.value
 
 
 def _fire(trigger: Trigger, among: list[str]) -> str:
@@ -273,13 +274,14 @@ def settle_for_resume(
 ) -> dict[Outcome, int]:
     """After a restart: finish the cancelled, suspend the running, and end what cannot
     be resumed (no live lease, or resumed ``max_attempts`` times). What is left lost and
-    ``admitted`` is to resume (:func:`begin_resume`). Returns how many ended, by
-    outcome."""
+    ``admitted`` is to resume (:func:`begin_resume`); a lost child left ``waiting`` is
+    this instance's now, still waiting (design §21: nothing of it ran). Returns how many
+    ended, by outcome."""
     statements = (
         # Asked to cancel, and nothing runs them any more.
-        f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [ADMITTED, RUNNING])}, error = cancel_reason,"
-        f" finished_at = :now, updated_at = :now WHERE {ACTIVE_TERM}"
-        f" AND state IN ('{ADMITTED}', '{RUNNING}')"
+        f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [ADMITTED, RUNNING, WAITING])},"
+        " error = cancel_reason, finished_at = :now, updated_at = :now WHERE"
+        f" {ACTIVE_TERM} AND state IN ('{ADMITTED}', '{RUNNING}', '{WAITING}')"
         f" AND cancel_requested_at IS NOT NULL AND {LOST}",
         # Their host instance is gone.
         f"UPDATE {ACTIVE} SET {_fire(Trigger.SUSPEND, [RUNNING])}, updated_at = :now"
@@ -303,6 +305,14 @@ def settle_for_resume(
         changed = conn.execute(_q(conn, statement), params).rowcount
         if outcome is not None:
             ended[outcome] = _count(changed)
+    conn.execute(
+        _q(
+            conn,
+            f"UPDATE {ACTIVE} SET engine_instance_id = :me, updated_at = :now"
+            f" WHERE {ACTIVE_TERM} AND state = '{WAITING}' AND {LOST}",
+        ),
+        {"me": me, "now": now},
+    )
     return ended
 
 
@@ -424,28 +434,55 @@ def next_deadline(conn: Connection) -> float | None:
 
 def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable]:
     """Every lost child left admitted, set running under this instance in one statement."""
+    lost = f"{ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST}"
+    return _resumables(conn, lost, {"me": instance_id}, instance_id, now)
+
+
+def woken(conn: Connection, child_ids: list[int], instance_id: str, now: float) -> list[Resumable]:
+    """These children, just woken (admitted under this instance), set running here."""
+    found: list[Resumable] = []
+    for ids in chunks(child_ids):
+        marks = ", ".join(f":i{n}" for n in range(len(ids)))
+        where = (
+            f"{ACTIVE_TERM} AND state = '{ADMITTED}' AND engine_instance_id = :me"
+            f" AND id IN ({marks})"
+        )
+        params = {"me": instance_id, **{f"i{n}": i for n, i in enumerate(ids)}}
+        found += _resumables(conn, where, params, instance_id, now)
+    return found
+
+
+def _resumables(
+    conn: Connection, where: str, params: dict[str, object], instance_id: str, now: float
+) -> list[Resumable]:
+    """The admitted children ``where`` names, with what each resumes with (its last
+    event, its steers, its grant's policy, its steps), set running under this instance.
+    Their attempt is their recovery attempts and wakes (design §21) together."""
     rows = conn.execute(
         _q(
             conn,
-            "SELECT id, recovery_attempts, (SELECT MAX(sequence) FROM events e"
+            "SELECT id, recovery_attempts + wakes, (SELECT MAX(sequence) FROM events e"
             " WHERE e.child_id = children.id) AS last, (SELECT count(*) FROM steps s"
-            f" WHERE s.child_id = children.id) AS steps FROM {ACTIVE}"
-            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST} ORDER BY id",
+            f" WHERE s.child_id = children.id) AS steps FROM {ACTIVE} WHERE {where} ORDER BY id",
         ),
-        {"me": instance_id},
+        params,
     ).all()
-    found = {child.id: child for child in children.by_state(conn, "admitted")}
+    if not rows:
+        return []
+    ids = [int(row[0]) for row in rows]
+    # Many (a takeover's thousands): all admitted at once; a few (a wake): by id.
+    few = children.of_ids(conn, ids) if len(ids) <= 64 else children.by_state(conn, "admitted")
+    found = {child.id: child for child in few}
     queued: dict[int, list[tuple[int, str]]] = {}
     delivered: dict[int, list[str]] = {}
     for child_id, steer_id, message, handed in conn.execute(
         _q(
             conn,
             "SELECT s.child_id, s.id, s.message, s.delivered_at IS NOT NULL FROM steers s"
-            f" WHERE s.child_id IN (SELECT id FROM {ACTIVE}"
-            f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST})"
+            f" WHERE s.child_id IN (SELECT id FROM {ACTIVE} WHERE {where})"
             " AND s.outcome = 'injected' ORDER BY s.id",
         ),
-        {"me": instance_id},
+        params,
     ):
         if handed:
             delivered.setdefault(child_id, []).append(message)
@@ -457,31 +494,31 @@ def resumables(conn: Connection, instance_id: str, now: float) -> list[Resumable
             _q(
                 conn,
                 "SELECT c.id, g.policy FROM grants g JOIN"
-                f" (SELECT id, grant_id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND state = '{ADMITTED}'"
-                f" AND {LOST}) c ON g.id = c.grant_id WHERE g.policy IS NOT NULL",
+                f" (SELECT id, grant_id FROM {ACTIVE} WHERE {where}) c ON g.id = c.grant_id"
+                " WHERE g.policy IS NOT NULL",
             ),
-            {"me": instance_id},
+            params,
         )
     }
     conn.execute(
         _q(
             conn,
             f"UPDATE {ACTIVE} SET {_fire(Trigger.RUN, [ADMITTED])}, engine_instance_id = :me,"
-            f" updated_at = :now WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST}",
+            f" updated_at = :now WHERE {where}",
         ),
-        {"me": instance_id, "now": now},
+        {**params, "me": instance_id, "now": now},
     )
     return [
         Resumable(
-            found[row.id],
-            row.recovery_attempts,
-            int(row.last),
-            tuple(queued.get(row.id, ())),
-            policies.get(row.id),
-            tuple(delivered.get(row.id, ())),
-            int(row.steps),
+            found[child_id],
+            int(attempt),
+            int(last),
+            tuple(queued.get(child_id, ())),
+            policies.get(child_id),
+            tuple(delivered.get(child_id, ())),
+            int(steps),
         )
-        for row in rows
+        for child_id, attempt, last, steps in rows
     ]
 
 
@@ -522,6 +559,10 @@ def purge(conn: Connection, retention_s: float, now: float, batch: int = 1000) -
         " AND NOT EXISTS (SELECT 1 FROM connections c WHERE c.engine_instance_id = h.id)"
         " AND NOT EXISTS (SELECT 1 FROM grants g WHERE g.engine_instance_id = h.id)"
         " AND NOT EXISTS (SELECT 1 FROM children c WHERE c.engine_instance_id = h.id)",
+        # Events sent to a conversation (design §21): taken, or nothing left to take them.
+        "DELETE FROM signals WHERE sent_at < :cutoff AND (taken_at IS NOT NULL OR NOT EXISTS"
+        " (SELECT 1 FROM children c WHERE c.conversation_id = signals.conversation_id"
+        " AND c.finished_at IS NULL))",
     ):
         conn.execute(_q(conn, statement), {"cutoff": p["cutoff"]})
     return int(count)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +90,40 @@ def upgrade(connection: Connection, revision: str = "head", on_step: OnStep | No
             on_step(steps, next(done))
 
         cfg.attributes["on_version_apply"] = applied
-    command.upgrade(cfg, revision)
-    connection.commit()
+    with _rebuilds_keep_rows(connection):
+        command.upgrade(cfg, revision)
+        connection.commit()
 
 
 def downgrade(connection: Connection, revision: str) -> None:
-    command.downgrade(config(connection), revision)
-    connection.commit()
+    with _rebuilds_keep_rows(connection):
+        command.downgrade(config(connection), revision)
+        connection.commit()
+
+
+@contextlib.contextmanager
+def _rebuilds_keep_rows(connection: Connection) -> Iterator[None]:
+    """SQLite: a revision that rebuilds a table (a CHECK changed) drops the old one, and
+    with foreign keys on, that drop deletes every row that references it, cascading
+    (``children``'s events, steps, steers). Foreign keys are off while it migrates,
+    and checked after: a dangling reference refuses the migration. Only between
+    transactions may they be switched; inside one (a caller's), nothing changes."""
+    raw = connection.connection.dbapi_connection
+    if connection.dialect.name != "sqlite" or raw is None or raw.in_transaction:
+        yield
+        return
+    (before,) = raw.execute("PRAGMA foreign_keys").fetchone()
+    raw.execute("PRAGMA foreign_keys=OFF")
+    try:
+        yield
+        dangling = raw.execute("PRAGMA foreign_key_check").fetchall()
+        if dangling:
+            first = dangling[0]
+            raise errors.SchemaMismatch(
+                f"the migration left {len(dangling)} rows referencing nothing (first: {first})"
+            )
+    finally:
+        raw.execute(f"PRAGMA foreign_keys={'ON' if before else 'OFF'}")
 
 
 def checked_revision(conn: Connection) -> str | None:

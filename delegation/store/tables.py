@@ -41,7 +41,9 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 TIME: TypeEngine[float] = REAL().with_variant(postgresql.DOUBLE_PRECISION(), "postgresql")
 BIG: TypeEngine[int] = Integer().with_variant(BigInteger(), "postgresql")
 
-STATES = "('prepared', 'admitted', 'running', 'done', 'cancelled')"
+STATES = "('prepared', 'admitted', 'running', 'waiting', 'done', 'cancelled')"
+# The unfinished states: what ix_children_one_active holds (design §3.6, §21).
+UNFINISHED = ["prepared", "admitted", "running", "waiting"]
 
 # The engine instances (one per host's life, design §12); a runner's own host is
 # ``host_instance_id`` elsewhere. Its constraints keep the names they were given while
@@ -195,12 +197,18 @@ children = Table(
     # The effective options at its start (design §14), as the codec wrote them; NULL: a
     # child reserved before revision 0011.
     Column("options", LargeBinary),
+    # A waiting child (design §21): when to wake it, the earliest of its timers, or now
+    # once what it waits for came (NULL unless waiting); how often it was woken; and how
+    # many input requests of the execution are open (its Result lists them).
+    Column("wake_at", TIME),
+    Column("wakes", Integer, nullable=False, server_default=text("0")),
+    Column("inputs_open", Integer, nullable=False, server_default=text("0")),
     CheckConstraint(f"state IN {STATES}", name="state"),
     CheckConstraint(
         "(state IN ('done', 'cancelled')) = (finished_at IS NOT NULL)", name="finished_iff_terminal"
     ),
     CheckConstraint(
-        "state NOT IN ('admitted', 'running') OR admitted_at IS NOT NULL",
+        "state NOT IN ('admitted', 'running', 'waiting') OR admitted_at IS NOT NULL",
         name="admitted_has_time",
     ),
     CheckConstraint("state != 'prepared' OR admitted_at IS NULL", name="prepared_not_admitted"),
@@ -213,6 +221,7 @@ children = Table(
     CheckConstraint("recovery_attempts >= 0", name="attempts_non_negative"),
     CheckConstraint("depth >= 1", name="depth_positive"),
     CheckConstraint("followup IN (0, 1)", name="followup_bool"),
+    CheckConstraint("wakes >= 0 AND inputs_open >= 0", name="wait_counts_non_negative"),
 )
 Index("ix_children_grant_request", children.c.grant_id, children.c.request_id, unique=True)
 Index("ix_children_conversation", children.c.conversation_id)
@@ -221,8 +230,17 @@ Index(
     "ix_children_one_active",
     children.c.conversation_id,
     unique=True,
-    sqlite_where=children.c.state.in_(["prepared", "admitted", "running"]),
-    postgresql_where=children.c.state.in_(["prepared", "admitted", "running"]),
+    sqlite_where=children.c.state.in_(UNFINISHED),
+    postgresql_where=children.c.state.in_(UNFINISHED),
+)
+# A host's waiting children by when they wake (design §21): its wake-up reads the due
+# ones, its timer the earliest.
+Index(
+    "ix_children_waking",
+    children.c.engine_instance_id,
+    children.c.wake_at,
+    sqlite_where=children.c.state == "waiting",
+    postgresql_where=children.c.state == "waiting",
 )
 # No index on state alone: a start would write an entry and its admission move it.
 # Queries for unfinished children by state go through ix_children_one_active, which
@@ -310,7 +328,7 @@ controls = Table(
     Column("created_at", TIME, nullable=False),
     Column("applied_at", TIME),
     Column("outcome", Text),  # JSON: what applying it did
-    CheckConstraint("action IN ('cancel', 'steer')", name="action"),
+    CheckConstraint("action IN ('cancel', 'steer', 'input', 'event')", name="action"),
     CheckConstraint("(applied_at IS NULL) = (outcome IS NULL)", name="applied_has_outcome"),
 )
 Index(
@@ -319,6 +337,69 @@ Index(
     sqlite_where=controls.c.applied_at.is_(None),
     postgresql_where=controls.c.applied_at.is_(None),
 )
+
+# What a child's run waits for (design §21), one row per wait of an execution, named as
+# its step is: an input request (``input``, ``approval``: an inputId is this name), an
+# event by key, or a sleep. ``expires_at`` is its timeout, or a sleep's wake time, as
+# first recorded; ``answer`` the answer's or the event's JSON once it came; ``closed_at``
+# once the run recorded its step (answered, taken, slept or timed out).
+waits = Table(
+    "waits",
+    metadata,
+    Column("child_id", Integer, ForeignKey("children.id", ondelete="CASCADE"), primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("kind", Text, nullable=False),
+    Column("prompt", Text, nullable=False, server_default=text("''")),
+    Column("options", Text),  # JSON: the answers it takes (an approval's, an input's)
+    Column("tool_name", Text, nullable=False, server_default=text("''")),
+    Column("tool_call_id", Text, nullable=False, server_default=text("''")),
+    Column("input", Text, nullable=False, server_default=text("''")),
+    Column("event_key", Text),
+    Column("expires_at", TIME),
+    Column("created_at", TIME, nullable=False),
+    Column("answered_at", TIME),
+    Column("answer", LargeBinary),
+    Column("request_id", Text),  # the child.input requestId that answered it
+    Column("closed_at", TIME),
+    CheckConstraint("kind IN ('input', 'approval', 'event', 'sleep')", name="kind"),
+    CheckConstraint("(answered_at IS NULL) = (answer IS NULL)", name="answered_has_answer"),
+    CheckConstraint("(kind = 'event') = (event_key IS NOT NULL)", name="event_has_key"),
+    sqlite_with_rowid=False,
+)
+
+# Events sent to a conversation (``send_event``, ``delegation send``), kept until a wait
+# of one of its executions takes one by key (design §21). Among those not taken, the
+# first sent with a key wins; an idempotency key makes a send once per conversation.
+signals = Table(
+    "signals",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("conversation_id", Text, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    Column("idempotency_key", Text),
+    Column("sent_at", TIME, nullable=False),
+    Column("taken_by", Integer),  # the execution (child id) whose wait took it
+    Column("taken_at", TIME),
+    CheckConstraint("(taken_by IS NULL) = (taken_at IS NULL)", name="taken_by_someone"),
+)
+Index(
+    "ix_signals_untaken",
+    signals.c.conversation_id,
+    signals.c.key,
+    unique=True,
+    sqlite_where=signals.c.taken_at.is_(None),
+    postgresql_where=signals.c.taken_at.is_(None),
+)
+Index(
+    "ix_signals_idempotency",
+    signals.c.conversation_id,
+    signals.c.idempotency_key,
+    unique=True,
+    sqlite_where=signals.c.idempotency_key.is_not(None),
+    postgresql_where=signals.c.idempotency_key.is_not(None),
+)
+Index("ix_signals_sent", signals.c.sent_at)
 
 # Children purged after retention, remembered for one more period so that a handle to
 # one gets a clear "purged" answer rather than "not owned".

@@ -21,7 +21,7 @@ from delegation.store.sql import Connection
 from delegation.usecases import queries
 from delegation.usecases.follow import WatchWake, blocking
 from delegation.usecases.follow import events as events_of
-from delegation.wire import Event
+from delegation.wire import Event, InputRequest
 
 MIN_PREFIX = 4  # characters an id prefix needs, so that a slip never matches everything
 SHORT = 10  # characters a shortened id keeps at least (c-, then 8 hex digits)
@@ -132,6 +132,12 @@ class Inspector:
 
     def get_child(self, conversation_id: str, run_id: str | None = None) -> ChildRecord | None:
         return self._db.read(lambda c: queries.find_child(c, conversation_id, run_id))
+
+    def input_requests(self, record: ChildRecord) -> dict[str, InputRequest]:
+        """A child's open input requests, as its Result carries them (design §21)."""
+        if not record.inputs_open:
+            return {}
+        return self._db.read(lambda c: queries.input_requests(c, record))
 
     def summary(self, conversation_id: str, run_id: str | None = None) -> ChildSummary | None:
         """:meth:`get_child` as a page shows it: its columns, never its stored request."""

@@ -29,7 +29,9 @@ MAX_NAME_BYTES = 1024
 class JournalHooks(Protocol):
     """What the engine does for the journal: committed writes and reads of steps."""
 
-    async def record_step(self, name: str, ordinal: int, step: RecordedStep) -> RecordedStep: ...
+    async def record_step(
+        self, name: str, ordinal: int, step: RecordedStep, closes_wait: bool
+    ) -> RecordedStep: ...
 
     async def read_step(self, name: str, run_id: str | None) -> RecordedStep | None: ...
 
@@ -57,7 +59,11 @@ class Journal:
         fn: Callable[..., Awaitable[Any] | Any],
         args: tuple[Any, ...],
         as_type: Any,
+        *,
+        closes_wait: bool = False,
     ) -> Any:
+        """See ``ChildContext.step``; ``closes_wait``: the step is a wait's outcome, and
+        the wait of that name closes in the same commit (design §21)."""
         _check_name(name)
         names = await self._known()
         if name in names:
@@ -79,7 +85,7 @@ class Journal:
             # What a replay will see, seen now (design §20): a value that does not come
             # back as ``type`` is refused here, before anything is recorded.
             seen = _decoded_first(step, as_type)
-            stored = await self._hooks.record_step(name, len(names) + 1, step)
+            stored = await self._hooks.record_step(name, len(names) + 1, step, closes_wait)
             names.add(name)
         except BaseException as exc:
             done.set_exception(exc)
@@ -90,6 +96,11 @@ class Journal:
         done.set_result(stored)
         # Another process recorded the name first: its value is the step's.
         return seen if stored == step else _decode(stored, as_type)
+
+    async def has(self, name: str) -> bool:
+        """Whether this execution recorded a step by that name."""
+        _check_name(name)
+        return name in await self._known()
 
     async def recorded(self, name: str, run_id: str | None, as_type: Any) -> Any:
         _check_name(name)

@@ -6,16 +6,18 @@ committed rows.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import datetime
+import json
+from typing import Any, NamedTuple
 
 import msgspec
 
 from delegation import errors
 from delegation.codec import encode
 from delegation.records import ChildFilter, ChildRecord, LeaseRecord
-from delegation.store import children, events, grants
+from delegation.store import children, events, grants, waits
 from delegation.store.sql import Connection
-from delegation.wire import Event, Result
+from delegation.wire import Event, InputRequest, Result
 
 _events = msgspec.json.Decoder(list[Event])
 
@@ -51,21 +53,27 @@ class PagedResult(NamedTuple):
 
 
 def result_of(
-    child: ChildRecord, bodies: list[bytes], max_bytes: int | None = None, *, strict: bool = True
+    child: ChildRecord,
+    bodies: list[bytes],
+    max_bytes: int | None = None,
+    *,
+    strict: bool = True,
+    inputs: dict[str, InputRequest] | None = None,
 ) -> Result:
     """A child's wire Result with the events of ``bodies``, as many as fit within
-    ``max_bytes`` (see :func:`fit`); a child that ended unadmitted answers
-    AdmissionFailed (unless not ``strict``: the host's own view, which owes no caller
-    an admission)."""
+    ``max_bytes`` (see :func:`fit`), and its open ``inputs`` (design §21); a child that
+    ended unadmitted answers AdmissionFailed (unless not ``strict``: the host's own
+    view, which owes no caller an admission)."""
     if strict and child.terminal and child.admitted_at is None:
         raise errors.AdmissionFailed(child.error)
-    identity = child.identity_fields()
+    identity: dict[str, Any] = child.identity_fields()
     result = Result(
         **identity,
         done=child.terminal,
         cancelled=child.state == "cancelled",
         error=child.error,
         output=child.output,
+        input_requests=inputs or {},
         events=[],
     )
     if max_bytes is not None and bodies:
@@ -119,8 +127,35 @@ def page_of(
     """The page of a child already read in this transaction: up to ``limit`` events
     after ``after`` whose encoded Result stays within ``max_bytes``."""
     bodies = events.page(conn, child.id, after, limit)
-    result = result_of(child, bodies, max_bytes, strict=strict)
+    inputs = input_requests(conn, child) if child.inputs_open else None
+    result = result_of(child, bodies, max_bytes, strict=strict, inputs=inputs)
     return PagedResult(result, len(result.events) < len(bodies) or len(bodies) >= limit)
+
+
+def input_requests(conn: Connection, child: ChildRecord) -> dict[str, InputRequest]:
+    """A child's open input requests as its Result carries them, by inputId."""
+    found: dict[str, InputRequest] = {}
+    if child.terminal:
+        return found
+    for row in waits.open_inputs(conn, child.id):
+        options = json.loads(row.options) if row.options else []
+        expires = "" if row.expires_at is None else rfc3339(row.expires_at)
+        found[row.name] = InputRequest(
+            kind=row.kind,
+            prompt=row.prompt,
+            tool_name=row.tool_name,
+            tool_call_id=row.tool_call_id,
+            input=row.input,
+            options=options,
+            expires_at=expires,
+        )
+    return found
+
+
+def rfc3339(seconds: float) -> str:
+    """Epoch seconds as an RFC 3339 UTC time, to the millisecond."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def child_by_id(conn: Connection, child_id: int) -> ChildRecord | None:

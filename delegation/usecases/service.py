@@ -187,7 +187,12 @@ def stop_unowned(
         if child is None or child.terminal or child.cancel_requested_at is None:
             continue
         owner = child.engine_instance_id
-        if owner not in (None, instance_id) and runners.instance_is_live(conn, owner):
+        waiting = child.state == State.WAITING.value  # nothing runs it anywhere (design §21)
+        if (
+            owner not in (None, instance_id)
+            and not waiting
+            and runners.instance_is_live(conn, owner)
+        ):
             controls.submit(
                 conn, child.conversation_id, child.run_id, "cancel", "", "", now, notify=True
             )
@@ -235,7 +240,7 @@ def steer_exact(
 ) -> SteerOutcome:
     """The host's own steer of one execution, whatever its grant (an operator's):
     idempotent per requestId like ``child.steer``."""
-    return _record_steer(conn, cfg, _exact(conn, conversation_id, run_id), request_id, message, now)
+    return _record_steer(conn, cfg, exact(conn, conversation_id, run_id), request_id, message, now)
 
 
 def _record_steer(
@@ -446,7 +451,7 @@ def finish_run(
     return RunEnded(affected, child.id)
 
 
-def _exact(conn: Connection, conversation_id: str, run_id: str | None) -> ChildRecord:
+def exact(conn: Connection, conversation_id: str, run_id: str | None) -> ChildRecord:
     """One execution by its ids, for the host's own calls (no grant involved)."""
     authority.require_ids(conversation_id=conversation_id, **({"run_id": run_id} if run_id else {}))
     child = children.find(conn, conversation_id, run_id)
@@ -468,7 +473,7 @@ def cancel_exact(
         errors.InvalidId: an id is not a valid ID.
         errors.ChildPurged, errors.ChildNotFound: there is no such child (any more).
     """
-    child = _exact(conn, conversation_id, run_id)
+    child = exact(conn, conversation_id, run_id)
     if not child.terminal:
         children.request_cancel(conn, [child.id], now, reason)
         child = children.get(conn, child.id) or child

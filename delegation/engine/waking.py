@@ -1,0 +1,138 @@
+"""Waking the children this host owns that wait (design §21).
+
+A child is suspended by its run (:meth:`LocalRun.suspend_waiting`): its task ends and it
+holds nothing but rows. It is this host's still (``engine_instance_id``), due to wake at
+``wake_at``: the earliest of its timers, or now once an answer or its event came. One
+timer sits at the earliest ``wake_at`` of this host's waiting children; a commit here
+that makes one due wakes it at once; another host's (PostgreSQL) is seen by the control
+watcher (``NOTIFY``), and a once-a-second look catches any notice lost. To wake is to
+resume: ``waiting`` → ``running`` here with a ``recovery`` event, and the run is
+prepared again (``prepare(recovery)``), its journal replaying what it recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from delegation import errors
+from delegation.engine.runtime import OWED_PAUSE_MAX_S, Runtime, Use
+from delegation.engine.supervisor import Supervisor
+from delegation.engine.timers import WAKE_JOB, Timers
+from delegation.store.controls import ControlRecord
+from delegation.usecases import maintenance, waiting
+from delegation.wire import Result
+
+log = logging.getLogger("delegation.engine")
+
+BATCH = 500  # children woken in one transaction
+
+
+class Waking:
+    """The wake-ups of one engine's waiting children (see the module)."""
+
+    def __init__(self, rt: Runtime, supervisor: Supervisor, timers: Timers) -> None:
+        self._rt = rt
+        self._supervisor = supervisor
+        self._timers = timers
+        self._soon: asyncio.Task[None] | None = None
+        supervisor.on_parked = self.parked
+
+    def parked(self, wake_at: float | None) -> None:
+        """A run here suspended its child: wake it at ``wake_at`` at the latest."""
+        if wake_at is not None:
+            self._timers.arm_earlier(wake_at, WAKE_JOB)
+
+    async def arm(self) -> None:
+        """At the next wake-up of this host's waiting children (after a boot or a
+        takeover gave it some)."""
+        at = await self._rt.db.read(lambda c: waiting.next_wake(c, self._rt.instance_id))
+        self._timers.arm(at, WAKE_JOB)
+
+    async def wake_due(self) -> None:
+        """Wake every waiting child of this host that is due, then re-arm at the next."""
+        rt = self._rt
+        while True:
+            woken = await rt.write(Use(waiting.wake_due, rt.instance_id, BATCH))
+            for run_id in woken.unreadable:
+                log.error(
+                    "child ended: %s",
+                    maintenance.UNREADABLE,
+                    extra={"action": "child_unreadable", "run_id": run_id},
+                )
+            self._supervisor.wake(woken.resumable)
+            if len(woken.resumable) + len(woken.unreadable) < BATCH:
+                break
+        self._timers.arm(woken.next_wake, WAKE_JOB)
+
+    async def wake_on_time(self) -> None:
+        """The wake timer: a database busy or away puts the wake-up off, never drops it."""
+        try:
+            await self.wake_due()
+        except (errors.DatabaseBusy, errors.StoreUnavailable) as exc:
+            log.warning("waiting children not woken yet: %s", exc, extra={"action": "wake_delayed"})
+            self._timers.arm(self._rt.clock.now() + OWED_PAUSE_MAX_S, WAKE_JOB)
+        except (errors.HostClosing, errors.HostFenced):
+            return
+
+    def soon(self) -> None:
+        """Something made a child of this host due (a commit here): wake it now."""
+        if self._soon is None or self._soon.done():
+            self._soon = self._rt.background(self.wake_on_time())
+
+    def delivered(self, delivered: waiting.Delivered) -> None:
+        """An answer or an event committed here for a child: its run here reads again,
+        or a child of this host waiting for it wakes now. Another host that runs or
+        owns it was woken by the database in the same commit."""
+        if self._supervisor.notify_waits(delivered.child_id):
+            return
+        if delivered.owner in (self._rt.instance_id, None):
+            self.soon()  # waiting here (or suspended since it was read): due now
+
+    async def from_other_hosts(self) -> None:
+        """Several hosts: what another host committed may concern runs here that wait in
+        memory (they read again) and children of this host that wait (due ones wake)."""
+        self._supervisor.notify_all_waits()
+        await self.wake_on_time()
+
+
+AnswerInput = Callable[..., Awaitable[Result]]
+SendEvent = Callable[..., Awaitable[bool]]
+
+
+class OperatorWaits:
+    """What the control watcher applies for ``delegation input`` and ``delegation send``
+    (the engine's own ``answer_input`` and ``send_event``), and its look at waits after
+    another host's commits."""
+
+    def __init__(self, answer_input: AnswerInput, send_event: SendEvent, waking: Waking) -> None:
+        self._answer_input = answer_input
+        self._send_event = send_event
+        self._waking = waking
+
+    async def answer(self, control: ControlRecord, fields: dict[str, Any]) -> Result:
+        return await self._answer_input(
+            control.conversation_id,
+            str(fields.get("inputId", "")),
+            decision=_text(fields.get("decision")),
+            text=_text(fields.get("text")),
+            run_id=control.run_id,
+            request_id=control.request_id or None,
+        )
+
+    async def send(self, control: ControlRecord, fields: dict[str, Any]) -> bool:
+        return await self._send_event(
+            control.conversation_id,
+            str(fields.get("key", "")),
+            fields.get("payload"),
+            idempotency_key=control.request_id or None,
+        )
+
+    async def from_other_hosts(self) -> None:
+        await self._waking.from_other_hosts()
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
