@@ -507,3 +507,54 @@ async def test_a_tool_result_over_max_step_bytes_is_dropped_and_the_child_goes_o
         if getattr(part, "part_kind", "") == "tool-return"
     ]
     assert returned == [note]
+
+
+# --- design §21: approvals -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decision", ["approve", "deny"])
+async def test_a_tool_that_needs_approval_asks_a_person_and_repeats_no_model_request(
+    db_url: str, workspace: Path, decision: str
+) -> None:
+    script = Script(call("wipe", "c1", path="/data"), text("all done"))
+    agent: Agent[None, str] = Agent(FunctionModel(script))
+    ran: list[str] = []
+
+    @agent.tool_plain(requires_approval=True)
+    def wipe(path: str) -> str:
+        """Deletes a folder."""
+        ran.append(path)
+        return f"wiped {path}"
+
+    runner = PydanticAIRunner({"worker": agent})
+    config = EngineConfig(release_drain_s=2.0, hold_s=0.2)
+    async with Engine(db_url, runner=runner, config=config) as engine:
+        h = await open_harness(engine, runner, workspace, [PRESET])
+        started = await h.start("q1", message="wipe /data", lease_id="lease-1")
+        cid = started.conversation_id
+        for _ in range(500):  # it asks, then waits holding nothing
+            record = await engine.get_child(cid)
+            if record is not None and record.state == "waiting":
+                break
+            await asyncio.sleep(0.02)
+        read = await h.read(cid, lease_id="lease-1", tool_call_id="")
+        (ask,) = read.input_requests.values()
+        assert list(read.input_requests) == ["approval 1.1"]
+        assert (ask.kind, ask.tool_name, ask.tool_call_id) == ("approval", "wipe", "c1")
+        assert json.loads(ask.input) == {"path": "/data"}
+        await engine.answer_input(cid, "approval 1.1", decision=decision)
+        record = await finished(h, cid)
+        seen = await events(h, cid)
+    assert (record.state, record.output) == ("done", "all done")
+    assert len(script.requests) == 2  # the first request was replayed on the wake
+    assert ran == (["/data"] if decision == "approve" else [])
+    returned = [
+        part.content
+        for message in script.requests[-1]
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if getattr(part, "part_kind", "") == "tool-return"
+    ]
+    assert returned == (["wiped /data"] if decision == "approve" else ["The tool call was denied."])
+    kinds = [e.kind for e in seen]
+    assert kinds[:2] == ["tool-use", "input-required"] and "recovery" in kinds

@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy
 from sqlalchemy.pool import NullPool
 
-from delegation import ChildContext, Engine, EngineConfig, Params, Preset, Request, errors
+from delegation import ChildContext, Engine, EngineConfig, Event, Params, Preset, Request, errors
 from delegation.clock import ManualClock, ServerClock
 from tests import rows
 
@@ -532,3 +532,123 @@ async def test_a_host_booting_beside_a_held_row_waits_for_it_instead_of_failing(
         holder.dispose()
         logging.getLogger("delegation.engine").removeHandler(handler)
         await engine.close()
+
+
+class Asking:
+    """A runner whose child asks once, then ends with the answer (design §21)."""
+
+    def __init__(self) -> None:
+        self.attempts: list[str] = []
+
+    async def prepare(self, request: Request, preset: Preset, identity: object, recovery: object):  # type: ignore[no-untyped-def]
+        async def run(ctx: ChildContext) -> None:
+            await ctx.admit()
+            self.attempts.append(ctx.identity.run_id)
+            answer = await ctx.ask("q", "go on?", kind="approval")
+            ctx.emit(Event(kind="result", text=answer))
+
+        return run
+
+
+async def _owner_and_state(url: str, conversation_id: str) -> tuple[str, str]:
+    sql = "SELECT engine_instance_id, state FROM children WHERE conversation_id = :c"
+    ((owner, state),) = rows.rows(url, sql, {"c": conversation_id})
+    return str(owner), str(state)
+
+
+async def _until_state(url: str, conversation_id: str, wanted: str) -> float:
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    while (await _owner_and_state(url, conversation_id))[1] != wanted:
+        if loop.time() - begun > 30:
+            raise AssertionError(f"never {wanted}")
+        await asyncio.sleep(0.02)
+    return loop.time() - begun
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("suspended", [True, False])
+async def test_a_waiting_child_answered_on_another_host_is_woken_by_its_owner(
+    postgres_db: str, suspended: bool
+) -> None:
+    """Three hosts; the child waits on A (suspended, or in memory within hold_s) and is
+    answered on C: A, the owner, wakes it, told by the database (NOTIFY)."""
+    config = EngineConfig(
+        host_heartbeat_s=0.5, host_timeout_s=3.0, hold_s=0.2 if suspended else 60.0
+    )
+    asking = Asking()
+    a = Engine(postgres_db, runner=asking, config=config)
+    b = Engine(postgres_db, runner=Holding(), config=config)
+    c = Engine(postgres_db, runner=Holding(), config=config)
+    for engine in (a, b, c):
+        await engine.open()
+    try:
+        conn = await a.connect("runner-1", "host-a")
+        await a.open_tool(conn, **OPENED)
+        owner = dict(run_id="parent", tool_call_id="call-1", extension_id="ext", generation=7)
+        request = Request(request_id="q1", profile="worker", message="go", lease_id="L")
+        started = await a.start(conn, Params(**owner, lease_id="L", request=request))
+        cid = started.conversation_id
+        if suspended:
+            await _until_state(postgres_db, cid, "waiting")
+        else:
+            for _ in range(500):
+                if (await a.get_child(cid)) and (await a.get_child(cid)).inputs_open:  # type: ignore[union-attr]
+                    break
+                await asyncio.sleep(0.02)
+        assert (await _owner_and_state(postgres_db, cid))[0] == a.instance_id
+        answered = await c.answer_input(cid, "q", decision="approve")
+        assert answered.input_requests == {}
+        took = await _until_state(postgres_db, cid, "done")
+        assert took < 3, f"the owner woke it {took:.2f} s after the answer"
+        record = await c.get_child(cid)
+        assert record is not None and record.output == "approve"
+        assert record.engine_instance_id == a.instance_id  # woken (or read on) by its owner
+        assert len(asking.attempts) == (2 if suspended else 1)
+    finally:
+        for engine in (c, b, a):
+            await engine.close()
+
+
+OPENED = dict(
+    run_id="parent",
+    conversation_id="parent-conv",
+    tool_call_id="call-1",
+    extension_id="ext",
+    presets=[Preset(name="worker", extension_id="ext", generation=7)],
+    workspace="/tmp",
+)
+
+
+@pytest.mark.timeout(120)
+async def test_the_waiting_children_of_a_closed_host_are_woken_by_the_host_that_took_them(
+    postgres_db: str,
+) -> None:
+    config = EngineConfig(host_heartbeat_s=0.5, host_timeout_s=3.0, hold_s=0.2)
+    a = Engine(postgres_db, runner=Asking(), config=config)
+    taker = Asking()
+    b = Engine(postgres_db, runner=taker, config=config)
+    await a.open()
+    await b.open()
+    try:
+        conn = await a.connect("runner-1", "host-a")
+        await a.open_tool(conn, **OPENED)
+        owner = dict(run_id="parent", tool_call_id="call-1", extension_id="ext", generation=7)
+        request = Request(request_id="q1", profile="worker", message="go", lease_id="L")
+        started = await a.start(conn, Params(**owner, lease_id="L", request=request))
+        cid = started.conversation_id
+        await _until_state(postgres_db, cid, "waiting")
+        await a.close()  # its waiting child stays waiting, now nobody's
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while (await _owner_and_state(postgres_db, cid))[0] != b.instance_id:
+            assert loop.time() < deadline, "never taken over"
+            await asyncio.sleep(0.05)
+        assert (await _owner_and_state(postgres_db, cid))[1] == "waiting"  # still, on B
+        await b.answer_input(cid, "q", decision="deny")
+        await _until_state(postgres_db, cid, "done")
+        record = await b.get_child(cid)
+        assert record is not None and record.output == "deny" and len(taker.attempts) == 1
+    finally:
+        await b.close()
+        await a.close()

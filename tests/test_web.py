@@ -628,3 +628,41 @@ async def test_the_leases_live_and_revoked_and_a_click_filters_by_one(
     await asyncio.to_thread(
         until, driver, lambda d: [row[0] for row in rows(d, "children")] == [children["leased"]]
     )
+
+
+async def test_a_childs_open_input_requests_are_shown_as_text_until_answered(
+    harness: Harness, page: browser.Web, driver: webdriver.Chrome
+) -> None:
+    """design §21: the page shows what a child asks (read-only: answering is the CLI's)."""
+
+    async def run(ctx: ChildContext) -> None:
+        await ctx.admit()
+        answer = await ctx.ask("deploy", HOSTILE, kind="approval", tool_name="<i>ship</i>")
+        ctx.emit(Event(kind="result", text=answer))
+
+    harness.runner.script = run
+    child = (await harness.start("q1")).conversation_id
+    status, _, body = await asyncio.to_thread(get, page.link(f"api/children/{child}/inputs"))
+    for _ in range(200):
+        document = json.loads(body)
+        if document["inputRequests"]:
+            break
+        await asyncio.sleep(0.05)
+        status, _, body = await asyncio.to_thread(get, page.link(f"api/children/{child}/inputs"))
+    assert status == 200
+    (ask,) = document["inputRequests"].values()
+    assert document["inputRequests"]["deploy"] == ask
+    assert (ask["kind"], ask["prompt"], ask["toolName"]) == ("approval", HOSTILE, "<i>ship</i>")
+    assert ask["options"] == ["approve", "deny"]
+    assert get(page.link("api/children/c-missing/inputs"))[0] == 404
+
+    await asyncio.to_thread(driver.get, page.link(f"?child={child}"))
+    shown = (By.CSS_SELECTOR, "#inputs li")
+    await asyncio.to_thread(until, driver, lambda d: d.find_elements(*shown))
+    text = driver.find_element(*shown).text
+    assert text.startswith(f"approval deploy: {HOSTILE} (approve / deny)")
+    assert "tool <i>ship</i>" in text  # as text: nothing ran
+    await harness.engine.answer_input(child, "deploy", decision="approve")
+    pane = (By.ID, "inputs-pane")
+    await asyncio.to_thread(until, driver, lambda d: not d.find_element(*pane).is_displayed())
+    assert driver.execute_script("return window.pwned") is None

@@ -266,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("key", help="the event's key")
     send.add_argument("--data", default="null", help="its payload, as JSON (default: null)")
     send.add_argument("--id", dest="idempotency_key", help="sent once per conversation")
+    send.set_defaults(run=None)  # to the conversation: its newest execution waits for it
     _add_json(send)
 
     leases = commands.add_parser("leases", help="leases and tombstones")

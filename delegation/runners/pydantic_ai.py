@@ -13,6 +13,10 @@ factory of one). The host keeps its models and credentials; a request carries ne
   (``toolOutput``, ``success``), the final output ``result``.
 * **Steers** reach the agent as user messages at its next model request, through
   pydantic-ai's pending-message queue (``enqueue``). Cancellation stops the run at once.
+* **Approvals** (design §21): a tool that requires approval (pydantic-ai's deferred
+  tools, ``requires_approval=True``) asks a person with ``ctx.ask(kind="approval")``,
+  ``approval N.K`` by its place; the child waits holding nothing, and the agent goes on
+  with the call approved or denied, no model request made again.
 * **Durable** (design §15): every model request and every tool call is a ``ctx.step``
   (``model N``; ``tool N.K``, the K-th call of the response to request N, never named
   by the model's own call id, which some models repeat), and so are the steers each
@@ -56,7 +60,14 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
-from pydantic_ai.tools import RunContext, ToolDefinition
+from pydantic_ai.tools import (
+    DeferredToolApprovalResult,
+    DeferredToolRequests,
+    DeferredToolResults,
+    RunContext,
+    ToolDefinition,
+    ToolDenied,
+)
 from pydantic_ai.usage import UsageLimits
 from pydantic_core import to_json, to_jsonable_python
 
@@ -185,6 +196,7 @@ class Journaled(AbstractCapability[Any]):
         # a call is named by where it stands, never by the model's id (design §20).
         self._calls: list[ToolCallPart] = []
         self._named: set[int] = set()
+        self._asked: set[int] = set()  # the same for approvals
 
     @classmethod
     def get_serialization_name(cls) -> str | None:
@@ -243,26 +255,25 @@ class Journaled(AbstractCapability[Any]):
         (response,) = ModelMessagesTypeAdapter.validate_json(stored)
         assert isinstance(response, ModelResponse)
         self._calls = [part for part in response.parts if isinstance(part, ToolCallPart)]
-        self._named = set()
+        self._named, self._asked = set(), set()
         return response
 
-    def _position(self, call: ToolCallPart) -> str:
+    def _position(self, call: ToolCallPart, used: set[int]) -> str:
         """``N.K``: the K-th tool call of the response to model request N. A model may
         give every call the same id (``call_0`` each turn): the position tells them
         apart, on the first run as on a replay, whatever order they run in."""
         found = next((k for k, c in enumerate(self._calls) if c is call), None)
-        if found is None or found in self._named:  # a copy of the part: the first equal one
+        if found is None or found in used:  # a copy of the part: the first equal one
+            same = (call.tool_name, call.tool_call_id, call.args)
             found = next(
                 (
                     k
                     for k, c in enumerate(self._calls)
-                    if k not in self._named
-                    and (c.tool_name, c.tool_call_id, c.args)
-                    == (call.tool_name, call.tool_call_id, call.args)
+                    if k not in used and (c.tool_name, c.tool_call_id, c.args) == same
                 ),
-                len(self._calls) + len(self._named),
+                len(self._calls) + len(used),
             )
-        self._named.add(found)
+        used.add(found)
         return f"{self._requests}.{found + 1}"
 
     def _narrowed(self, parameters: ModelRequestParameters) -> ModelRequestParameters:
@@ -312,7 +323,29 @@ class Journaled(AbstractCapability[Any]):
             self._emit_result(call, value if isinstance(value, str) else _json(value), True)
             return value
 
-        return await self.ctx.step(f"tool {self._position(call)}", execute)
+        return await self.ctx.step(f"tool {self._position(call, self._named)}", execute)
+
+    async def handle_deferred_tool_calls(
+        self, ctx: RunContext[Any], *, requests: DeferredToolRequests
+    ) -> DeferredToolResults | None:
+        """A tool that requires approval (``requires_approval``, ``ApprovalRequired``)
+        asks a person (design §21): ``ctx.ask(kind="approval")``, named ``approval N.K``
+        by its place, with the call's tool, id and arguments. The child waits (past
+        ``hold_s``, holding nothing) and the agent goes on as approved or denied: no
+        model request is made again. Calls deferred for external execution are left
+        unresolved."""
+        approvals: dict[str, bool | DeferredToolApprovalResult] = {}
+        for call in requests.approvals:
+            answer = await self.ctx.ask(
+                f"approval {self._position(call, self._asked)}",
+                f"approve the call of {call.tool_name}?",
+                kind="approval",
+                tool_name=call.tool_name,
+                tool_call_id=call.tool_call_id,
+                input=call.args_as_json_str(),
+            )
+            approvals[call.tool_call_id] = True if answer == "approve" else ToolDenied()
+        return DeferredToolResults(approvals=approvals) if approvals else None
 
     def _emit_result(self, call: ToolCallPart, output: str, success: bool) -> None:
         self.ctx.emit(

@@ -46,6 +46,7 @@ from dataclasses import fields
 from importlib import resources
 from typing import Any, TypeVar
 
+import msgspec
 import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -226,6 +227,7 @@ class Routes:
             Route("/api/children", self.children),
             Route("/api/children/{conversation_id}/events", self.events),
             Route("/api/children/{conversation_id}/steps", self.steps),
+            Route("/api/children/{conversation_id}/inputs", self.inputs),
             Route("/api/leases", self.leases),
             Route("/api/changes", self.changes),
         ]
@@ -322,6 +324,25 @@ class Routes:
                 "runId": found.child.run_id,
                 "stepCount": found.count,
                 "steps": [step_json(step) for step in found.steps],
+            }
+        )
+
+    async def inputs(self, request: Request) -> Response:
+        """What one execution (``?run=``, default the newest) asks and waits to be
+        answered (design §21): its open input requests by inputId, as its Result carries
+        them. The page shows them; answering is ``delegation input``'s (it is read-only)."""
+        conversation_id = request.path_params["conversation_id"]
+        run_id = request.query_params.get("run") or None
+        record = await self.read(self.inspector.get_child, conversation_id, run_id)
+        if record is None:
+            return JSONResponse({"error": "no such child"}, 404)
+        asks = await self.read(self.inspector.input_requests, record)
+        return JSONResponse(
+            {
+                "conversationId": record.conversation_id,
+                "runId": record.run_id,
+                "state": record.state,
+                "inputRequests": {key: msgspec.to_builtins(ask) for key, ask in asks.items()},
             }
         )
 

@@ -105,7 +105,10 @@ def upgrade() -> None:
             "(kind = 'event') = (event_key IS NOT NULL)", name=op.f("ck_waits_event_has_key")
         ),
         sa.ForeignKeyConstraint(
-            ["child_id"], ["children.id"], name=op.f("fk_waits_child_id_children"), ondelete="CASCADE"
+            ["child_id"],
+            ["children.id"],
+            name=op.f("fk_waits_child_id_children"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("child_id", "name", name=op.f("pk_waits")),
         sqlite_with_rowid=False,

@@ -187,13 +187,43 @@ async function loadSteps() {
   $("steps-pane").hidden = false;
 }
 
+// --- what one child asks (design §21: an input request, an approval) -----------------
+
+async function loadInputs() {
+  const shown = followed;
+  if (!shown) return;
+  const query = shown.runId ? "?run=" + encodeURIComponent(shown.runId) : "";
+  let body;
+  try {
+    body = await getJSON(
+      "api/children/" + encodeURIComponent(shown.conversationId) + "/inputs" + query);
+  } catch (error) {
+    return; // no such child: the events pane says so
+  }
+  if (shown !== followed) return; // another child was chosen meanwhile
+  const list = $("inputs");
+  list.replaceChildren();
+  for (const [inputId, ask] of Object.entries(body.inputRequests)) {
+    const item = document.createElement("li");
+    item.dataset.input = inputId;
+    let said = ask.kind + " " + inputId + ": " + ask.prompt;
+    if (ask.options && ask.options.length) said += " (" + ask.options.join(" / ") + ")";
+    if (ask.toolName) said += " — tool " + ask.toolName;
+    if (ask.input) said += " " + ask.input;
+    if (ask.expiresAt) said += " — until " + ask.expiresAt;
+    item.textContent = said;
+    list.append(item);
+  }
+  $("inputs-pane").hidden = list.children.length === 0;
+}
+
 // Both lists again, one refresh at a time (a burst of commits is one more refresh).
 async function refresh() {
   if (refreshing) {
     refreshAgain = true;
     return;
   }
-  refreshing = Promise.all([loadLeases(), loadChildren(), loadSteps()]);
+  refreshing = Promise.all([loadLeases(), loadChildren(), loadSteps(), loadInputs()]);
   try {
     await refreshing;
   } catch (error) {
@@ -278,9 +308,12 @@ function follow(conversationId, runId) {
   $("child-detail").replaceChildren();
   $("steps").tBodies[0].replaceChildren();
   $("steps-count").textContent = "";
+  $("inputs").replaceChildren();
+  $("inputs-pane").hidden = true;
   $("events-end").textContent = "following…";
   followed = { conversationId, runId };
   loadSteps();
+  loadInputs();
   const query = runId ? "?run=" + encodeURIComponent(runId) : "";
   const source = new EventSource(
     "api/children/" + encodeURIComponent(conversationId) + "/events" + query);
@@ -297,6 +330,7 @@ function follow(conversationId, runId) {
   source.addEventListener("end", (message) => {
     source.close();
     loadSteps(); // the last ones, committed with the last events
+    loadInputs();
     const child = JSON.parse(message.data);
     if (!child) {
       $("events-end").textContent = "this child is gone (purged)";
