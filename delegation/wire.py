@@ -203,8 +203,8 @@ class Result(Identity, frozen=True):
     cancelled: bool = False
     error: str = ""
     output: str = ""
-    input_requests: dict[str, InputRequest] = msgspec.field(default_factory=dict)
     events: list[Event] = msgspec.field(default_factory=list)
+    input_requests: dict[str, InputRequest] = msgspec.field(default_factory=dict)
 
 
 STEER_INJECTED = "injected"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tools import bench, bench_base
+from tools import bench_base
 
 ROOT = Path(__file__).resolve().parent.parent
 RATIOS = ("start_seq", "start_concurrent", "events_100", "events_1", "steps_seq")
@@ -38,7 +38,9 @@ def quick_report(*args: str, timeout: float) -> dict[str, Any]:
 
 def check_every_scenario(report: dict[str, Any]) -> None:
     """Every scenario has its figures, whatever the store (no timing is asserted)."""
-    assert set(report) == {*RATIOS, "read_page", *NUMBERS, "follow_latency", "machine"}
+    assert set(report) == {
+        *RATIOS, "read_page", *NUMBERS, "follow_latency", "waiting_100k", "machine"
+    }  # fmt: skip
     for name in RATIOS:
         figures = report[name]
         assert set(figures) == {"engine", "raw", "ratio"}, name
@@ -59,6 +61,15 @@ def check_every_scenario(report: dict[str, Any]) -> None:
     for figures in latency.values():
         assert set(figures) == {"median_ms", "p99_ms"}
         assert 0 <= figures["median_ms"] <= figures["p99_ms"]
+    # Waiting children (design §21): what they cost the host, and an answer's resume.
+    waiting = report["waiting_100k"]
+    assert waiting["children"] == 1_000  # --quick
+    # None of the 900 children added holds a task (a few of the engine's own may come
+    # and go between the two counts).
+    assert waiting["tasks_held"] < 10
+    assert {"rss_growth_mb", "bytes_per_child", "suspended_per_s"} <= set(waiting)
+    for name in ("resume_ms", "start_ms"):
+        assert 0 < waiting[name]["median"] <= waiting[name]["p99"], name
 
 
 @pytest.mark.sqlite_only  # the bench on SQLite, beside its raw sqlite3 baseline
@@ -140,7 +151,7 @@ async def test_a_held_child_costs_the_collector_few_objects(tmp_path: Path) -> N
     runner.hold = True
     engine = await bench_base.Bench(tmp_path).engine(tmp_path / "footprint.db", runner)
     try:
-        starter = await bench._starter(engine)
+        starter = await bench_base.starter_of(engine)
         for i in range(100):  # the first tool, caches, statements
             await starter.start(f"warm-{i}")
         gc.collect()

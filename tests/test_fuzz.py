@@ -148,6 +148,8 @@ def _of_type(t: mi.Type) -> st.SearchStrategy[Any]:
         return st.one_of(st.sampled_from(edges), st.integers(low, high))
     if isinstance(t, mi.ListType):
         return st.lists(_of_type(t.item_type), max_size=3)
+    if isinstance(t, mi.DictType):
+        return st.dictionaries(_of_type(t.key_type), _of_type(t.value_type), max_size=3)
     if isinstance(t, mi.UnionType):
         return st.one_of(*(_of_type(member) for member in t.types))
     if isinstance(t, mi.StructType):

@@ -33,6 +33,7 @@ from delegation.store.tables import children as children_table
 from delegation.store.tables import engine_instances
 
 P, A, R, D, C = State.PREPARED, State.ADMITTED, State.RUNNING, State.DONE, State.CANCELLED
+W = State.WAITING
 
 # design §4, written out independently of the module under test.
 EXPECTED: dict[tuple[State, Trigger], State] = {
@@ -47,6 +48,12 @@ EXPECTED: dict[tuple[State, Trigger], State] = {
     (P, Trigger.STOP): C,
     (A, Trigger.STOP): C,
     (R, Trigger.STOP): C,
+    # design §21: a run waited past hold_s; what it waited for came; a cancel of a child
+    # that waits (no run to stop); a waiting child whose record no longer decodes ends
+    (R, Trigger.WAIT): W,
+    (W, Trigger.WAKE): A,
+    (W, Trigger.STOP): C,
+    (W, Trigger.FINISH): D,
 }
 
 PAIRS = list(itertools.product(State, Trigger))
@@ -59,7 +66,7 @@ PAIR_IDS = [f"{s.value}-{t.value}" for s, t in PAIRS]
 def test_transition_table_is_the_spec() -> None:
     assert dict(machine.TRANSITIONS) == EXPECTED
     assert {D, C} == machine.TERMINAL
-    assert {P, A, R} == machine.ACTIVE
+    assert {P, A, R, W} == machine.ACTIVE
     assert set(State) == machine.TERMINAL | machine.ACTIVE
 
 
@@ -129,6 +136,7 @@ STATE_FIELDS: dict[State, dict[str, Any]] = {
     P: {},
     A: {"admitted_at": T0 + 1},
     R: {"admitted_at": T0 + 1, "engine_instance_id": OWNER},
+    W: {"admitted_at": T0 + 1, "engine_instance_id": OWNER, "wake_at": T0 + 50},
     D: {"admitted_at": T0 + 1, "finished_at": T0 + 2, "error": "boom"},
     C: {
         "finished_at": T0 + 2,
@@ -144,6 +152,8 @@ TRIGGER_FIELDS: dict[Trigger, dict[str, Any]] = {
     Trigger.FINISH: {"error": ""},
     Trigger.STOP: {"error": "cancelled: by test"},
     Trigger.SUSPEND: {},
+    Trigger.WAIT: {"wake_at": NOW + 60},
+    Trigger.WAKE: {"wake_at": None},
 }
 
 
@@ -335,7 +345,7 @@ class ChildLifecycle(RuleBasedStateMachine):
         row = self._stored()
         state = State(row["state"])
         assert (row["finished_at"] is not None) == (state in machine.TERMINAL)
-        if state in (A, R):
+        if state in (A, R, W):
             assert row["admitted_at"] is not None
         if state is P:
             assert row["admitted_at"] is None

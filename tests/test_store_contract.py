@@ -117,7 +117,8 @@ def events_of(url: str) -> list[int]:
 
 def domain(exc: BaseException) -> bool:
     """Whether ``exc`` is one of the library's errors, not a driver's or SQLAlchemy's."""
-    return isinstance(exc, errors.DelegationError) and type(exc).__module__ == "delegation.errors"
+    family = type(exc).__module__
+    return isinstance(exc, errors.DelegationError) and family.startswith("delegation.errors.")
 
 
 # --- another connection in the way (how differs by store) -----------------------------

@@ -60,6 +60,8 @@ SHAPES: dict[type[msgspec.Struct], list[tuple[str, bool]]] = {
         ("requestId", False),
         ("leaseId", False),
         ("after", False),
+        ("inputId", False),  # child.input (design §21)
+        ("decision", False),
     ],
     Identity: [
         ("runnerId", False),
@@ -110,6 +112,7 @@ SHAPES[Result] = SHAPES[Identity] + [
     ("error", False),
     ("output", False),
     ("events", False),
+    ("inputRequests", False),  # only while a child that asked has one open (§21)
 ]
 REQUIRED = {Event: {"kind": "text"}, SteerResult: {"outcome": "injected"}}
 

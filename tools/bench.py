@@ -31,11 +31,12 @@ from typing import Any
 
 import msgspec
 
-from delegation import Engine, Event, Params, Request, Result
+from delegation import Engine, Event, Params, Result
 from delegation.cli.progress import Progress
 from delegation.runs import ChildContext, Run
 from delegation.store import stores
-from tools.bench_base import PRESET, Bench, Runner, machine, median
+from tools import bench_waiting
+from tools.bench_base import Bench, Runner, machine, median, rss_mb, starter_of
 
 
 @dataclass(frozen=True)
@@ -51,58 +52,15 @@ class Sizes:
     rss_small: int
     rss_large: int
     steps: int
+    waiting_small: int
+    waiting_large: int
+    answers: int
 
 
-FULL = Sizes(2000, 50, 100, 200, 20000, 1_000_000, 10_000, 5_000, 1_000, 100_000, 2000)
-QUICK = Sizes(200, 50, 20, 50, 2000, 20_000, 500, 500, 100, 1_000, 200)
-
-
-class Starter:
-    """Starts children as a runner would: a new tool call every 60 children (the default
-    cap is 64 per grant), each start one ``child.start`` call."""
-
-    def __init__(self, engine: Engine, conn: Any) -> None:
-        self.engine = engine
-        self.conn = conn
-        self.count = 0
-        self.tools: dict[int, asyncio.Future[Any]] = {}
-
-    async def params(self, request_id: str, lease: str = "") -> Params:
-        index = self.count // 60
-        self.count += 1
-        if index not in self.tools:
-            self.tools[index] = asyncio.ensure_future(
-                self.engine.open_tool(
-                    self.conn,
-                    run_id="run-1",
-                    conversation_id="conv-1",
-                    tool_call_id=f"call-{index}",
-                    extension_id="ext",
-                    presets=[PRESET],
-                    workspace=tempfile.gettempdir(),
-                )
-            )
-        await self.tools[index]
-        request = Request(request_id=request_id, profile="bench", message="go", lease_id=lease)
-        return Params(
-            run_id="run-1",
-            tool_call_id=f"call-{index}",
-            extension_id="ext",
-            generation=1,
-            lease_id=lease,
-            request=request,
-        )
-
-    async def start(self, request_id: str, lease: str = "") -> Result:
-        result = await self.engine.call(
-            self.conn, "child.start", await self.params(request_id, lease)
-        )
-        assert isinstance(result, Result)
-        return result
-
-
-async def _starter(engine: Engine) -> Starter:
-    return Starter(engine, await engine.connect("bench-runner", "bench-host"))
+FULL = Sizes(
+    2000, 50, 100, 200, 20000, 1_000_000, 10_000, 5_000, 1_000, 100_000, 2000, 1_000, 100_000, 500
+)
+QUICK = Sizes(200, 50, 20, 50, 2000, 20_000, 500, 500, 100, 1_000, 200, 100, 1_000, 50)
 
 
 def ratio(engine: float, baseline: float) -> dict[str, float]:
@@ -120,7 +78,7 @@ async def start_seq(bench: Bench, sizes: Sizes) -> dict[str, float]:
     runner = Runner()
     runner.hold = True
     engine = await bench.engine(bench.new(), runner)
-    starter = await _starter(engine)
+    starter = await starter_of(engine)
     started = time.perf_counter()
     for i in range(sizes.starts):
         await starter.start(f"q{i}")
@@ -133,7 +91,7 @@ async def start_concurrent(bench: Bench, sizes: Sizes) -> dict[str, float]:
     runner = Runner()
     runner.hold = True
     engine = await bench.engine(bench.new(), runner)
-    starter = await _starter(engine)
+    starter = await starter_of(engine)
     each = max(1, sizes.starts // sizes.callers)
 
     async def caller(c: int) -> None:
@@ -164,7 +122,7 @@ async def _events(bench: Bench, children: int, each: int) -> float:
         return run
 
     runner.prepare = capture  # type: ignore[method-assign,assignment]
-    starter = await _starter(engine)
+    starter = await starter_of(engine)
     for i in range(children):
         await starter.start(f"q{i}")
 
@@ -218,7 +176,7 @@ async def steps_seq(bench: Bench, sizes: Sizes) -> dict[str, float]:
             return run
 
     engine = await bench.engine(bench.new(), Stepper())
-    await (await _starter(engine)).start("q-steps")
+    await (await starter_of(engine)).start("q-steps")
     rate = sizes.steps / await timed
     await engine.close()
     return ratio(rate, bench.raw_commits(sizes.steps))
@@ -229,7 +187,7 @@ async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
     runner.hold = True
     path = bench.new()
     engine = await bench.engine(path, runner)
-    starter = await _starter(engine)
+    starter = await starter_of(engine)
     started = await starter.start("q-read")
     child = await engine.get_child(started.conversation_id)
     assert child is not None
@@ -264,7 +222,7 @@ async def _leased(bench: Bench, path: Path | str, n: int, **config: Any) -> Engi
     runner = Runner()
     runner.hold = True
     engine = await bench.engine(path, runner, **config)
-    starter = await _starter(engine)
+    starter = await starter_of(engine)
     for base in range(0, n, 500):
         await asyncio.gather(
             *(starter.start(f"q{i}", lease=f"L{i}") for i in range(base, min(n, base + 500)))
@@ -312,15 +270,10 @@ class _Shifted:
         return float(self._clock.now()) + self._ahead
 
 
-def rss_mb() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 async def rss_growth(bench: Bench, sizes: Sizes) -> float:
     runner = Runner()
     engine = await bench.engine(bench.new(), runner)
-    starter = await _starter(engine)
+    starter = await starter_of(engine)
 
     async def finish(start: int, stop: int) -> None:
         for base in range(start, stop, 500):
@@ -372,7 +325,7 @@ async def follow_latency(bench: Bench, sizes: Sizes) -> dict[str, dict[str, floa
 
     path = bench.new()
     engine = await bench.engine(path, Paced())
-    started = await (await _starter(engine)).start("q-follow")
+    started = await (await starter_of(engine)).start("q-follow")
     other = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _FOLLOWER, started.conversation_id,
         stdout=asyncio.subprocess.PIPE,
@@ -416,6 +369,9 @@ SCENARIOS: dict[str, Callable[[Bench, Sizes], Awaitable[Any]]] = {
     "expire_5k_s": expire,
     "rss_growth_mb": rss_growth,
     "follow_latency": follow_latency,
+    "waiting_100k": lambda bench, sizes: bench_waiting.waiting(
+        bench, sizes.waiting_small, sizes.waiting_large, sizes.answers
+    ),
 }
 
 
@@ -477,6 +433,14 @@ def table(report: dict[str, Any]) -> str:
                     f"{name + ' ' + where:<32} median {figures['median_ms']} ms,"
                     f" p99 {figures['p99_ms']} ms"
                 )
+        elif isinstance(value, dict) and "resume_ms" in value:
+            lines.append(
+                f"{name:<18} {value['children']} waiting: RSS +{value['rss_growth_mb']} MB"
+                f" ({value['bytes_per_child']} B/child), {value['tasks_held']} tasks held;"
+                f" answer to resume p50 {value['resume_ms']['median']} ms,"
+                f" p99 {value['resume_ms']['p99']} ms; plain start p50"
+                f" {value['start_ms']['median']} ms, p99 {value['start_ms']['p99']} ms"
+            )
         elif isinstance(value, dict):
             lines.append(
                 f"{name:<18} {value['engine_ms']:>9} ms {value['raw_ms']:>9} ms {value['ratio']:>8}"

@@ -10,6 +10,7 @@ import os
 import platform
 import sqlite3
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from delegation import Engine, EngineConfig, Event, Preset, Request
+from delegation import Engine, EngineConfig, Event, Params, Preset, Request, Result
 from delegation.runs import ChildContext, Recovery, Run
 from delegation.wire import Identity
 
@@ -47,6 +48,59 @@ class Runner:
                 await asyncio.Event().wait()
 
         return run
+
+
+class Starter:
+    """Starts children as a runner would: a new tool call every 60 children (the default
+    cap is 64 per grant), each start one ``child.start`` call."""
+
+    def __init__(self, engine: Engine, conn: Any) -> None:
+        self.engine = engine
+        self.conn = conn
+        self.count = 0
+        self.tools: dict[int, asyncio.Future[Any]] = {}
+
+    async def params(self, request_id: str, lease: str = "") -> Params:
+        index = self.count // 60
+        self.count += 1
+        if index not in self.tools:
+            self.tools[index] = asyncio.ensure_future(
+                self.engine.open_tool(
+                    self.conn,
+                    run_id="run-1",
+                    conversation_id="conv-1",
+                    tool_call_id=f"call-{index}",
+                    extension_id="ext",
+                    presets=[PRESET],
+                    workspace=tempfile.gettempdir(),
+                )
+            )
+        await self.tools[index]
+        request = Request(request_id=request_id, profile="bench", message="go", lease_id=lease)
+        return Params(
+            run_id="run-1",
+            tool_call_id=f"call-{index}",
+            extension_id="ext",
+            generation=1,
+            lease_id=lease,
+            request=request,
+        )
+
+    async def start(self, request_id: str, lease: str = "") -> Result:
+        result = await self.engine.call(
+            self.conn, "child.start", await self.params(request_id, lease)
+        )
+        assert isinstance(result, Result)
+        return result
+
+
+async def starter_of(engine: Engine) -> Starter:
+    return Starter(engine, await engine.connect("bench-runner", "bench-host"))
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 @dataclass
@@ -134,6 +188,7 @@ class Bench:
 
 class _Settings(msgspec.Struct):
     lease_lifetime_s: float = 3600.0
+    hold_s: float = 30.0
 
 
 def _config(**changes: Any) -> EngineConfig:

@@ -97,7 +97,7 @@ class HostRunner:
 
 
 class HostStarter:
-    """``bench.Starter`` under a run of this host's own: a new tool call every 60
+    """``bench_base.Starter`` under a run of this host's own: a new tool call every 60
     children, each start one ``child.start`` call (leased, when ``leased``)."""
 
     def __init__(self, engine: Engine, conn: Any, name: str, leased: bool) -> None:

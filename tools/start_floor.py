@@ -29,9 +29,7 @@ from typing import Any
 import msgspec
 
 from delegation import Engine, Request, Result
-from tools import bench
-from tools.bench import Starter
-from tools.bench_base import Bench, Runner, median
+from tools.bench_base import Bench, Runner, Starter, median, starter_of
 
 # The statements of a start, as the engine sends them (its trace), with parameters.
 _SELECT = (
@@ -74,7 +72,7 @@ async def _starter(path: Path) -> Starter:
     runner = Runner()
     runner.hold = True
     engine: Engine = await Bench(path.parent).engine(path, runner)
-    return await bench._starter(engine)
+    return await starter_of(engine)
 
 
 async def _engine(path: Path, starts: int) -> tuple[float, float]:

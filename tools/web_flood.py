@@ -30,8 +30,7 @@ from urllib.parse import urlsplit
 
 from delegation import Engine, Event
 from delegation.runs import ChildContext, Run
-from tools.bench import Starter
-from tools.bench_base import CONFIG, machine, median
+from tools.bench_base import CONFIG, Starter, machine, median
 from tools.serve_flood import memory_mb, stop_process
 
 FIELD = "x" * CONFIG.max_event_field_bytes  # every text field at the engine's cap

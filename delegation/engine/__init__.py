@@ -1,6 +1,7 @@
 """The runtime wing: the public :class:`Engine` and what runs under it.
 
-- :mod:`~delegation.engine.api`: ``Engine``, the embedding API (design §6);
+- :mod:`~delegation.engine.api`: ``Engine``, the embedding API (design §6), its read
+  models in :mod:`~delegation.engine.reads`;
 - :mod:`~delegation.engine.methods`: the five child methods (design §5) it serves;
 - :mod:`~delegation.engine.runtime`: what the parts share, and the one write entry;
 - :mod:`~delegation.engine.supervisor` and :mod:`~delegation.engine.local_run`: the
@@ -9,6 +10,8 @@
 - :mod:`~delegation.engine.operators`: operators' control requests (§11);
 - :mod:`~delegation.engine.timers` and :mod:`~delegation.engine.upkeep`: the lease and
   retention wake-ups, and what they do;
+- :mod:`~delegation.engine.waking`: waiting children woken (design §21) by their time,
+  their answer or an event, and the operators' answers and events;
 - :mod:`~delegation.engine.notices`: commit notices (what wakes a follow, a wait and
   the control watcher), and :mod:`~delegation.engine.following`: ``follow`` and
   ``follow_read``;

@@ -11,6 +11,9 @@ Each is a function ``fn(conn, now, ...)`` the engine's runtime runs in one trans
 * :mod:`~delegation.usecases.followups` - a follow-up's frozen configuration;
 * :mod:`~delegation.usecases.protection` - what no child process may reach;
 * :mod:`~delegation.usecases.journal` - a run's step journal;
+* :mod:`~delegation.usecases.waiting` - a child that waits (design §21): its waits
+  opened, suspended, woken, answered, and events sent; :mod:`~delegation.usecases.waits`
+  - the run's side of it (``ctx.ask``, ``sleep``, ``wait_event``);
 * :mod:`~delegation.usecases.stored` - stored request and preset blobs, decoded;
 * :mod:`~delegation.usecases.follow` - following a child's events as they commit;
 * :mod:`~delegation.usecases.inspector` - the read-only inspection of a database

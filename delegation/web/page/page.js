@@ -155,18 +155,25 @@ function byteSize(size) {
   return (size / (1024 * 1024)).toFixed(1) + " MiB";
 }
 
-async function loadSteps() {
+// The followed child's "steps" or "inputs", or null: no child followed, no such child
+// (the events pane says so), or another child chosen meanwhile.
+async function followedJSON(what) {
   const shown = followed;
-  if (!shown) return;
+  if (!shown) return null;
   const query = shown.runId ? "?run=" + encodeURIComponent(shown.runId) : "";
   let body;
   try {
     body = await getJSON(
-      "api/children/" + encodeURIComponent(shown.conversationId) + "/steps" + query);
+      "api/children/" + encodeURIComponent(shown.conversationId) + "/" + what + query);
   } catch (error) {
-    return; // no such child: the events pane says so
+    return null;
   }
-  if (shown !== followed) return; // another child was chosen meanwhile
+  return shown === followed ? body : null;
+}
+
+async function loadSteps() {
+  const body = await followedJSON("steps");
+  if (!body) return;
   const rows = $("steps").tBodies[0];
   rows.replaceChildren();
   for (const step of body.steps) {
@@ -190,17 +197,8 @@ async function loadSteps() {
 // --- what one child asks (design §21: an input request, an approval) -----------------
 
 async function loadInputs() {
-  const shown = followed;
-  if (!shown) return;
-  const query = shown.runId ? "?run=" + encodeURIComponent(shown.runId) : "";
-  let body;
-  try {
-    body = await getJSON(
-      "api/children/" + encodeURIComponent(shown.conversationId) + "/inputs" + query);
-  } catch (error) {
-    return; // no such child: the events pane says so
-  }
-  if (shown !== followed) return; // another child was chosen meanwhile
+  const body = await followedJSON("inputs");
+  if (!body) return;
   const list = $("inputs");
   list.replaceChildren();
   for (const [inputId, ask] of Object.entries(body.inputRequests)) {
