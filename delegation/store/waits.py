@@ -262,7 +262,8 @@ def next_wake(conn: Connection, instance_id: str) -> float | None:
     """When this host instance's next waiting child wakes (None: none has a time)."""
     value = run(
         conn,
-        "SELECT MIN(wake_at) FROM children WHERE state = 'waiting' AND engine_instance_id = ?",
+        "SELECT MIN(wake_at) FROM children WHERE state = 'waiting' AND engine_instance_id = ?"
+        " AND wake_at IS NOT NULL",  # past the NULLs (no time) of ix_children_waking at once
         (instance_id,),
     ).fetchone()[0]
     return None if value is None or isinstance(value, str | bytes) else float(value)
