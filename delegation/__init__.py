@@ -20,6 +20,7 @@ from delegation.errors import (
     BadContextMode,
     BadLeaseId,
     BadPresetName,
+    BadPriority,
     BadResume,
     BadSteer,
     CancelUnconfirmed,
@@ -34,6 +35,7 @@ from delegation.errors import (
     DatabaseBusy,
     DatabaseReadOnly,
     DatabaseReplaced,
+    DeadlineWidened,
     DelegationError,
     EventBufferFull,
     EventTimeout,
@@ -78,6 +80,7 @@ from delegation.errors import (
     PresetPromptTooLarge,
     PresetStale,
     ProtocolError,
+    QueueFull,
     ReleaseOwnerRequired,
     ReleaseUnconfirmed,
     RequestIdReused,
@@ -90,6 +93,7 @@ from delegation.errors import (
     SteerNotOwned,
     SteerRequestIdReused,
     StepLimit,
+    StepTimeout,
     StepTooLarge,
     StoreError,
     StoreUnavailable,
@@ -102,7 +106,7 @@ from delegation.errors import (
 
 if TYPE_CHECKING:
     from delegation.codec import decode, encode
-    from delegation.config import EngineConfig
+    from delegation.config import AdmissionPolicy, EngineConfig
     from delegation.engine import Engine
     from delegation.options import ExecutionOptions, effective_options
     from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
@@ -131,6 +135,7 @@ _LAZY: dict[str, str] = {
     "decode": "delegation.codec",
     "encode": "delegation.codec",
     "EngineConfig": "delegation.config",
+    "AdmissionPolicy": "delegation.config",
     "Engine": "delegation.engine",
     "ExecutionOptions": "delegation.options",
     "effective_options": "delegation.options",
@@ -186,11 +191,13 @@ __all__ = [
     "STEER_METHOD",
     "ActiveSubmission",
     "AdmissionFailed",
+    "AdmissionPolicy",
     "AmbiguousChild",
     "AuthorityError",
     "BadContextMode",
     "BadLeaseId",
     "BadPresetName",
+    "BadPriority",
     "BadResume",
     "BadSteer",
     "CancelUnconfirmed",
@@ -207,6 +214,7 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseReadOnly",
     "DatabaseReplaced",
+    "DeadlineWidened",
     "DelegationError",
     "Engine",
     "EngineConfig",
@@ -261,6 +269,7 @@ __all__ = [
     "PresetStale",
     "Profile",
     "ProtocolError",
+    "QueueFull",
     "Recovery",
     "ReleaseOwnerRequired",
     "ReleaseUnconfirmed",
@@ -280,6 +289,7 @@ __all__ = [
     "SteerRequestIdReused",
     "SteerResult",
     "StepLimit",
+    "StepTimeout",
     "StepTooLarge",
     "StoreError",
     "StoreUnavailable",

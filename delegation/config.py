@@ -2,9 +2,81 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from delegation.options import PROVIDERS
+
+# The kinds of admission scope (design §22) and how many IDs each names, "/"-separated.
+SCOPE_KINDS: Mapping[str, int] = {"runner": 1, "extension": 2, "preset": 3, "parent": 1}
+
+
+def parse_scope(scope: str) -> tuple[str, tuple[str, ...]]:
+    """``runner:R``, ``extension:R/E``, ``preset:R/E/P`` or ``parent:C``: its kind and
+    its IDs (which hold no ``/``).
+
+    Raises:
+        ValueError: not one of those spellings.
+    """
+    kind, sep, rest = scope.partition(":") if isinstance(scope, str) else ("", "", "")
+    parts = tuple(rest.split("/"))
+    if (
+        not sep
+        or kind not in SCOPE_KINDS
+        or len(parts) != SCOPE_KINDS[kind]
+        or any(not p or p != p.strip() or "\x00" in p for p in parts)
+    ):
+        raise ValueError(
+            f"admission scope {scope!r} is not runner:R, extension:R/E, preset:R/E/P or parent:C"
+        )
+    return kind, parts
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionPolicy:
+    """How many children of a scope run at once and how fast they start (design §22).
+
+    ``concurrency``: children admitted or running at once (None: no limit). ``rate``:
+    ``(n, seconds)``, at most n admissions per that many seconds (None: no limit).
+    ``max_queued``: children waiting their turn at most; a start past it is refused
+    (``queue_full``). ``queue_timeout_s``: a child waiting longer ends cancelled
+    ("cancelled: admission wait timed out"; None: it waits as long as it takes).
+    """
+
+    concurrency: int | None = None
+    rate: tuple[int, float] | None = None
+    max_queued: int = 1024
+    queue_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        c = self.concurrency
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or not 1 <= c < 2**31):
+            raise ValueError("admission concurrency must be a positive whole number, or None")
+        if self.rate is not None:
+            try:
+                n, per = self.rate
+            except (TypeError, ValueError):
+                raise ValueError("admission rate must be (n, seconds), or None") from None
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < 2**31:
+                raise ValueError("admission rate must admit a positive whole number n")
+            if not _seconds(per):
+                raise ValueError("admission rate's seconds must be a positive number")
+            object.__setattr__(self, "rate", (n, float(per)))
+        m = self.max_queued
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < 2**31:
+            raise ValueError("admission max_queued must be a whole number, zero or more")
+        if self.queue_timeout_s is not None and not _seconds(self.queue_timeout_s):
+            raise ValueError("admission queue_timeout_s must be a positive number, or None")
+
+
+def _seconds(value: object) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and 0 < value < 10**9
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +121,19 @@ class EngineConfig:
     hold_s: float = 30.0
     max_open_inputs: int = 16
     max_buffered_events: int = 1024
+    # Admission (design §22): policies by scope (``runner:R``, ``extension:R/E``,
+    # ``preset:R/E/P``, ``parent:C``), written to the database at open; and how long a
+    # start waits for its child's turn before it answers ``queued: true``.
+    admission: Mapping[str, AdmissionPolicy] = field(default_factory=dict)
+    start_wait_s: float = 5.0
 
     def __post_init__(self) -> None:
+        for scope, policy in self.admission.items():
+            parse_scope(scope)
+            if not isinstance(policy, AdmissionPolicy):
+                raise ValueError(f"admission policy of {scope!r} must be an AdmissionPolicy")
+        if not 0 <= self.start_wait_s < 10**9:
+            raise ValueError("start_wait_s must be zero or more seconds")
         if self.synchronous.upper() not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"unknown SQLite synchronous mode {self.synchronous!r}")
         numbers = (

@@ -16,6 +16,7 @@ from delegation import errors
 
 class State(StrEnum):
     PREPARED = "prepared"
+    QUEUED = "queued"  # design §22: waits its turn for a slot; no task, no process
     ADMITTED = "admitted"
     RUNNING = "running"
     WAITING = "waiting"  # design §21: it holds no task, no process and no slot
@@ -31,6 +32,8 @@ class Trigger(StrEnum):
     SUSPEND = "suspend"  # the host instance running it went away
     WAIT = "wait"  # its run waited past hold_s for an answer, a time or an event (§21)
     WAKE = "wake"  # what it waited for came (or its timeout): it resumes
+    QUEUE = "queue"  # an admission policy has no slot (or token) for it yet (§22)
+    DEQUEUE = "dequeue"  # its turn came: it holds a slot from now on
 
 
 class Outcome(StrEnum):
@@ -49,7 +52,11 @@ def outcome(state: str, error: str) -> Outcome:
 
 
 TERMINAL: frozenset[State] = frozenset({State.DONE, State.CANCELLED})
-ACTIVE: frozenset[State] = frozenset({State.PREPARED, State.ADMITTED, State.RUNNING, State.WAITING})
+ACTIVE: frozenset[State] = frozenset(
+    {State.PREPARED, State.QUEUED, State.ADMITTED, State.RUNNING, State.WAITING}
+)
+# What holds an admission slot (design §22): a queued or waiting child holds none.
+SLOTTED: frozenset[State] = frozenset({State.ADMITTED, State.RUNNING})
 
 TRANSITIONS: Mapping[tuple[State, Trigger], State] = {
     (State.PREPARED, Trigger.ADMIT): State.ADMITTED,
@@ -66,6 +73,14 @@ TRANSITIONS: Mapping[tuple[State, Trigger], State] = {
     (State.WAITING, Trigger.STOP): State.CANCELLED,
     # A waiting child whose stored record no longer decodes cannot be woken (design §18).
     (State.WAITING, Trigger.FINISH): State.DONE,
+    # Admission (design §22): a reserved child, or a woken one, waits for a slot; its
+    # turn admits it (it has a slot before ``prepare`` runs). Cancel, release, expiry
+    # and the queue's timeout end it unprepared; an unreadable record ends it done.
+    (State.PREPARED, Trigger.QUEUE): State.QUEUED,
+    (State.WAITING, Trigger.QUEUE): State.QUEUED,
+    (State.QUEUED, Trigger.DEQUEUE): State.ADMITTED,
+    (State.QUEUED, Trigger.STOP): State.CANCELLED,
+    (State.QUEUED, Trigger.FINISH): State.DONE,
 }
 
 

@@ -70,6 +70,10 @@ class ExecutionOptions(WireStruct, frozen=True):
     enable_fs_search_tools: bool | UnsetType = msgspec.field(
         default=UNSET, name="enableFSSearchTools"
     )
+    # Seconds the child may take from its first admission (design §22): never reset by
+    # a restart, a wait or a takeover; a child of a child gets at most what is left of
+    # its parent's.
+    deadline_seconds: float | UnsetType = UNSET
 
     def validate(self, providers: Iterable[str] = PROVIDERS) -> None:
         """Check every present value; raise :class:`errors.InvalidOptions` on the first bad one."""
@@ -91,6 +95,11 @@ class ExecutionOptions(WireStruct, frozen=True):
                 raise errors.InvalidOptions(
                     f"execution option {wire_name(name)} must not be negative"
                 )
+        deadline = self.deadline_seconds
+        if deadline is not UNSET and not (
+            not isinstance(deadline, bool) and 0 < deadline < 10**9 and deadline == deadline
+        ):
+            raise errors.InvalidOptions("execution option deadlineSeconds must be positive seconds")
         effort = self.reasoning_effort
         if effort is not UNSET and effort.strip().lower() not in REASONING_EFFORTS:
             raise errors.InvalidOptions(f"unsupported reasoning effort {effort!r}")
@@ -151,6 +160,9 @@ class ExecutionOptions(WireStruct, frozen=True):
                 raise errors.TokenLimitRaised(
                     f"child {wire_name(name)} exceeds the parent's {wire_name(name)}"
                 )
+        mine_s, theirs_s = self.deadline_seconds, parent.deadline_seconds
+        if theirs_s is not UNSET and mine_s is not UNSET and mine_s > theirs_s:
+            raise errors.DeadlineWidened()
         limit = parent.max_turns
         turns = self.max_turns
         # maxTurns 0 means "no limit": a child of a limited parent must keep one.

@@ -117,6 +117,11 @@ class ChildRecord:
     options: bytes | None = None
     # Input requests of the execution still open (design §21): its Result lists them.
     inputs_open: int = 0
+    # Admission (design §22): its priority; when it entered admission (None: no policy
+    # admitted it); when it must have ended (None: no deadline, or not admitted yet).
+    priority: int = 5
+    queued_at: float | None = None
+    deadline_at: float | None = None
 
     @property
     def terminal(self) -> bool:

@@ -6,7 +6,7 @@ validates and freezes configuration without side effects; the returned
 module-level :func:`admit`) before its first effect. Cancellation arrives as
 ``asyncio.CancelledError``; a run that raises ends ``done`` with the message as error.
 A run may carry a ``max_run_s`` attribute (seconds, or None): the engine cancels its
-child past it as past ``EngineConfig.max_run_s`` ("child deadline exceeded"); the
+child past it as past ``EngineConfig.max_run_s`` ("cancelled: child deadline exceeded"); the
 smaller of the two applies.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import inspect
 import re
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -168,6 +169,31 @@ class Hooks(Protocol):
     async def record_process(self, pid: int) -> None: ...
 
 
+def _bounded(
+    name: str, fn: Callable[..., Awaitable[Any] | Any], timeout: float
+) -> Callable[..., Awaitable[Any]]:
+    """``fn``, whose awaitable is given ``timeout`` seconds at most (``StepTimeout``)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ValueError("a step's timeout must be a positive number of seconds")
+
+    async def bounded(*args: Any) -> Any:
+        result = fn(*args)
+        if not inspect.isawaitable(result):
+            return result
+        limit = asyncio.timeout(timeout)
+        try:
+            async with limit:
+                return await result
+        except TimeoutError:
+            if limit.expired():
+                raise errors.StepTimeout(
+                    f"child step {name!r} timed out after {timeout:g} s"
+                ) from None
+            raise
+
+    return bounded
+
+
 class ChildContext:
     """The running child's view of the engine."""
 
@@ -246,19 +272,33 @@ class ChildContext:
         fn: Callable[..., Awaitable[Any] | Any],
         *args: Any,
         type: builtins.type[T],
+        timeout: float | None = None,
     ) -> T: ...
     @overload
     async def step(
-        self, name: str, fn: Callable[..., Awaitable[T]], *args: Any, type: None = None
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        type: None = None,
+        timeout: float | None = None,
     ) -> T: ...
     @overload
-    async def step(self, name: str, fn: Callable[..., T], *args: Any, type: None = None) -> T: ...
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        *args: Any,
+        type: None = None,
+        timeout: float | None = None,
+    ) -> T: ...
     async def step(
         self,
         name: str,
         fn: Callable[..., Awaitable[Any] | Any],
         *args: Any,
         type: Any = None,  # noqa: A002 (design §15 names it)
+        timeout: float | None = None,
     ) -> Any:
         """Run ``fn(*args)`` (awaited when it is a coroutine function, or returns an
         awaitable; a plain function's value as it is) at most once per execution and
@@ -270,9 +310,15 @@ class ChildContext:
         without calling ``fn``. A raising ``fn`` records nothing. Names are non-empty and
         at most 1 KiB; raises ``errors.StepTooLarge`` past ``max_step_bytes`` and
         ``errors.StepLimit`` past ``max_steps``.
+
+        ``timeout`` (seconds, design §22) bounds what ``fn`` awaits: past it, it is
+        cancelled and ``errors.StepTimeout`` raised, nothing recorded (a replay runs it
+        again). A plain function's call is not interrupted.
         """
         if self._journal is None:
             raise RuntimeError("this run has no step journal")
+        if timeout is not None:
+            fn = _bounded(name, fn, timeout)
         return await self._journal.step(name, fn, args, type)
 
     async def recorded(

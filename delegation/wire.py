@@ -15,7 +15,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from delegation import errors
-from delegation._struct import Uint64, WireStruct, always, blank, has_nul, utf8_len
+from delegation._struct import Int64, Uint64, WireStruct, always, blank, has_nul, utf8_len
 from delegation.options import PROVIDERS, ExecutionOptions
 
 START_METHOD = "child.start"
@@ -59,6 +59,18 @@ def valid_id(value: str) -> bool:
 _ID_FORBIDDEN = re.compile(r"[\x00-\x20\x7f/\\]")
 
 
+def _validate_priority(priority: int | UnsetType) -> None:
+    if priority is not UNSET and not 0 <= priority <= 9:
+        raise errors.BadPriority()
+
+
+def priority_of(request: Request, preset: Profile) -> int:
+    """A child's admission priority (design §22): its request's, else its preset's, else 5."""
+    if request.priority is not UNSET:
+        return request.priority
+    return preset.priority if preset.priority is not UNSET else 5
+
+
 def _validate_options(options: ExecutionOptions | UnsetType, providers: Iterable[str]) -> None:
     if options is not UNSET:
         options.validate(providers)
@@ -71,6 +83,8 @@ class Profile(WireStruct, frozen=True):
     options: ExecutionOptions | UnsetType = UNSET
     system_prompt_path: str = ""
     system_prompt: str = ""
+    # The priority of its children when a request gives none (design §22).
+    priority: Int64 | UnsetType = UNSET
 
     def validate(self, providers: Iterable[str] = PROVIDERS) -> None:
         """Raise the first :class:`errors.InputError` that applies (design §2.2)."""
@@ -90,6 +104,7 @@ class Profile(WireStruct, frozen=True):
             raise errors.PresetPromptTooLarge()
         if self.system_prompt and self.system_prompt_path:
             raise errors.PresetPromptConflict()
+        _validate_priority(self.priority)
         _validate_options(self.options, providers)
 
 
@@ -112,6 +127,8 @@ class Request(WireStruct, frozen=True):
     system_prompt: str = ""
     cwd: str = ""
     lease_id: str = ""
+    # Admission order (design §22): 0-9, higher first; omitted: the preset's, else 5.
+    priority: Int64 | UnsetType = UNSET
 
     def validate(self, providers: Iterable[str] = PROVIDERS) -> None:
         """Raise the first :class:`errors.InputError` that applies (design §2.2)."""
@@ -132,6 +149,7 @@ class Request(WireStruct, frozen=True):
             raise errors.BadContextMode()
         if self.resume and (not valid_id(self.resume) or self.context_mode == "fork"):
             raise errors.BadResume()
+        _validate_priority(self.priority)
         _validate_options(self.options, providers)
 
 
@@ -205,6 +223,9 @@ class Result(Identity, frozen=True):
     output: str = ""
     events: list[Event] = msgspec.field(default_factory=list)
     input_requests: dict[str, InputRequest] = msgspec.field(default_factory=dict)
+    # Waiting its turn (design §22): ``queuePosition`` 1 is next. Absent otherwise.
+    queued: bool = False
+    queue_position: Uint64 = 0
 
 
 STEER_INJECTED = "injected"

@@ -66,7 +66,7 @@ def test_bash_completes_commands_options_choices_and_paths(tmp_path: Path) -> No
         complete("children", "--")
     )
     assert complete("children", "--state", "") == sorted(
-        ["prepared", "admitted", "running", "waiting", "done", "cancelled"]
+        ["prepared", "queued", "admitted", "running", "waiting", "done", "cancelled"]
     )
     assert complete("serve", "--log-level", "w") == ["warning"]
     assert complete("completion", "") == sorted(SHELLS)

@@ -1,5 +1,5 @@
 """A command profile's own options (issue 29): ``timeout_s`` (a child running longer is
-cancelled with "child deadline exceeded") and ``close_stdin`` (a command that reads its
+cancelled with "cancelled: child deadline exceeded") and ``close_stdin`` (a command that reads its
 stdin to the end finishes), with real commands through a real Engine."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from delegation.runners.command import CommandConfigError, CommandRunner
 from tests.support import PRESET, Harness, ScriptRunner, open_harness
 from tests.trees import alive, child_tree
 
-DEADLINE = "child deadline exceeded"
+DEADLINE = "cancelled: child deadline exceeded"
 
 
 async def texts(h: Harness, conversation_id: str) -> list[str]:

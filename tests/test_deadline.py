@@ -1,4 +1,4 @@
-"""A child past EngineConfig.max_run_s is cancelled with "child deadline exceeded"
+"""A child past EngineConfig.max_run_s is cancelled with "cancelled: child deadline exceeded"
 (issue 29): there was no time limit on a child at all."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ async def test_a_child_past_max_run_s_is_cancelled_with_child_deadline_exceeded(
         h = await open_harness(engine, runner, workspace)
         started = await h.start()
         record = await h.wait_done(started.conversation_id)
-        assert (record.state, record.error) == ("cancelled", "child deadline exceeded")
+        assert (record.state, record.error) == ("cancelled", "cancelled: child deadline exceeded")
 
 
 async def test_a_real_command_child_is_ended_by_the_deadline(db_url: str, workspace: Path) -> None:
@@ -40,7 +40,7 @@ async def test_a_real_command_child_is_ended_by_the_deadline(db_url: str, worksp
         h = await open_harness(engine, runner, workspace)
         started = await h.start()
         record = await h.wait_done(started.conversation_id)
-        assert (record.state, record.error) == ("cancelled", "child deadline exceeded")
+        assert (record.state, record.error) == ("cancelled", "cancelled: child deadline exceeded")
 
 
 async def test_a_child_within_max_run_s_finishes_as_usual(db_url: str, workspace: Path) -> None:

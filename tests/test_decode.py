@@ -39,6 +39,7 @@ VALID_OPTION_VALUES: dict[str, Any] = {
     "allowedTools": [],
     "allowedCommands": [],
     "enableFSSearchTools": False,
+    "deadlineSeconds": 1.5,
 }
 
 

@@ -146,6 +146,9 @@ def _of_type(t: mi.Type) -> st.SearchStrategy[Any]:
         high = U64_MAX if t.le is None else t.le
         edges = [v for v in (low, -1, 0, 1, I64_MAX, high) if low <= v <= high]
         return st.one_of(st.sampled_from(edges), st.integers(low, high))
+    if isinstance(t, mi.FloatType):
+        edges = st.sampled_from([0.0, -1.0, 1e-9, 1.5, 1e9, 2.0**63])
+        return st.one_of(edges, st.floats(allow_nan=False, allow_infinity=False))
     if isinstance(t, mi.ListType):
         return st.lists(_of_type(t.item_type), max_size=3)
     if isinstance(t, mi.DictType):

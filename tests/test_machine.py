@@ -33,7 +33,7 @@ from delegation.store.tables import children as children_table
 from delegation.store.tables import engine_instances
 
 P, A, R, D, C = State.PREPARED, State.ADMITTED, State.RUNNING, State.DONE, State.CANCELLED
-W = State.WAITING
+W, Q = State.WAITING, State.QUEUED
 
 # design §4, written out independently of the module under test.
 EXPECTED: dict[tuple[State, Trigger], State] = {
@@ -54,6 +54,13 @@ EXPECTED: dict[tuple[State, Trigger], State] = {
     (W, Trigger.WAKE): A,
     (W, Trigger.STOP): C,
     (W, Trigger.FINISH): D,
+    # design §22: a reserved child, or a woken one, waits its turn; its turn admits it;
+    # a cancel, release, expiry or queue timeout ends it unprepared; an unreadable one
+    (P, Trigger.QUEUE): Q,
+    (W, Trigger.QUEUE): Q,
+    (Q, Trigger.DEQUEUE): A,
+    (Q, Trigger.STOP): C,
+    (Q, Trigger.FINISH): D,
 }
 
 PAIRS = list(itertools.product(State, Trigger))
@@ -66,7 +73,8 @@ PAIR_IDS = [f"{s.value}-{t.value}" for s, t in PAIRS]
 def test_transition_table_is_the_spec() -> None:
     assert dict(machine.TRANSITIONS) == EXPECTED
     assert {D, C} == machine.TERMINAL
-    assert {P, A, R, W} == machine.ACTIVE
+    assert {P, Q, A, R, W} == machine.ACTIVE
+    assert {A, R} == machine.SLOTTED
     assert set(State) == machine.TERMINAL | machine.ACTIVE
 
 
@@ -137,6 +145,7 @@ STATE_FIELDS: dict[State, dict[str, Any]] = {
     A: {"admitted_at": T0 + 1},
     R: {"admitted_at": T0 + 1, "engine_instance_id": OWNER},
     W: {"admitted_at": T0 + 1, "engine_instance_id": OWNER, "wake_at": T0 + 50},
+    Q: {"queued_at": T0 + 1, "queue_tag": 0.0},
     D: {"admitted_at": T0 + 1, "finished_at": T0 + 2, "error": "boom"},
     C: {
         "finished_at": T0 + 2,
@@ -154,6 +163,8 @@ TRIGGER_FIELDS: dict[Trigger, dict[str, Any]] = {
     Trigger.SUSPEND: {},
     Trigger.WAIT: {"wake_at": NOW + 60},
     Trigger.WAKE: {"wake_at": None},
+    Trigger.QUEUE: {"queued_at": NOW, "queue_tag": 1.0},
+    Trigger.DEQUEUE: {"admitted_at": NOW, "engine_instance_id": OWNER},
 }
 
 

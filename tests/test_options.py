@@ -223,7 +223,7 @@ def test_each_widening_is_a_distinct_error(
 
 def test_widening_reasons_are_distinct() -> None:
     reasons = {cls.reason for cls in errors.OptionsWidened.__subclasses__()}
-    assert len(reasons) == len(errors.OptionsWidened.__subclasses__()) == 8
+    assert len(reasons) == len(errors.OptionsWidened.__subclasses__()) == 9
 
 
 def test_a_parent_without_policy_allows_anything() -> None:

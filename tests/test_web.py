@@ -27,7 +27,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 
-from delegation import ChildContext, Event
+from delegation import AdmissionPolicy, ChildContext, Event
 from delegation.cli import commands as cli
 from delegation.clock import SystemClock
 from delegation.usecases.inspector import Inspector
@@ -666,3 +666,33 @@ async def test_a_childs_open_input_requests_are_shown_as_text_until_answered(
     pane = (By.ID, "inputs-pane")
     await asyncio.to_thread(until, driver, lambda d: not d.find_element(*pane).is_displayed())
     assert driver.execute_script("return window.pwned") is None
+
+
+async def test_queued_children_show_their_place_in_the_queue(
+    harness: Harness, page: browser.Web, driver: webdriver.Chrome
+) -> None:
+    """design §22: the list shows a queued child's place (1: next), the API its number."""
+    scope = f"preset:{harness.conn.runner_id}/{PRESET.extension_id}/{PRESET.name}"
+    await harness.engine.set_admission(scope, AdmissionPolicy(concurrency=1))
+    harness.runner.script = hold(asyncio.Event())
+    running = (await harness.start("q1", lease_id=LEASE)).conversation_id
+    first = (await harness.start("q2", lease_id=LEASE)).conversation_id
+    second = (await harness.start("q3", lease_id=LEASE)).conversation_id
+    status, _, body = await asyncio.to_thread(get, page.link("api/children"))
+    assert status == 200
+    listed = {c["conversationId"]: c for c in json.loads(body)["children"]}
+    assert (listed[first]["state"], listed[first]["queuePosition"]) == ("queued", 1)
+    assert (listed[second]["state"], listed[second]["queuePosition"]) == ("queued", 2)
+    assert "queuePosition" not in listed[running]
+
+    def states(d: webdriver.Chrome) -> dict[str, str]:
+        script = (
+            "return Object.fromEntries([...document.querySelectorAll('#children tbody tr')]"
+            ".map(row => [row.dataset.conversation, row.cells[2].textContent]))"
+        )
+        return dict(d.execute_script(script))
+
+    await asyncio.to_thread(driver.get, page.link())
+    await asyncio.to_thread(until, driver, lambda d: states(d).get(second) == "queued #2")
+    assert states(driver)[first] == "queued #1"
+    await harness.engine.set_admission(scope, None)

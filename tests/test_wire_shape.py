@@ -28,12 +28,14 @@ SHAPES: dict[type[msgspec.Struct], list[tuple[str, bool]]] = {
         ("options", False),
         ("systemPromptPath", False),
         ("systemPrompt", False),
+        ("priority", False),  # its children's when a request gives none (design §22)
     ],
     Preset: [
         ("name", True),
         ("options", False),
         ("systemPromptPath", False),
         ("systemPrompt", False),
+        ("priority", False),
         ("extensionId", True),
         ("generation", True),
     ],
@@ -47,6 +49,7 @@ SHAPES: dict[type[msgspec.Struct], list[tuple[str, bool]]] = {
         ("systemPrompt", False),
         ("cwd", False),
         ("leaseId", False),
+        ("priority", False),  # admission order, 0-9 (design §22)
     ],
     Params: [
         ("runId", True),
@@ -103,6 +106,7 @@ SHAPES: dict[type[msgspec.Struct], list[tuple[str, bool]]] = {
             "allowedTools",
             "allowedCommands",
             "enableFSSearchTools",
+            "deadlineSeconds",  # design §22
         )
     ],
 }
@@ -113,6 +117,8 @@ SHAPES[Result] = SHAPES[Identity] + [
     ("output", False),
     ("events", False),
     ("inputRequests", False),  # only while a child that asked has one open (§21)
+    ("queued", False),  # only while it waits its turn (§22)
+    ("queuePosition", False),
 ]
 REQUIRED = {Event: {"kind": "text"}, SteerResult: {"outcome": "injected"}}
 

@@ -35,7 +35,7 @@ from delegation import Engine, Event, Params, Result
 from delegation.cli.progress import Progress
 from delegation.runs import ChildContext, Run
 from delegation.store import stores
-from tools import bench_waiting
+from tools import bench_admission, bench_waiting
 from tools.bench_base import Bench, Runner, machine, median, rss_mb, starter_of
 
 
@@ -55,12 +55,27 @@ class Sizes:
     waiting_small: int
     waiting_large: int
     answers: int
+    queued: int
 
 
 FULL = Sizes(
-    2000, 50, 100, 200, 20000, 1_000_000, 10_000, 5_000, 1_000, 100_000, 2000, 1_000, 100_000, 500
+    2000,
+    50,
+    100,
+    200,
+    20000,
+    1_000_000,
+    10_000,
+    5_000,
+    1_000,
+    100_000,
+    2000,
+    1_000,
+    100_000,
+    500,
+    10_000,
 )
-QUICK = Sizes(200, 50, 20, 50, 2000, 20_000, 500, 500, 100, 1_000, 200, 100, 1_000, 50)
+QUICK = Sizes(200, 50, 20, 50, 2000, 20_000, 500, 500, 100, 1_000, 200, 100, 1_000, 50, 1_000)
 
 
 def ratio(engine: float, baseline: float) -> dict[str, float]:
@@ -372,6 +387,7 @@ SCENARIOS: dict[str, Callable[[Bench, Sizes], Awaitable[Any]]] = {
     "waiting_100k": lambda bench, sizes: bench_waiting.waiting(
         bench, sizes.waiting_small, sizes.waiting_large, sizes.answers
     ),
+    "admit_queued": lambda bench, sizes: bench_admission.admit_queued(bench, sizes.queued),
 }
 
 

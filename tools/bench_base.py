@@ -189,6 +189,7 @@ class Bench:
 class _Settings(msgspec.Struct):
     lease_lifetime_s: float = 3600.0
     hold_s: float = 30.0
+    start_wait_s: float = 5.0
 
 
 def _config(**changes: Any) -> EngineConfig:

@@ -198,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     children = commands.add_parser("children", help="list child runs, newest first")
     _add_db(children)
-    children.add_argument("--state", help="prepared, admitted, running, done or cancelled")
+    children.add_argument(
+        "--state", help="prepared, queued, admitted, running, waiting, done or cancelled"
+    )
     children.add_argument("--lease", help="only children under this leaseId (or its prefix)")
     children.add_argument("--parent", help="only children of this parent runId (or its prefix)")
     children.add_argument("--limit", type=positive_int, default=50)
@@ -274,6 +276,21 @@ def build_parser() -> argparse.ArgumentParser:
     leases.add_argument("--runner", help="only this runnerId (or its prefix)")
     _add_json(leases)
     _add_wide(leases)
+
+    policy = commands.add_parser(
+        "admission",
+        help="admission policies and the slots in use; set or remove one (design §22)",
+    )
+    _add_db(policy)
+    policy.add_argument(
+        "scope", nargs="?", help="runner:R, extension:R/E, preset:R/E/P or parent:C to set"
+    )
+    policy.add_argument("--concurrency", type=positive_int, help="children at once")
+    policy.add_argument("--rate", help="admissions per seconds, as N/SECONDS (e.g. 10/60)")
+    policy.add_argument("--max-queued", type=int, help="children waiting at most (1024)")
+    policy.add_argument("--queue-timeout", type=positive_seconds, help="seconds a child waits")
+    policy.add_argument("--remove", action="store_true", help="remove the scope's policy")
+    _add_json(policy)
 
     db = commands.add_parser("db", help="the database schema")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")

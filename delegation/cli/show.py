@@ -30,10 +30,13 @@ from rich.text import Text
 from delegation.cli.listing import Column, table
 from delegation.cli.terminal import cells, line_console, printable, printable_json, table_console
 from delegation.codec import encode
+from delegation.config import AdmissionPolicy, parse_scope
 from delegation.machine import State
 from delegation.records import ChildRecord, LeaseRecord, StepRow
 from delegation.store import migrate
 from delegation.store.prefixes import Kind
+from delegation.store.stores import write_once
+from delegation.usecases.admission import ScopeUse, stored_policy
 from delegation.usecases.inspector import MAX_STEPS_LISTED, MIN_PREFIX, AmbiguousId, Inspector
 from delegation.usecases.views import (
     UNREADABLE,
@@ -71,6 +74,7 @@ def command(args: argparse.Namespace, url: str) -> int:
         "events": _events,
         "steps": _steps,
         "leases": _leases,
+        "admission": _admission,
     }
     with Inspector(url) as inspector:
         inspector.check()
@@ -120,21 +124,29 @@ def _children(inspector: Inspector, args: argparse.Namespace) -> int:
     records = inspector.list_children(
         state=args.state, lease_id=args.lease, parent_run_id=args.parent, limit=args.limit
     )
+    # Queued children show their place in the queue (design §22; 1: next).
+    places = inspector.queue_positions() if any(r.state == "queued" for r in records) else {}
     if args.json:
-        _print_json([child_json(record) for record in records])
+        shown = [child_json(record) for record in records]
+        for record, values in zip(records, shown, strict=True):
+            if record.id in places:
+                values["queuePosition"] = places[record.id]
+        _print_json(shown)
         return 0
     console = table_console(wide=args.wide)
     width = None if args.wide else console.width
-    console.print(table(records, child_columns(time.time()), inspector, width))
+    console.print(table(records, child_columns(time.time(), places), inspector, width))
     return 0
 
 
-def child_columns(now: float) -> list[Column[ChildRecord]]:
-    """The columns of ``children``: those at 80 columns, then the rest with ``--wide``."""
+def child_columns(now: float, places: dict[int, int] | None = None) -> list[Column[ChildRecord]]:
+    """The columns of ``children``: those at 80 columns, then the rest with ``--wide``.
+    A queued child's state shows its place in the queue (``queued #3``)."""
+    where = places or {}
     return [
         Column("conversation", lambda r: r.conversation_id, kind="conversation"),
         Column("run", lambda r: r.run_id, kind="run"),
-        Column("state", lambda r: r.state),
+        Column("state", lambda r: f"{r.state} #{where[r.id]}" if r.id in where else r.state),
         Column("profile", lambda r: r.profile, most=12),
         Column("runner", lambda r: r.runner_id, kind="runner", narrow=False),
         Column("extension", lambda r: r.extension_id, narrow=False),
@@ -313,6 +325,83 @@ def byte_size(size: int) -> str:
 
 
 # --- leases --------------------------------------------------------------------------
+
+
+def _admission(inspector: Inspector, args: argparse.Namespace) -> int:
+    """``delegation admission``: set or remove a scope's policy, then list them all."""
+    if args.scope is not None:
+        try:
+            changed = admission_change(args)
+        except ValueError as exc:
+            return _fail(str(exc))
+        write_once(inspector.url, lambda c: stored_policy(c, time.time(), args.scope, changed))
+    found = inspector.admission()
+    if args.json:
+        _print_json([scope_json(use) for use in found])
+        return 0
+    if not found:
+        print("no admission policy")
+        return 0
+    console = table_console(wide=False)
+    console.print(table(found, admission_columns(), inspector, console.width))
+    return 0
+
+
+def admission_change(args: argparse.Namespace) -> AdmissionPolicy | None:
+    """The policy ``delegation admission SCOPE ...`` stores (None: ``--remove``).
+
+    Raises:
+        ValueError: the scope or a value is not one a policy takes.
+    """
+    parse_scope(args.scope)
+    if args.remove:
+        return None
+    rate = None
+    if args.rate is not None:
+        n, _, per = args.rate.partition("/")
+        try:
+            rate = (int(n), float(per or "1"))
+        except ValueError:
+            raise ValueError(f"--rate {args.rate!r}: give N/SECONDS, e.g. 10/60") from None
+    return AdmissionPolicy(
+        concurrency=args.concurrency,
+        rate=rate,
+        max_queued=1024 if args.max_queued is None else args.max_queued,
+        queue_timeout_s=args.queue_timeout,
+    )
+
+
+def scope_json(use: ScopeUse) -> dict[str, Any]:
+    policy = use.row.policy
+    return {
+        "scope": use.scope,
+        "concurrency": policy.concurrency,
+        "rate": None if policy.rate is None else {"n": policy.rate[0], "seconds": policy.rate[1]},
+        "maxQueued": policy.max_queued,
+        "queueTimeoutS": policy.queue_timeout_s,
+        "inUse": use.in_use,
+        "queued": use.queued,
+    }
+
+
+def admission_columns() -> list[Column[ScopeUse]]:
+    def rate(use: ScopeUse) -> str:
+        given = use.row.policy.rate
+        return "" if given is None else f"{given[0]}/{given[1]:g}s"
+
+    def slots(use: ScopeUse) -> str:
+        limit = use.row.policy.concurrency
+        return f"{use.in_use}/{'-' if limit is None else limit}"
+
+    return [
+        Column("scope", lambda u: u.scope, fill=True),
+        Column("in use", slots),
+        Column("rate", rate),
+        Column("queued", lambda u: f"{u.queued}/{u.row.policy.max_queued}"),
+        Column(
+            "timeout", lambda u: "" if (t := u.row.policy.queue_timeout_s) is None else f"{t:g}s"
+        ),
+    ]
 
 
 def _leases(inspector: Inspector, args: argparse.Namespace) -> int:

@@ -12,6 +12,8 @@
   retention wake-ups, and what they do;
 - :mod:`~delegation.engine.waking`: waiting children woken (design §21) by their time,
   their answer or an event, and the operators' answers and events;
+- :mod:`~delegation.engine.admitting`: admission's pump (design §22), the queue admitted
+  in order as slots free;
 - :mod:`~delegation.engine.notices`: commit notices (what wakes a follow, a wait and
   the control watcher), and :mod:`~delegation.engine.following`: ``follow`` and
   ``follow_read``;

@@ -25,8 +25,9 @@ import msgspec
 from delegation import errors
 from delegation.backlog import UNBOUNDED, Room
 from delegation.clock import Clock, ServerClock, SystemClock
-from delegation.config import EngineConfig
+from delegation.config import AdmissionPolicy, EngineConfig, parse_scope
 from delegation.engine import telemetry
+from delegation.engine.admitting import Admitting
 from delegation.engine.membership import Membership
 from delegation.engine.methods import ChildMethods
 from delegation.engine.notices import Notices
@@ -45,7 +46,7 @@ from delegation.store import processes as store_processes
 from delegation.store.interface import Store
 from delegation.store.sql import Connection
 from delegation.store.stores import open_store
-from delegation.usecases import maintenance, service, waiting
+from delegation.usecases import admission, maintenance, service, waiting
 from delegation.usecases.protection import Protected, host_code, host_imports
 from delegation.wire import (
     CANCEL_METHOD,
@@ -111,6 +112,7 @@ class Engine(EngineReads):
         self._membership = Membership(self._rt, self._supervisor, self.timers)
         self._methods = ChildMethods(self._rt, self._supervisor)
         self._waking = Waking(self._rt, self._supervisor, self.timers)
+        self._admitting = Admitting(self._rt, self._supervisor)
         self._methods.on_delivered = self._waking.delivered
         self._db.on_lost = self._membership.lost
         self._controls: ControlWatcher | None = None
@@ -200,6 +202,7 @@ class Engine(EngineReads):
         self._open = self._membership.open = True
         self.timers.start(loop)
         self.timers.arm(deadline)
+        await self._admitting.boot()  # the configured policies, before any start (§22)
         self._supervisor.resume(takeover)
         await self._waking.arm()  # the waiting children it owns now (design §21)
         self._controls = ControlWatcher(
@@ -212,6 +215,8 @@ class Engine(EngineReads):
         )
         self._controls.start()  # operators' requests: those left while down first
         self._membership.start()
+        self._admitting.start()
+        self._admitting.soon()  # what waits its turn since before
         await asyncio.sleep(0)  # each resumed run takes its first step
 
     async def _give_back(self) -> None:
@@ -263,6 +268,7 @@ class Engine(EngineReads):
             await self._controls.stop()
             self._controls = None
         self.timers.stop()
+        self._admitting.stop()
         rt, supervisor = self._rt, self._supervisor
         # Even when the database refuses these writes (then close raises), nothing of the
         # engine outlives close: the next boot settles the rest, as after a crash.
@@ -432,6 +438,25 @@ class Engine(EngineReads):
         return outcome.result
 
     # --- a child that waits (design §21) ------------------------------------------------
+
+    async def set_admission(self, scope: str, policy: AdmissionPolicy | None) -> None:
+        """Store the admission policy of ``scope`` (``runner:R``, ``extension:R/E``,
+        ``preset:R/E/P``, ``parent:C``), or remove it with None (design §22). Every host
+        of the database applies it within a second; this one at once.
+
+        Raises:
+            ValueError: the scope is not spelled as above.
+        """
+        self._require_open()
+        parse_scope(scope)
+        await self._rt.write(Use(admission.stored_policy, scope, policy))
+        await self._admitting.refresh()
+        self._admitting.soon()
+
+    async def admission(self) -> list[admission.ScopeUse]:
+        """Every admission policy, with the slots its scope holds and its queue now."""
+        self._require_open()
+        return await self._db.read(admission.listing)
 
     async def answer_input(
         self,

@@ -64,8 +64,10 @@ class LocalRun:
         "conversation_id",
         "ctx",
         "cwd",
+        "deadline_at",
         "emitted",
         "first",
+        "how",
         "lease_pending",
         "on_parked",
         "parked",
@@ -84,8 +86,13 @@ class LocalRun:
         lease_pending: bool,
         first: asyncio.Future[Result | None] | None = None,
         conversation_id: str = "",
+        how: service.Admission | None = None,
     ) -> None:
         self.rt = rt
+        # How its admission goes (design §22: slotted by its policy's turn, a deadline),
+        # and the deadline it got (set once admitted here).
+        self.how = how or service.Admission()
+        self.deadline_at: float | None = None
         self.child_id = child_id
         self.conversation_id = conversation_id
         self.cwd = cwd
@@ -173,15 +180,18 @@ class LocalRun:
         return self.suspended
 
     def _try_admit(self, conn: Connection, now: float) -> Result | None:
-        child = service.try_admit(conn, now, self.child_id, self.rt.instance_id)
+        child = service.try_admit(conn, now, self.child_id, self.rt.instance_id, self.how)
         return None if child is None else self._first_page(conn, child)
 
     def _admit_and_page(self, conn: Connection, now: float) -> Result:
         rt = self.rt
-        child = service.admit(conn, now, self.child_id, rt.instance_id, self.lease_pending)
+        child = service.admit(
+            conn, now, self.child_id, rt.instance_id, self.lease_pending, self.how
+        )
         return self._first_page(conn, child)
 
     def _first_page(self, conn: Connection, child: ChildRecord) -> Result:
+        self.deadline_at = child.deadline_at
         if not self.emitted:  # a fresh child's events all come from its run: none yet
             return queries.result_of(child, [])
         config = self.rt.config

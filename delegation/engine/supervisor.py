@@ -21,6 +21,7 @@ from delegation.backlog import UNBOUNDED, Room
 from delegation.engine.local_run import LocalRun, LocalRuns
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.timers import Timers
+from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, Resumable, RunnerConnection
 from delegation.runs import (
     ChildContext,
@@ -30,13 +31,15 @@ from delegation.runs import (
     redact_secrets,
     truncate,
 )
-from delegation.usecases import maintenance, queries, reservation, service
+from delegation.usecases import admission, maintenance, queries, reservation, service
 from delegation.usecases.journal import Journal
 from delegation.usecases.protection import Protected
 from delegation.wire import Params, Result
 
-# The error of a child cancelled for running past EngineConfig.max_run_s.
-DEADLINE_EXCEEDED = "child deadline exceeded"
+# The error of a child cancelled for running past its deadline (design §22), or past
+# EngineConfig.max_run_s.
+DEADLINE_EXCEEDED = admission.DEADLINE_EXCEEDED
+_QUEUED_LOOK_S = 0.1  # a start whose child waits its turn looks at it this often
 
 log = logging.getLogger("delegation.engine")
 
@@ -78,6 +81,10 @@ class Supervisor:
         self._cancel_on_resume: set[int] = set()
         # A run here suspended its child (design §21): when it wakes at the latest.
         self.on_parked: Callable[[float | None], None] | None = None
+        # Admission (design §22): the scopes with a policy, as this host last read them,
+        # and what to call when a run here gives its slots back (it ended or waits).
+        self.known: frozenset[str] = frozenset()
+        self.on_slot_freed: Callable[[], None] | None = None
 
     # --- child.start ------------------------------------------------------------------
 
@@ -105,6 +112,7 @@ class Supervisor:
             rt.instance_id,
             trace_context=tel.trace_context() if tel is not None else None,
             seen=self._seen_tools,
+            known=self.known,
         )
         first: asyncio.Future[Result | None] = asyncio.get_running_loop().create_future()
 
@@ -131,6 +139,8 @@ class Supervisor:
         page = await first
         plan = reserved[0]
         try:
+            if plan.queued:
+                return await self._turn(plan.child.id, params.after, room)
             if plan.replay:
                 return await self.answer(plan.child.id, params.after, room)
             local = runs[0] if runs else None
@@ -153,11 +163,35 @@ class Supervisor:
         child's run is spawned with the caller's ``first``; a replay answers it now."""
         if plan.new_lease_deadline is not None:
             self._timers.arm_earlier(plan.new_lease_deadline)
-        if plan.replay:
+        if plan.replay or plan.queued:  # a queued child runs once the pump admits it
             if not first.done():
                 first.set_result(None)
             return None
         return self.spawn(plan.child, plan, None, first=first)
+
+    async def _turn(self, child_id: int, after: int, room: Room) -> Result:
+        """A start whose child waits its turn (design §22): its Result once it is
+        admitted (or ended), or after ``start_wait_s`` as it is then (``queued: true``
+        and its ``queuePosition``). Woken by this host's notices, and looking again
+        every ``_QUEUED_LOOK_S`` for another host's admission."""
+        rt = self._rt
+        loop = asyncio.get_running_loop()
+        until = loop.time() + rt.config.start_wait_s
+        with rt.notices.following(child_id):
+            while True:
+                seen = rt.notices.version(child_id)
+                child = await rt.db.read(lambda c: queries.child_by_id(c, child_id))
+                if child is None or child.state != "queued":
+                    break
+                left = until - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    async with asyncio.timeout(min(left, _QUEUED_LOOK_S)):
+                        await rt.notices.moved(child_id, seen)
+                except TimeoutError:
+                    continue
+        return await self.answer(child_id, after, room)
 
     async def answer(self, child_id: int, after: int, room: Room = UNBOUNDED) -> Result:
         """Wait until admission is decided (without cancelling anything if the caller
@@ -197,8 +231,11 @@ class Supervisor:
         *,
         first: asyncio.Future[Result | None] | None = None,
     ) -> LocalRun:
+        how = service.Admission(
+            plan.slotted, _deadline_s(plan.request), child.depth, child.parent_run_id
+        )
         local = LocalRun(
-            self._rt, child.id, child.cwd, plan.lease_pending, first, child.conversation_id
+            self._rt, child.id, child.cwd, plan.lease_pending, first, child.conversation_id, how
         )
         local.on_parked = self.on_parked
         self.runs.add(local)
@@ -306,8 +343,16 @@ class Supervisor:
             for steer_id, message in steers:  # queued before a restart
                 ctx.deliver(steer_id, message)
             limit = run_limit(self._rt.config.max_run_s, run)
-            if limit is not None:
-                deadline = asyncio.create_task(self._deadline(child, recovery is not None, limit))
+            how = local.how
+            if (
+                limit is not None
+                or how.deadline_s is not None
+                or child.deadline_at
+                or how.depth > 1
+            ):
+                deadline = asyncio.create_task(
+                    self._deadline(local, child, recovery is not None, limit)
+                )
             await run(ctx)
         except NotResumable:
             error = maintenance.INTERRUPTED
@@ -343,6 +388,8 @@ class Supervisor:
             finally:
                 self.runs.remove(child.id)
                 local.end()
+                if self.known and self.on_slot_freed is not None:
+                    self.on_slot_freed()
                 if tel is not None:
                     tel.end(traced, ended)
 
@@ -354,14 +401,27 @@ class Supervisor:
         text = redact_secrets(str(exc) or type(exc).__name__)
         return truncate(text, self._rt.config.max_event_field_bytes)
 
-    async def _deadline(self, child: ChildRecord, resumed: bool, limit: float) -> None:
-        """Cancel the child once it has run ``limit`` seconds since its run was prepared
-        (a resumed one counts from its first admission), as the host's own cancel would."""
+    async def _deadline(
+        self, local: LocalRun, child: ChildRecord, resumed: bool, limit: float | None
+    ) -> None:
+        """Cancel the child at its deadline, as the host's own cancel would: the one
+        its first admission set (design §22: never reset by a restart, a wait or a
+        takeover), or ``limit`` seconds (``max_run_s``) since its run was prepared (a
+        resumed one: since its first admission), whichever comes first."""
         rt = self._rt
         now = rt.clock.now()
-        admitted = child.admitted_at  # NaN: stored unreadable (see store.sql.stored_time)
-        since = admitted if resumed and admitted is not None and math.isfinite(admitted) else now
-        await asyncio.sleep(max(0.0, since + limit - now))
+        at = child.deadline_at
+        if not resumed:
+            await local.decided.wait()  # its admission sets its deadline
+            at = local.deadline_at
+        if limit is not None:
+            admitted = child.admitted_at  # NaN: stored unreadable (see store.sql.stored_time)
+            ok = resumed and admitted is not None and math.isfinite(admitted)
+            since = admitted if ok and admitted is not None else now
+            at = since + limit if at is None else min(at, since + limit)
+        if at is None:
+            return
+        await asyncio.sleep(max(0.0, at - rt.clock.now()))
         use = Use(service.cancel_exact, child.conversation_id, child.run_id, DEADLINE_EXCEEDED)
         try:
             cancelled = await rt.write(use)
@@ -494,6 +554,11 @@ class Supervisor:
                 extra={"action": "child_runs_stuck_at_close"},
             )
         return [lo.child_id for lo in running if lo.tracked and lo.task in tasks and lo.task.done()]
+
+
+def _deadline_s(request: object) -> float | None:
+    options = getattr(request, "options", None)
+    return admission.deadline_seconds(options if isinstance(options, ExecutionOptions) else None)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,9 @@ family lives in its module: :mod:`~delegation.errors.base` (the root),
     │   │   ├── CommandsWidened
     │   │   ├── FsSearchEnabled
     │   │   ├── TokenLimitRaised
+    │   │   ├── DeadlineWidened              deadlineSeconds (design §22)
     │   │   └── TurnLimitWidened
+    │   ├── BadPriority                      request.priority not 0-9 (design §22)
     │   ├── BadSteer
     │   ├── BadLeaseId
     │   ├── InvalidId                        an id that is not a valid ID
@@ -68,7 +70,8 @@ family lives in its module: :mod:`~delegation.errors.base` (the root),
     │   ├── InputInvalid
     │   ├── InputClosed
     │   ├── InputTimeout                     raised at a resumed ctx.ask
-    │   └── EventTimeout                     raised at a resumed ctx.wait_event
+    │   ├── EventTimeout                     raised at a resumed ctx.wait_event
+    │   └── StepTimeout                      ctx.step(..., timeout=) (design §22)
     ├── LimitError                           a cap of design §3.8
     │   ├── SubmissionLimit
     │   ├── LeaseCapacity
@@ -81,7 +84,8 @@ family lives in its module: :mod:`~delegation.errors.base` (the root),
     │   ├── ConnectionLimit                  serve's streams at once (design §18)
     │   ├── InputLimit                       open input requests of an execution (§21)
     │   ├── EventBufferFull                  events buffered for a conversation (§21)
-    │   └── EventTooLarge                    an event's payload (§21)
+    │   ├── EventTooLarge                    an event's payload (§21)
+    │   └── QueueFull                        an admission queue (design §22)
     ├── ProtocolError                        JSON-RPC framing
     │   ├── ParseError                       (-32700)
     │   ├── InvalidRpcRequest                (-32600)
@@ -154,10 +158,12 @@ from delegation.errors.input import (
     BadContextMode,
     BadLeaseId,
     BadPresetName,
+    BadPriority,
     BadResume,
     BadSteer,
     ChildNotFound,
     CommandsWidened,
+    DeadlineWidened,
     FsSearchEnabled,
     InputError,
     InputTooLarge,
@@ -183,6 +189,7 @@ from delegation.errors.limits import (
     LimitError,
     NestingLimit,
     PresetLimit,
+    QueueFull,
     SteerLimit,
     StepLimit,
     StepTooLarge,
@@ -198,6 +205,7 @@ from delegation.errors.waits import (
     InputLimit,
     InputTimeout,
     InputUnknown,
+    StepTimeout,
 )
 
 __all__ = [
@@ -208,6 +216,7 @@ __all__ = [
     "BadContextMode",
     "BadLeaseId",
     "BadPresetName",
+    "BadPriority",
     "BadResume",
     "BadSteer",
     "CancelUnconfirmed",
@@ -222,6 +231,7 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseReadOnly",
     "DatabaseReplaced",
+    "DeadlineWidened",
     "DelegationError",
     "EventBufferFull",
     "EventTimeout",
@@ -266,6 +276,7 @@ __all__ = [
     "PresetPromptTooLarge",
     "PresetStale",
     "ProtocolError",
+    "QueueFull",
     "ReleaseOwnerRequired",
     "ReleaseUnconfirmed",
     "RequestIdReused",
@@ -278,6 +289,7 @@ __all__ = [
     "SteerNotOwned",
     "SteerRequestIdReused",
     "StepLimit",
+    "StepTimeout",
     "StepTooLarge",
     "StoreError",
     "StoreUnavailable",

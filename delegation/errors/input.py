@@ -113,6 +113,18 @@ class TokenLimitRaised(OptionsWidened):
     reason = "token_limit_raised"
 
 
+class DeadlineWidened(OptionsWidened):
+    """child deadlineSeconds exceeds the parent's"""
+
+    reason = "deadline_widened"
+
+
+class BadPriority(InputError):
+    """child priority must be a whole number from 0 to 9"""
+
+    reason = "bad_priority"
+
+
 class TurnLimitWidened(OptionsWidened):
     """child maxTurns must be between 1 and the parent's maxTurns"""
 

@@ -63,3 +63,9 @@ class FollowLimit(LimitError):
     """too many follows on this connection"""
 
     reason = "follow_limit"
+
+
+class QueueFull(LimitError):
+    """child admission queue is full"""
+
+    reason = "queue_full"

@@ -63,3 +63,9 @@ class EventTooLarge(LimitError):
     """child event payload exceeds its limit"""
 
     reason = "event_too_large"
+
+
+class StepTimeout(ConflictError):
+    """child step timed out"""
+
+    reason = "step_timeout"

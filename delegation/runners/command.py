@@ -16,7 +16,7 @@ Every run guarantees:
   with ``close_stdin`` gets the message and then the end of stdin: its steers stay
   queued, never written (logged ``steers_not_delivered`` when the run ends).
 * **A profile's ``timeout_s``** is the run's ``max_run_s``: the engine cancels a child
-  running longer with "child deadline exceeded" (``EngineConfig.max_run_s``, if smaller,
+  running longer with "cancelled: child deadline exceeded" (``EngineConfig.max_run_s``, if smaller,
   applies instead).
 * **stdout**: a JSON object line that decodes as an :class:`Event` is that event (the
   engine assigns its sequence; a ``result`` event is the output); any other non-blank

@@ -5,7 +5,7 @@ A profile is an argv template, or a table (in TOML, ``[command.profiles.NAME]``)
 here with :class:`CommandConfigError`, in one line naming the setting: never at run time.
 
 * ``timeout_s``: a child of the profile running longer is cancelled by the engine with
-  "child deadline exceeded", as with ``EngineConfig.max_run_s``; the smaller applies.
+  "cancelled: child deadline exceeded", as with ``EngineConfig.max_run_s``; the smaller applies.
 * ``close_stdin``: the command's stdin ends after the message, for a command that reads
   it to its end (``cat``, ``wc``, many CLIs); steers cannot reach such a command.
 """

@@ -21,7 +21,7 @@ ACTIVE_STATES = [s.value for s in machine.ACTIVE]
 # Unfinished children by state alone: ix_children_one_active holds exactly these rows.
 # A query through it repeats the index's own term and reads ``Spelling.active`` (SQLite
 # uses a partial index only when told).
-ACTIVE_TERM = "state IN ('prepared', 'admitted', 'running', 'waiting')"
+ACTIVE_TERM = "state IN ('prepared', 'queued', 'admitted', 'running', 'waiting')"
 
 
 # Hot paths use plain SQL through the same connection: building and caching a Core
@@ -32,7 +32,15 @@ _SELECT = f"SELECT {', '.join(FIELDS)} FROM children"
 _FOLLOWUP = FIELDS.index("followup")
 _TIMES = tuple(
     FIELDS.index(name)
-    for name in ("cancel_requested_at", "created_at", "updated_at", "admitted_at", "finished_at")
+    for name in (
+        "cancel_requested_at",
+        "created_at",
+        "updated_at",
+        "admitted_at",
+        "finished_at",
+        "queued_at",
+        "deadline_at",
+    )
 )
 _COLUMNS = [children.c[name] for name in FIELDS]  # the same order, for Core queries
 
@@ -105,6 +113,17 @@ def by_state(conn: Connection, state: str) -> list[ChildRecord]:
     return _many(conn, f"{ACTIVE_TERM} AND state = ? ORDER BY id", (state,), active=True)
 
 
+def deadline_of_run(conn: Connection, run_id: str) -> float | None:
+    """The deadline of the child execution ``run_id`` (a nested child's parent)."""
+    row = run(conn, "SELECT deadline_at FROM children WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def queued_in_order(conn: Connection, limit: int) -> list[ChildRecord]:
+    """The first ``limit`` queued children (design §22), in the queue's order."""
+    return _many(conn, "state = 'queued' ORDER BY queue_tag, id LIMIT ?", (limit,))
+
+
 def of_ids(conn: Connection, ids: list[int]) -> list[ChildRecord]:
     """The children of these ids (those that exist), by id."""
     found: list[ChildRecord] = []
@@ -170,6 +189,9 @@ _FRESH: dict[str, Any] = {
     "lease_id": None,
     "followup": 0,
     "inputs_open": 0,
+    "priority": 5,
+    "queued_at": None,
+    "deadline_at": None,
 }
 
 

@@ -42,7 +42,7 @@ def _recovery_event(sequence: int, message: str) -> bytes:
 
 
 PREPARED, ADMITTED, RUNNING = State.PREPARED.value, State.ADMITTED.value, State.RUNNING.value
-WAITING = State.WAITING.value
+WAITING, QUEUED = State.WAITING.value, State.QUEUED.value
 
 
 def _fire(trigger: Trigger, among: list[str]) -> str:
@@ -274,14 +274,14 @@ def settle_for_resume(
 ) -> dict[Outcome, int]:
     """After a restart: finish the cancelled, suspend the running, and end what cannot
     be resumed (no live lease, or resumed ``max_attempts`` times). What is left lost and
-    ``admitted`` is to resume (:func:`begin_resume`); a lost child left ``waiting`` is
-    this instance's now, still waiting (design §21: nothing of it ran). Returns how many
-    ended, by outcome."""
+    ``admitted`` is to resume (:func:`begin_resume`); a lost child left ``waiting`` or
+    ``queued`` is this instance's now, as it was (design §21, §22: nothing of it runs).
+    Returns how many ended, by outcome."""
     statements = (
         # Asked to cancel, and nothing runs them any more.
-        f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [ADMITTED, RUNNING, WAITING])},"
+        f"UPDATE {ACTIVE} SET {_fire(Trigger.STOP, [ADMITTED, RUNNING, WAITING, QUEUED])},"
         " error = cancel_reason, finished_at = :now, updated_at = :now WHERE"
-        f" {ACTIVE_TERM} AND state IN ('{ADMITTED}', '{RUNNING}', '{WAITING}')"
+        f" {ACTIVE_TERM} AND state IN ('{ADMITTED}', '{RUNNING}', '{WAITING}', '{QUEUED}')"
         f" AND cancel_requested_at IS NOT NULL AND {LOST}",
         # Their host instance is gone.
         f"UPDATE {ACTIVE} SET {_fire(Trigger.SUSPEND, [RUNNING])}, updated_at = :now"
@@ -309,7 +309,7 @@ def settle_for_resume(
         _q(
             conn,
             f"UPDATE {ACTIVE} SET engine_instance_id = :me, updated_at = :now"
-            f" WHERE {ACTIVE_TERM} AND state = '{WAITING}' AND {LOST}",
+            f" WHERE {ACTIVE_TERM} AND state IN ('{WAITING}', '{QUEUED}') AND {LOST}",
         ),
         {"me": me, "now": now},
     )

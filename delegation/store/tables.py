@@ -41,9 +41,12 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 TIME: TypeEngine[float] = REAL().with_variant(postgresql.DOUBLE_PRECISION(), "postgresql")
 BIG: TypeEngine[int] = Integer().with_variant(BigInteger(), "postgresql")
 
-STATES = "('prepared', 'admitted', 'running', 'waiting', 'done', 'cancelled')"
-# The unfinished states: what ix_children_one_active holds (design §3.6, §21).
-UNFINISHED = ["prepared", "admitted", "running", "waiting"]
+STATES = "('prepared', 'queued', 'admitted', 'running', 'waiting', 'done', 'cancelled')"
+# The unfinished states: what ix_children_one_active holds (design §3.6, §21, §22).
+UNFINISHED = ["prepared", "queued", "admitted", "running", "waiting"]
+# Children a policy admitted, queued or holding a slot (design §22): the slots of a
+# scope are counted, and its queue measured, through the indexes of these rows alone.
+ADMISSION = "queued_at IS NOT NULL AND state IN ('queued', 'admitted', 'running')"
 
 # The engine instances (one per host's life, design §12); a runner's own host is
 # ``host_instance_id`` elsewhere. Its constraints keep the names they were given while
@@ -203,6 +206,15 @@ children = Table(
     Column("wake_at", TIME),
     Column("wakes", Integer, nullable=False, server_default=text("0")),
     Column("inputs_open", Integer, nullable=False, server_default=text("0")),
+    # Admission (design §22): its priority (0-9); when it entered admission (set for
+    # every child a policy admitted); its place in the queue: its priority band and its
+    # turn among parents (see ``usecases.admission``); when its wait times out; and when
+    # it must have ended, from its first admission (NULL: no deadline).
+    Column("priority", Integer, nullable=False, server_default=text("5")),
+    Column("queued_at", TIME),
+    Column("queue_tag", TIME),
+    Column("queue_expires_at", TIME),
+    Column("deadline_at", TIME),
     CheckConstraint(f"state IN {STATES}", name="state"),
     CheckConstraint(
         "(state IN ('done', 'cancelled')) = (finished_at IS NOT NULL)", name="finished_iff_terminal"
@@ -222,6 +234,11 @@ children = Table(
     CheckConstraint("depth >= 1", name="depth_positive"),
     CheckConstraint("followup IN (0, 1)", name="followup_bool"),
     CheckConstraint("wakes >= 0 AND inputs_open >= 0", name="wait_counts_non_negative"),
+    CheckConstraint("priority BETWEEN 0 AND 9", name="priority_in_range"),
+    CheckConstraint(
+        "state != 'queued' OR (queue_tag IS NOT NULL AND queued_at IS NOT NULL)",
+        name="queued_has_place",
+    ),
 )
 Index("ix_children_grant_request", children.c.grant_id, children.c.request_id, unique=True)
 Index("ix_children_conversation", children.c.conversation_id)
@@ -255,6 +272,54 @@ Index(
     postgresql_where=children.c.lease_id.is_not(None),
 )
 Index("ix_children_parent_run", children.c.parent_run_id)
+# The queue in order (design §22), and each parent's last turn in it (round-robin).
+_QUEUED = children.c.state == "queued"
+Index(
+    "ix_children_queue",
+    children.c.queue_tag,
+    children.c.id,
+    sqlite_where=_QUEUED,
+    postgresql_where=_QUEUED,
+)
+Index(
+    "ix_children_queue_parent",
+    children.c.parent_conversation_id,
+    children.c.queue_tag,
+    sqlite_where=_QUEUED,
+    postgresql_where=_QUEUED,
+)
+Index(
+    "ix_children_admission",
+    children.c.runner_id,
+    children.c.extension_id,
+    children.c.profile,
+    children.c.state,
+    sqlite_where=text(ADMISSION),
+    postgresql_where=text(ADMISSION),
+)
+Index(
+    "ix_children_admission_parent",
+    children.c.parent_conversation_id,
+    children.c.state,
+    sqlite_where=text(ADMISSION),
+    postgresql_where=text(ADMISSION),
+)
+# What nothing runs yet must end on time: a queued child's wait, a deadline that
+# passes while it waits or waits its turn again.
+_DEADLINE = "deadline_at IS NOT NULL AND state IN ('queued', 'waiting')"
+Index(
+    "ix_children_deadline",
+    children.c.deadline_at,
+    sqlite_where=text(_DEADLINE),
+    postgresql_where=text(_DEADLINE),
+)
+_EXPIRY = "queue_expires_at IS NOT NULL AND state = 'queued'"
+Index(
+    "ix_children_queue_expiry",
+    children.c.queue_expires_at,
+    sqlite_where=text(_EXPIRY),
+    postgresql_where=text(_EXPIRY),
+)
 
 # Events: the body is the event's exact wire JSON, sequence included.
 events = Table(
@@ -400,6 +465,29 @@ Index(
     postgresql_where=signals.c.idempotency_key.is_not(None),
 )
 Index("ix_signals_sent", signals.c.sent_at)
+
+# Admission policies by scope (design §22): ``runner:R``, ``extension:R/E``,
+# ``preset:R/E/P``, ``parent:C``. A rate is ``rate_n`` admissions per ``rate_s``
+# seconds, kept as a token bucket (``tokens`` as of ``refilled_at``).
+admission = Table(
+    "admission",
+    metadata,
+    Column("scope", Text, primary_key=True),
+    Column("concurrency", Integer),
+    Column("rate_n", Integer),
+    Column("rate_s", TIME),
+    Column("max_queued", Integer, nullable=False),
+    Column("queue_timeout_s", TIME),
+    Column("tokens", TIME),
+    Column("refilled_at", TIME),
+    Column("updated_at", TIME, nullable=False),
+    CheckConstraint("concurrency IS NULL OR concurrency >= 1", name="concurrency_positive"),
+    CheckConstraint(
+        "(rate_n IS NULL) = (rate_s IS NULL) AND (rate_n IS NULL OR (rate_n >= 1 AND rate_s > 0))",
+        name="rate_whole",
+    ),
+    CheckConstraint("max_queued >= 0", name="max_queued_non_negative"),
+)
 
 # Children purged after retention, remembered for one more period so that a handle to
 # one gets a clear "purged" answer rather than "not owned".

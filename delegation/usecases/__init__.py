@@ -14,6 +14,8 @@ Each is a function ``fn(conn, now, ...)`` the engine's runtime runs in one trans
 * :mod:`~delegation.usecases.waiting` - a child that waits (design §21): its waits
   opened, suspended, woken, answered, and events sent; :mod:`~delegation.usecases.waits`
   - the run's side of it (``ctx.ask``, ``sleep``, ``wait_event``);
+* :mod:`~delegation.usecases.admission` - admission waits its turn (design §22): a
+  child's slots taken or its place queued, the queue admitted, policies stored;
 * :mod:`~delegation.usecases.stored` - stored request and preset blobs, decoded;
 * :mod:`~delegation.usecases.follow` - following a child's events as they commit;
 * :mod:`~delegation.usecases.inspector` - the read-only inspection of a database

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from delegation.records import ChildFilter, ChildRecord, ChildSummary, LeaseRecord, StepRow
+from delegation.store import admission as store_admission
 from delegation.store import children, controls, migrate, prefixes, stores
 from delegation.store import events as event_rows
 from delegation.store import steps as journal
 from delegation.store.controls import ControlRecord
 from delegation.store.prefixes import Kind
 from delegation.store.sql import Connection
-from delegation.usecases import queries
+from delegation.usecases import admission, queries
 from delegation.usecases.follow import WatchWake, blocking
 from delegation.usecases.follow import events as events_of
 from delegation.wire import Event, InputRequest
@@ -190,6 +191,14 @@ class Inspector:
         execution)."""
         limit = max(0, min(limit, MAX_STEPS_LISTED))
         return self._db.read(lambda c: _steps(c, conversation_id, run_id, limit, latest))
+
+    def queue_positions(self, limit: int = 10_000) -> dict[int, int]:
+        """The places of the first ``limit`` queued children (design §22), by child id."""
+        return self._db.read(lambda c: store_admission.positions(c, limit))
+
+    def admission(self) -> list[admission.ScopeUse]:
+        """Every admission policy, with the slots its scope holds and its queue now."""
+        return self._db.read(admission.listing)
 
     def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
         return self._db.read(lambda c: queries.leases(c, runner_id))

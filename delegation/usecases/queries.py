@@ -15,7 +15,7 @@ import msgspec
 from delegation import errors
 from delegation.codec import encode
 from delegation.records import ChildFilter, ChildRecord, LeaseRecord
-from delegation.store import children, events, grants, waits
+from delegation.store import admission, children, events, grants, waits
 from delegation.store.sql import Connection
 from delegation.wire import Event, InputRequest, Result
 
@@ -59,12 +59,14 @@ def result_of(
     *,
     strict: bool = True,
     inputs: dict[str, InputRequest] | None = None,
+    queue_position: int = 0,
 ) -> Result:
     """A child's wire Result with the events of ``bodies``, as many as fit within
     ``max_bytes`` (see :func:`fit`), and its open ``inputs`` (design §21); a child that
     ended unadmitted answers AdmissionFailed (unless not ``strict``: the host's own
     view, which owes no caller an admission)."""
-    if strict and child.terminal and child.admitted_at is None:
+    # A child that waited its turn was answered (``queued``) before it ended (§22).
+    if strict and child.terminal and child.admitted_at is None and child.queued_at is None:
         raise errors.AdmissionFailed(child.error)
     identity: dict[str, Any] = child.identity_fields()
     result = Result(
@@ -75,6 +77,8 @@ def result_of(
         output=child.output,
         input_requests=inputs or {},
         events=[],
+        queued=queue_position > 0,
+        queue_position=queue_position,
     )
     if max_bytes is not None and bodies:
         # Most pages are far below the bound: measure only where it may be passed.
@@ -128,8 +132,14 @@ def page_of(
     after ``after`` whose encoded Result stays within ``max_bytes``."""
     bodies = events.page(conn, child.id, after, limit)
     inputs = input_requests(conn, child) if child.inputs_open else None
-    result = result_of(child, bodies, max_bytes, strict=strict, inputs=inputs)
+    place = _place(conn, child) if child.state == "queued" else 0
+    result = result_of(child, bodies, max_bytes, strict=strict, inputs=inputs, queue_position=place)
     return PagedResult(result, len(result.events) < len(bodies) or len(bodies) >= limit)
+
+
+def _place(conn: Connection, child: ChildRecord) -> int:
+    tag = admission.tag_of(conn, child.id)
+    return 0 if tag is None else admission.position(conn, child.id, tag)
 
 
 def input_requests(conn: Connection, child: ChildRecord) -> dict[str, InputRequest]:

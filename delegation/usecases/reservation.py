@@ -8,6 +8,7 @@ reads for a tool grant an earlier start found open (see :func:`reserve_start`).
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import threading
 import time
@@ -24,9 +25,9 @@ from delegation.options import ExecutionOptions, effective_options
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection, RunnerRecord
 from delegation.store import children, grants
 from delegation.store.sql import Connection
-from delegation.usecases import followups, stored
+from delegation.usecases import admission, followups, stored
 from delegation.usecases.service import authorized, identity_of
-from delegation.wire import Identity, Params, Preset, Request
+from delegation.wire import Identity, Params, Preset, Request, priority_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,10 @@ class StartPlan:
     new_lease_deadline: float | None = None
     lease_pending: bool = False  # under a lease that has admitted no one yet
     previous_run_id: str | None = None  # the execution a follow-up continues (design §15)
+    # Admission (design §22): it holds its slots already (its run fires only RUN), or
+    # it waits its turn (no run is spawned: the pump admits it).
+    slotted: bool = False
+    queued: bool = False
 
 
 class SeenTools:
@@ -89,6 +94,7 @@ class _Start:
     request: Request
     instance_id: str
     trace_context: str | None
+    known: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -116,6 +122,7 @@ def reserve_start(
     *,
     trace_context: str | None = None,
     seen: SeenTools | None = None,
+    known: frozenset[str] = frozenset(),
 ) -> StartPlan:
     """Check a start in the order of design §5 and reserve the child as ``prepared``,
     owned by the host instance ``instance_id`` (which runs it). ``trace_context`` (the
@@ -128,12 +135,16 @@ def reserve_start(
     check had the outcome it has on the rows now. Otherwise, or if a check refuses on
     the rows as seen, the start reads them again and is checked as if none was seen.
 
+    ``known``: the scopes this host last saw a policy for (design §22). A child in one
+    of them enters admission in this transaction: it takes its slots now, or is queued
+    (``queue_full`` when its queue is full).
+
     Raises the first refusal that applies; nothing is written then.
     """
     authority.check_ids(params)
     request = params.request if params.request is not UNSET else Request()
-    start = _Start(conn, now, cfg, rconn, params, request, instance_id, trace_context)
-    if seen is not None and not (params.lease_id or request.resume):
+    start = _Start(conn, now, cfg, rconn, params, request, instance_id, trace_context, known)
+    if seen is not None and not (params.lease_id or request.resume or known):
         key = (rconn.runner_id, params.run_id, params.tool_call_id)
         last = seen.get(key)
         if last is not None:
@@ -191,6 +202,12 @@ def _reserve(start: _Start, seen: SeenTools | None) -> StartPlan:
         raise errors.SubmissionLimit()
     _check_depth(start, checked.grant)
     child = children.insert_child(conn, **_child_values(start, checked, tool_owned))
+    if start.known and not start.known.isdisjoint(admission.child_scopes(child)):
+        seconds = admission.deadline_seconds(checked.options)
+        entered = admission.enter(conn, start.now, start.instance_id, child, seconds)
+        if entered is not None:
+            plan = _plan(checked, entered.child, new_lease)
+            return dataclasses.replace(plan, slotted=not entered.queued, queued=entered.queued)
     return _plan(checked, child, new_lease)
 
 
@@ -298,6 +315,7 @@ def _child_values(start: _Start, checked: _Checked, tool_owned: bool) -> dict[st
         "created_at": start.now,
         "trace_context": start.trace_context,
         "options": encode(checked.options),
+        "priority": priority_of(request, checked.preset),
     }
 
 

@@ -98,13 +98,48 @@ def locate_child(
 
 
 _ADMISSION = (Trigger.ADMIT, Trigger.RUN)
+_SLOTTED = (Trigger.RUN,)  # admitted by its policy's turn already (design §22)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What a run's admission needs to know of its child: whether its policy's turn
+    admitted it already (``slotted``: it holds its slots, ``admitted``), and what its
+    deadline counts from its first admission (design §22)."""
+
+    slotted: bool = False
+    deadline_s: float | None = None
+    depth: int = 1
+    parent_run_id: str = ""
+
+
+_PLAIN = Admission()
+
+
+def _running(conn: Connection, now: float, instance_id: str, how: Admission) -> dict[str, object]:
+    if how.slotted:  # admitted (and its deadline set) when it took its slots
+        return {"engine_instance_id": instance_id}
+    fields: dict[str, object] = {"admitted_at": now, "engine_instance_id": instance_id}
+    if how.deadline_s is not None or how.depth > 1:
+        own = None if how.deadline_s is None else now + how.deadline_s
+        parent = children.deadline_of_run(conn, how.parent_run_id) if how.depth > 1 else None
+        found = [d for d in (own, parent) if d is not None]
+        if found:
+            fields["deadline_at"] = min(found)
+    return fields
 
 
 def admit(
-    conn: Connection, now: float, child_id: int, instance_id: str, lease_pending: bool
+    conn: Connection,
+    now: float,
+    child_id: int,
+    instance_id: str,
+    lease_pending: bool,
+    how: Admission = _PLAIN,
 ) -> ChildRecord:
-    """prepared → admitted → running in one guarded UPDATE, after re-checking
-    cancellation and the origin tool; returns the child's record.
+    """prepared → admitted → running in one guarded UPDATE (a ``slotted`` child:
+    admitted → running), after re-checking cancellation and the origin tool; returns
+    the child's record.
 
     ``lease_pending`` says the child's lease had admitted no one when it was reserved,
     so this may be the lease's first admission and its authorizing tool must be live.
@@ -114,7 +149,7 @@ def admit(
         errors.LeaseNotActivated: a first admission under a lease whose tool has ended.
     """
     if not lease_pending:
-        admitted = try_admit(conn, now, child_id, instance_id)
+        admitted = try_admit(conn, now, child_id, instance_id, how)
         if admitted is not None:
             return admitted
     child = children.get(conn, child_id)
@@ -122,7 +157,8 @@ def admit(
         raise errors.ChildPurged()
     if child.state in (State.DONE.value, State.CANCELLED.value):
         raise errors.AdmissionFailed(child.error or child.cancel_reason)
-    if child.state != State.PREPARED.value:
+    before = State.ADMITTED.value if how.slotted else State.PREPARED.value
+    if child.state != before:
         return child  # admitted already: admit() is a no-op then
     if child.cancel_requested_at is not None:
         raise errors.AdmissionFailed(child.cancel_reason)
@@ -133,19 +169,24 @@ def admit(
         if origin is None or origin.closed_at is not None or lease.revoked_at is not None:
             raise errors.LeaseNotActivated()
         grants.activate(conn, lease.id, now)
-    running = {"admitted_at": now, "engine_instance_id": instance_id}
-    admitted = children.advance(conn, child_id, _ADMISSION, now, running)
-    if admitted is None:  # prepared, read in this very transaction: never expected
+    triggers = _SLOTTED if how.slotted else _ADMISSION
+    admitted = children.advance(
+        conn, child_id, triggers, now, _running(conn, now, instance_id, how)
+    )
+    if admitted is None:  # read in this very transaction: never expected
         raise errors.IllegalTransition(f"child state transition admit is not allowed ({child_id})")
     return admitted
 
 
-def try_admit(conn: Connection, now: float, child_id: int, instance_id: str) -> ChildRecord | None:
+def try_admit(
+    conn: Connection, now: float, child_id: int, instance_id: str, how: Admission = _PLAIN
+) -> ChildRecord | None:
     """The usual admission, one guarded UPDATE: a prepared child no one asked to cancel
     becomes running. None: it did not match and nothing was written (:func:`admit`
     then learns why). Not for a child whose lease may still need activating."""
-    running = {"admitted_at": now, "engine_instance_id": instance_id}
-    return children.advance(conn, child_id, _ADMISSION, now, running, unless_cancelled=True)
+    triggers = _SLOTTED if how.slotted else _ADMISSION
+    running = _running(conn, now, instance_id, how)
+    return children.advance(conn, child_id, triggers, now, running, unless_cancelled=True)
 
 
 def finish(conn: Connection, now: float, child_id: int, error: str, tracked: bool) -> ChildRecord:
@@ -187,7 +228,8 @@ def stop_unowned(
         if child is None or child.terminal or child.cancel_requested_at is None:
             continue
         owner = child.engine_instance_id
-        waiting = child.state == State.WAITING.value  # nothing runs it anywhere (design §21)
+        # Nothing runs a waiting child (design §21) nor a queued one (§22) anywhere.
+        waiting = child.state in (State.WAITING.value, State.QUEUED.value)
         if (
             owner not in (None, instance_id)
             and not waiting

@@ -27,10 +27,10 @@ from delegation.store import children, controls, events, lifecycle, waits
 from delegation.store.events import EventRow
 from delegation.store.sql import Connection, run
 from delegation.store.waits import INPUT_KINDS, WaitRow
-from delegation.usecases import service, stored
+from delegation.usecases import admission, service, stored
 from delegation.wire import MAX_MESSAGE_BYTES, Params, valid_id
 
-WOKEN_TEXT = "resumed after waiting"
+WOKEN_TEXT = admission.WOKEN_TEXT
 _UNREADABLE = errors.ChildUnreadable.default_message()
 APPROVAL_OPTIONS = ("approve", "deny")
 MAX_KEY_BYTES = 1024
@@ -162,26 +162,19 @@ def wake_due(conn: Connection, now: float, instance_id: str, limit: int = 500) -
             unreadable.append(child.run_id)
             continue
         wake.append(child.id)
+    # A child some policy applies to takes its slots again, or waits its turn (§22).
+    gate = admission.Gate.open(conn, now)
+    woken: list[int] = []
+    for child in children.of_ids(conn, wake) if gate is not None else ():
+        if admission.wake_or_queue(conn, now, gate, child):
+            woken.append(child.id)
+    if gate is not None:
+        wake = woken
     for child_id in wake:
         children.transition(conn, child_id, Trigger.WAKE, now, wake_at=None)
-        _woken_event(conn, child_id)
+        admission.count_wake(conn, child_id)
     resumable = lifecycle.woken(conn, wake, instance_id, now)
     return Woken(resumable, unreadable, waits.next_wake(conn, instance_id))
-
-
-def _woken_event(conn: Connection, child_id: int) -> None:
-    """Count the wake and commit its ``recovery`` event (a resume, as at boot)."""
-    row = run(
-        conn,
-        "UPDATE children SET wakes = wakes + 1 WHERE id = ? RETURNING wakes,"
-        " (SELECT COALESCE(MAX(sequence), 0) + 1 FROM events WHERE child_id = ?)",
-        (child_id, child_id),
-    ).fetchone()
-    wakes, sequence = int(row[0]), int(row[1])
-    body = _json.encode(
-        {"sequence": sequence, "kind": "recovery", "text": f"{WOKEN_TEXT} (wake {wakes})"}
-    )
-    events.insert_events(conn, [EventRow(child_id, sequence, body, None)])
 
 
 def _policy(conn: Connection, child: ChildRecord) -> bytes | None:

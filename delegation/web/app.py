@@ -284,6 +284,11 @@ class Routes:
             lambda: self.inspector.summaries(state=state, lease_id=lease_id, limit=limit, clip=CLIP)
         )
         listed = [child_json(record) for record in records]
+        if any(record.state == "queued" for record in records):  # their places (§22)
+            places = await self.read(self.inspector.queue_positions)
+            for record, values in zip(records, listed, strict=True):
+                if record.id in places:
+                    values["queuePosition"] = places[record.id]
         return JSONResponse({"now": time.time(), "children": listed})
 
     async def leases(self, request: Request) -> Response:

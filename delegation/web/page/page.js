@@ -100,7 +100,9 @@ async function loadChildren() {
     cell(row, "", "id").append(link(child.conversationId, () => choose(child)));
     row.cells[0].title = child.conversationId;
     cell(row, child.runId, "id");
-    cell(row, child.state, "state " + child.state);
+    // A queued child shows its place in the queue (1: next).
+    const state = child.queuePosition ? child.state + " #" + child.queuePosition : child.state;
+    cell(row, state, "state " + child.state);
     cell(row, child.profile);
     cell(row, child.parentRunId, "id");
     cell(row, child.leaseId, "id");

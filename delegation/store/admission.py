@@ -1,0 +1,249 @@
+"""Admission's rows (design §22): the policies by scope, and the queue in ``children``.
+
+Plain SQL both stores spell alike. The queue is every ``queued`` child in the order of
+its ``queue_tag`` (priority band and turn, see :mod:`delegation.usecases.admission`),
+then its id; the slots of a scope are its children a policy admitted that are
+``admitted`` or ``running``, counted through ``ix_children_admission`` (each statement
+repeats that index's own term, so SQLite reads through it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from delegation.config import AdmissionPolicy, parse_scope
+from delegation.records import ChildRecord
+from delegation.store import children
+from delegation.store.sql import Connection, run, spelling_of
+from delegation.store.tables import ADMISSION
+
+_SLOTTED = f"{ADMISSION} AND state IN ('admitted', 'running')"
+_QUEUED_HERE = f"{ADMISSION} AND state = 'queued'"
+
+
+@dataclass(slots=True)
+class PolicyRow:
+    """One stored policy, with its rate tokens as last written."""
+
+    scope: str
+    policy: AdmissionPolicy
+    tokens: float | None
+    refilled_at: float | None
+
+
+def policies(conn: Connection, *, lock: bool = False) -> dict[str, PolicyRow]:
+    """Every policy by scope. ``lock``: held until the transaction ends (PostgreSQL),
+    so that admissions on every host of the database are decided one at a time."""
+    sql = (
+        "SELECT scope, concurrency, rate_n, rate_s, max_queued, queue_timeout_s, tokens,"
+        " refilled_at FROM admission ORDER BY scope"
+    )
+    if lock:
+        sql += spelling_of(conn).for_update
+    found: dict[str, PolicyRow] = {}
+    for scope, concurrency, rate_n, rate_s, max_queued, timeout, tokens, refilled in run(
+        conn, sql
+    ).fetchall():
+        rate = None if rate_n is None else (int(rate_n), float(rate_s))
+        policy = AdmissionPolicy(
+            None if concurrency is None else int(concurrency),
+            rate,
+            int(max_queued),
+            None if timeout is None else float(timeout),
+        )
+        found[scope] = PolicyRow(
+            scope,
+            policy,
+            None if tokens is None else float(tokens),
+            None if refilled is None else float(refilled),
+        )
+    return found
+
+
+def scopes(conn: Connection) -> frozenset[str]:
+    return frozenset(row[0] for row in run(conn, "SELECT scope FROM admission").fetchall())
+
+
+def put(conn: Connection, scope: str, policy: AdmissionPolicy, now: float) -> None:
+    """Store ``policy`` for ``scope``; a new rate's tokens start full, an unchanged
+    one's are kept."""
+    parse_scope(scope)
+    n, per = policy.rate if policy.rate is not None else (None, None)
+    old = run(
+        conn, "SELECT rate_n, rate_s, tokens, refilled_at FROM admission WHERE scope = ?", (scope,)
+    ).fetchone()
+    tokens, refilled = (n, now)
+    same = old is not None and old[0] == n and (old[1] is None) == (per is None)
+    if same and (per is None or abs(float(old[1]) - per) < 1e-9):
+        tokens, refilled = old[2], old[3]
+    params = (policy.concurrency, n, per, policy.max_queued, policy.queue_timeout_s, tokens)
+    if old is None:
+        run(
+            conn,
+            "INSERT INTO admission (concurrency, rate_n, rate_s, max_queued, queue_timeout_s,"
+            " tokens, refilled_at, updated_at, scope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*params, refilled, now, scope),
+        )
+    else:
+        run(
+            conn,
+            "UPDATE admission SET concurrency = ?, rate_n = ?, rate_s = ?, max_queued = ?,"
+            " queue_timeout_s = ?, tokens = ?, refilled_at = ?, updated_at = ? WHERE scope = ?",
+            (*params, refilled, now, scope),
+        )
+
+
+def remove(conn: Connection, scope: str) -> bool:
+    return run(conn, "DELETE FROM admission WHERE scope = ?", (scope,)).rowcount > 0
+
+
+def save_tokens(conn: Connection, scope: str, tokens: float, refilled_at: float) -> None:
+    run(
+        conn,
+        "UPDATE admission SET tokens = ?, refilled_at = ? WHERE scope = ?",
+        (tokens, refilled_at, scope),
+    )
+
+
+def _where(scope: str) -> tuple[str, tuple[str, ...]]:
+    kind, ids = parse_scope(scope)
+    if kind == "parent":
+        return "parent_conversation_id = ?", ids
+    names = ("runner_id", "extension_id", "profile")[: len(ids)]
+    return " AND ".join(f"{name} = ?" for name in names), ids
+
+
+def slots_in_use(conn: Connection, scope: str) -> int:
+    where, params = _where(scope)
+    sql = f"SELECT COUNT(*) FROM children WHERE {where} AND {_SLOTTED}"
+    return int(run(conn, sql, params).fetchone()[0])
+
+
+def queued_in(conn: Connection, scope: str) -> int:
+    where, params = _where(scope)
+    sql = f"SELECT COUNT(*) FROM children WHERE {where} AND {_QUEUED_HERE}"
+    return int(run(conn, sql, params).fetchone()[0])
+
+
+def band_head(conn: Connection, low: float, high: float) -> float | None:
+    """The first tag queued in ``[low, high)`` (one priority band)."""
+    row = run(
+        conn,
+        "SELECT MIN(queue_tag) FROM children WHERE state = 'queued'"
+        " AND queue_tag >= ? AND queue_tag < ?",
+        (low, high),
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def parent_last(conn: Connection, parent: str, low: float, high: float) -> float | None:
+    """The last tag one parent has queued in ``[low, high)``."""
+    row = run(
+        conn,
+        "SELECT MAX(queue_tag) FROM children WHERE state = 'queued'"
+        " AND parent_conversation_id = ? AND queue_tag >= ? AND queue_tag < ?",
+        (parent, low, high),
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def enqueue(
+    conn: Connection, child_id: int, sources: str, now: float, tag: float, expires: float | None
+) -> bool:
+    """``sources`` (a state) → ``queued`` at ``tag``; whether it matched."""
+    sql = (
+        "UPDATE children SET state = 'queued', queued_at = ?, queue_tag = ?,"
+        f" queue_expires_at = ?, updated_at = ? WHERE id = ? AND state = '{sources}'"
+    )
+    return run(conn, sql, (now, tag, expires, now, child_id)).rowcount == 1
+
+
+def head(conn: Connection, limit: int) -> list[ChildRecord]:
+    """The first ``limit`` children of the queue, in order."""
+    return children.queued_in_order(conn, limit)
+
+
+def position(conn: Connection, child_id: int, tag: float) -> int:
+    """A queued child's place in the queue (1: next)."""
+    row = run(
+        conn,
+        "SELECT COUNT(*) FROM children WHERE state = 'queued'"
+        " AND (queue_tag < ? OR (queue_tag = ? AND id <= ?))",
+        (tag, tag, child_id),
+    ).fetchone()
+    return int(row[0])
+
+
+def tag_of(conn: Connection, child_id: int) -> float | None:
+    row = run(conn, "SELECT queue_tag FROM children WHERE id = ?", (child_id,)).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def positions(conn: Connection, limit: int = 10_000) -> dict[int, int]:
+    """The first ``limit`` queued children's places, by child id."""
+    rows = run(
+        conn,
+        "SELECT id FROM children WHERE state = 'queued' ORDER BY queue_tag, id LIMIT ?",
+        (limit,),
+    ).fetchall()
+    return {int(row[0]): n for n, row in enumerate(rows, 1)}
+
+
+def due(conn: Connection, now: float, limit: int) -> tuple[list[int], list[int]]:
+    """Children whose queue wait timed out, and those past their deadline that nothing
+    runs (queued or waiting)."""
+    timed_out = run(
+        conn,
+        "SELECT id FROM children WHERE queue_expires_at IS NOT NULL AND state = 'queued'"
+        " AND queue_expires_at <= ? ORDER BY queue_expires_at LIMIT ?",
+        (now, limit),
+    ).fetchall()
+    late = run(
+        conn,
+        "SELECT id FROM children WHERE deadline_at IS NOT NULL AND state IN ('queued', 'waiting')"
+        " AND deadline_at <= ? ORDER BY deadline_at LIMIT ?",
+        (now, limit),
+    ).fetchall()
+    return [int(r[0]) for r in timed_out], [int(r[0]) for r in late]
+
+
+def next_due(conn: Connection) -> float | None:
+    """When the next queue wait times out, or deadline passes, of what nothing runs."""
+    values = [
+        run(
+            conn,
+            "SELECT MIN(queue_expires_at) FROM children"
+            " WHERE queue_expires_at IS NOT NULL AND state = 'queued'",
+        ).fetchone()[0],
+        run(
+            conn,
+            "SELECT MIN(deadline_at) FROM children"
+            " WHERE deadline_at IS NOT NULL AND state IN ('queued', 'waiting')",
+        ).fetchone()[0],
+    ]
+    found = [float(v) for v in values if v is not None]
+    return min(found) if found else None
+
+
+def any_queued(conn: Connection) -> bool:
+    row = run(conn, "SELECT 1 FROM children WHERE state = 'queued' LIMIT 1").fetchone()
+    return row is not None
+
+
+def stop_ids(conn: Connection, child_ids: Iterable[int], now: float, reason: str) -> list[int]:
+    """End these children, queued or waiting, ``cancelled`` with ``reason`` (nothing
+    runs them); returns those it ended."""
+    ended: list[int] = []
+    for child_id in child_ids:
+        row = run(
+            conn,
+            "UPDATE children SET state = 'cancelled', error = ?, cancel_requested_at ="
+            " COALESCE(cancel_requested_at, ?), cancel_reason = COALESCE(cancel_reason, ?),"
+            " finished_at = ?, updated_at = ?, wake_at = NULL"
+            " WHERE id = ? AND state IN ('queued', 'waiting') RETURNING id",
+            (reason, now, reason, now, now, child_id),
+        ).fetchone()
+        if row is not None:
+            ended.append(int(row[0]))
+    return ended

@@ -1,0 +1,374 @@
+"""Admission waits its turn (design §22), on the database's side: each function is part
+of one write transaction (see :mod:`delegation.usecases.service`).
+
+A child some policy applies to enters admission at its reservation: it takes a slot
+of every scope that applies at once (``prepared`` → ``admitted``, before ``prepare``
+runs) when each has one free, a rate token, and nobody queued before it; otherwise it
+is ``queued``. A child woken from ``waiting`` asks for its slot again the same way. The
+engine's pump (:mod:`delegation.engine.admission`) admits the queue in order as slots
+free: ``queued`` → ``admitted`` under the host that runs it.
+
+Every decision reads the policies locked (PostgreSQL: ``FOR UPDATE``; SQLite has one
+writer), then counts the slots in use: two hosts never both take the last slot. Slots
+are derived from states (``admitted`` and ``running`` children a policy admitted), so a
+child that ends, waits or is ended by a takeover gives its slot back with its state.
+
+The queue's order is one key, ``queue_tag``: the priority band (``(9 - priority) *
+BAND``) plus the child's turn in it. A parent's next child takes the turn after its
+last one still queued, or the band's head turn if it has none queued: parents are
+served round-robin (ties go to the older child), and a child woken from ``waiting``
+takes the head turn, ahead of newer work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from delegation import errors
+from delegation.config import AdmissionPolicy
+from delegation.machine import State, Trigger
+from delegation.options import ExecutionOptions
+from delegation.records import ChildRecord, Resumable
+from delegation.store import admission, children, events, lifecycle
+from delegation.store.admission import PolicyRow
+from delegation.store.events import EventRow
+from delegation.store.sql import Connection, run
+from delegation.usecases import stored
+
+BAND = float(2**40)  # the turns of one priority band
+QUEUE_TIMED_OUT = "cancelled: admission wait timed out"
+DEADLINE_EXCEEDED = "cancelled: child deadline exceeded"
+WOKEN_TEXT = "resumed after waiting"
+_UNREADABLE = errors.ChildUnreadable.default_message()
+_json = msgspec.json.Encoder()
+
+
+def scopes_of(runner_id: str, extension_id: str, profile: str, parent: str) -> tuple[str, ...]:
+    """Every scope a child of this preset and parent conversation is in."""
+    return (
+        f"runner:{runner_id}",
+        f"extension:{runner_id}/{extension_id}",
+        f"preset:{runner_id}/{extension_id}/{profile}",
+        f"parent:{parent}",
+    )
+
+
+def child_scopes(child: ChildRecord) -> tuple[str, ...]:
+    return scopes_of(
+        child.runner_id, child.extension_id, child.profile, child.parent_conversation_id
+    )
+
+
+@dataclass(slots=True)
+class Gate:
+    """The policies, locked for this transaction, and what each has free now."""
+
+    now: float
+    rows: dict[str, PolicyRow]
+    _free: dict[str, float] = field(default_factory=dict)
+    _tokens: dict[str, float] = field(default_factory=dict)
+    _queued: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, conn: Connection, now: float) -> Gate | None:
+        """None when no policy exists."""
+        rows = admission.policies(conn, lock=True)
+        return cls(now, rows) if rows else None
+
+    def applying(self, scopes: Iterable[str]) -> list[str]:
+        return [scope for scope in scopes if scope in self.rows]
+
+    def _slots(self, conn: Connection, scope: str) -> float:
+        if scope not in self._free:
+            limit = self.rows[scope].policy.concurrency
+            used = 0 if limit is None else admission.slots_in_use(conn, scope)
+            self._free[scope] = math.inf if limit is None else limit - used
+        return self._free[scope]
+
+    def _token(self, scope: str) -> float:
+        if scope not in self._tokens:
+            row = self.rows[scope]
+            if row.policy.rate is None:
+                self._tokens[scope] = math.inf
+            else:
+                n, per = row.policy.rate
+                tokens = n if row.tokens is None else row.tokens
+                since = max(0.0, self.now - (row.refilled_at or self.now))
+                self._tokens[scope] = min(float(n), tokens + since * n / per)
+        return self._tokens[scope]
+
+    def admissible(self, conn: Connection, scopes: Sequence[str], *, token: bool = True) -> bool:
+        return all(self._slots(conn, s) >= 1 and (not token or self._token(s) >= 1) for s in scopes)
+
+    def take(self, scopes: Sequence[str], *, token: bool = True) -> None:
+        for scope in scopes:
+            self._free[scope] -= 1
+            if token:
+                self._tokens[scope] -= 1
+
+    def exhausted(self) -> bool:
+        """Whether no scope has a slot and a token left (after ``admissible`` looked)."""
+        return len(self._free) == len(self.rows) and all(
+            self._free[s] < 1 or self._token(s) < 1 for s in self.rows
+        )
+
+    def queued(self, conn: Connection, scope: str) -> int:
+        if scope not in self._queued:
+            self._queued[scope] = admission.queued_in(conn, scope)
+        return self._queued[scope]
+
+    def save(self, conn: Connection) -> None:
+        """Write back the tokens this transaction took (and their refill)."""
+        for scope, tokens in self._tokens.items():
+            if not math.isinf(tokens):
+                admission.save_tokens(conn, scope, tokens, self.now)
+
+    def next_token_at(self) -> float | None:
+        """When the next token of a rate that ran out comes."""
+        waits = []
+        for scope, tokens in self._tokens.items():
+            rate = self.rows[scope].policy.rate
+            if rate is not None and tokens < 1:
+                waits.append(self.now + (1 - tokens) * rate[1] / rate[0])
+        return min(waits) if waits else None
+
+    def timeout(self, scopes: Sequence[str]) -> float | None:
+        found = [t for s in scopes if (t := self.rows[s].policy.queue_timeout_s) is not None]
+        return self.now + min(found) if found else None
+
+
+def deadline_at(
+    conn: Connection, now: float, seconds: float | None, depth: int, parent_run_id: str
+) -> float | None:
+    """A child's deadline at its first admission: its own ``deadlineSeconds`` from now,
+    and at most its parent's (a child of a child)."""
+    own = None if seconds is None else now + float(seconds)
+    parent = children.deadline_of_run(conn, parent_run_id) if depth > 1 else None
+    found = [d for d in (own, parent) if d is not None]
+    return min(found) if found else None
+
+
+def deadline_seconds(options: ExecutionOptions | None) -> float | None:
+    """A child's ``deadlineSeconds`` from its effective options (None: none)."""
+    value = msgspec.UNSET if options is None else options.deadline_seconds
+    return None if value is msgspec.UNSET else float(value)
+
+
+def _tag(conn: Connection, priority: int, parent: str | None) -> float:
+    """The next turn of ``parent`` in its band (None: the band's head turn)."""
+    low = (9 - priority) * BAND
+    high = low + BAND
+    head = admission.band_head(conn, low, high)
+    turn = low if head is None else head
+    if parent is not None:
+        last = admission.parent_last(conn, parent, low, high)
+        if last is not None:
+            turn = max(turn, last + 1)
+    return turn
+
+
+# --- entering admission at a reservation ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Entered:
+    child: ChildRecord
+    queued: bool
+
+
+def enter(
+    conn: Connection,
+    now: float,
+    instance_id: str,
+    child: ChildRecord,
+    seconds: float | None,
+) -> Entered | None:
+    """A reserved child a policy applies to: admitted now (it holds its slots) or
+    queued. None: no policy applies (it is admitted by its run, as ever).
+
+    Raises:
+        errors.QueueFull: it would wait in a scope whose queue is full; the caller's
+            transaction writes nothing then.
+    """
+    gate = Gate.open(conn, now)
+    applying = gate.applying(child_scopes(child)) if gate is not None else []
+    if gate is None or not applying:
+        return None
+    waiting_before = any(gate.queued(conn, s) for s in applying)
+    if not waiting_before and gate.admissible(conn, applying):
+        gate.take(applying)
+        gate.save(conn)
+        fields = {
+            "queued_at": now,
+            "admitted_at": now,
+            "engine_instance_id": instance_id,
+            "deadline_at": deadline_at(conn, now, seconds, child.depth, child.parent_run_id),
+        }
+        admitted = children.advance(conn, child.id, (Trigger.QUEUE, Trigger.DEQUEUE), now, fields)
+        assert admitted is not None  # inserted prepared in this very transaction
+        return Entered(admitted, False)
+    for scope in applying:
+        if gate.queued(conn, scope) >= gate.rows[scope].policy.max_queued:
+            raise errors.QueueFull()
+    tag = _tag(conn, child.priority, child.parent_conversation_id)
+    admission.enqueue(conn, child.id, State.PREPARED.value, now, tag, gate.timeout(applying))
+    queued = children.get(conn, child.id)
+    assert queued is not None
+    return Entered(queued, True)
+
+
+def wake_or_queue(conn: Connection, now: float, gate: Gate | None, child: ChildRecord) -> bool:
+    """A waiting child due to wake takes its slots again (True: wake it), or waits its
+    turn ``queued`` at the head of its band, ahead of newer work (False)."""
+    applying = gate.applying(child_scopes(child)) if gate is not None else []
+    if gate is None or not applying:
+        return True
+    if gate.admissible(conn, applying, token=False):
+        gate.take(applying, token=False)
+        return True
+    tag = _tag(conn, child.priority, None)
+    admission.enqueue(conn, child.id, State.WAITING.value, now, tag, gate.timeout(applying))
+    run(conn, "UPDATE children SET wake_at = NULL WHERE id = ?", (child.id,))
+    return False
+
+
+def count_wake(conn: Connection, child_id: int) -> None:
+    """Count a wake and commit its ``recovery`` event (a resume, as at boot)."""
+    row = run(
+        conn,
+        "UPDATE children SET wakes = wakes + 1 WHERE id = ? RETURNING wakes,"
+        " (SELECT COALESCE(MAX(sequence), 0) + 1 FROM events WHERE child_id = ?)",
+        (child_id, child_id),
+    ).fetchone()
+    wakes, sequence = int(row[0]), int(row[1])
+    body = _json.encode(
+        {"sequence": sequence, "kind": "recovery", "text": f"{WOKEN_TEXT} (wake {wakes})"}
+    )
+    events.insert_events(conn, [EventRow(child_id, sequence, body, None)])
+
+
+# --- the pump -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Dequeued:
+    """What one turn of the pump committed: fresh children admitted here (to spawn),
+    children woken before that resume here, those it ended (unreadable), the children
+    whose wait timed out or whose deadline passed, and when to look again for a rate."""
+
+    fresh: list[tuple[ChildRecord, bytes | None]]  # each with its grant's policy
+    resumable: list[Resumable]
+    unreadable: list[str]
+    ended: list[int]
+    next_token_at: float | None
+    more: bool  # it stopped at its limit: more may be admissible
+
+
+def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) -> Dequeued:
+    """End the queued children whose wait timed out and what nothing runs past its
+    deadline, then admit the queue in order while slots and tokens last (at most
+    ``limit``), under this host."""
+    timed_out, late = admission.due(conn, now, limit)
+    ended = admission.stop_ids(conn, timed_out, now, QUEUE_TIMED_OUT)
+    ended += admission.stop_ids(conn, late, now, DEADLINE_EXCEEDED)
+    gate = Gate.open(conn, now)
+    fresh: list[tuple[ChildRecord, bytes | None]] = []
+    again: list[int] = []
+    unreadable: list[str] = []
+    taken = 0
+    queue = admission.head(conn, max(limit * 4, 64))
+    for child in queue:
+        applying = gate.applying(child_scopes(child)) if gate is not None else []
+        if gate is not None and applying:
+            if not gate.admissible(conn, applying):
+                if gate.exhausted():
+                    break
+                continue
+            gate.take(applying)
+        if child.admitted_at is not None:  # woken before: it resumes
+            children.transition(
+                conn, child.id, Trigger.DEQUEUE, now, engine_instance_id=instance_id
+            )
+            count_wake(conn, child.id)
+            again.append(child.id)
+        else:
+            policy = _policy(conn, child)
+            try:
+                _, _, effective = stored.for_run(child.request, child.preset, child.options, policy)
+            except errors.ChildUnreadable:
+                children.transition(conn, child.id, Trigger.FINISH, now, error=_UNREADABLE)
+                unreadable.append(child.run_id)
+                continue
+            fields = {
+                "admitted_at": now,
+                "engine_instance_id": instance_id,
+                "deadline_at": deadline_at(
+                    conn, now, deadline_seconds(effective), child.depth, child.parent_run_id
+                ),
+            }
+            admitted = children.advance(conn, child.id, (Trigger.DEQUEUE,), now, fields)
+            if admitted is None:
+                continue
+            fresh.append((admitted, policy))
+        taken += 1
+        if taken >= limit:
+            break
+    next_token = None
+    if gate is not None:
+        gate.save(conn)
+        next_token = gate.next_token_at()
+    resumable = lifecycle.woken(conn, again, instance_id, now) if again else []
+    return Dequeued(fresh, resumable, unreadable, ended, next_token, taken >= limit)
+
+
+def _policy(conn: Connection, child: ChildRecord) -> bytes | None:
+    if not child.grant_id:
+        return None
+    row = run(conn, "SELECT policy FROM grants WHERE id = ?", (child.grant_id,)).fetchone()
+    return None if row is None or row[0] is None else bytes(row[0])
+
+
+def next_due(conn: Connection) -> float | None:
+    return admission.next_due(conn)
+
+
+def has_work(conn: Connection, now: float) -> bool:
+    """Whether the pump has anything to do: a queued child, or something due."""
+    if admission.any_queued(conn):
+        return True
+    due = admission.next_due(conn)
+    return due is not None and due <= now
+
+
+# --- operators ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeUse:
+    """One policy and what its scope holds now."""
+
+    scope: str
+    row: PolicyRow
+    in_use: int
+    queued: int
+
+
+def listing(conn: Connection) -> list[ScopeUse]:
+    return [
+        ScopeUse(scope, row, admission.slots_in_use(conn, scope), admission.queued_in(conn, scope))
+        for scope, row in admission.policies(conn).items()
+    ]
+
+
+def stored_policy(conn: Connection, now: float, scope: str, policy: object | None) -> bool:
+    """Store (or with None remove) the policy of ``scope``; whether anything changed."""
+    if policy is None:
+        return admission.remove(conn, scope)
+    if not isinstance(policy, AdmissionPolicy):
+        raise TypeError("an admission policy is an AdmissionPolicy, or None to remove it")
+    admission.put(conn, scope, policy, now)
+    return True
