@@ -20,6 +20,13 @@ host processes on one PostgreSQL database (design §12).
   at once): ``noticed_s`` is when that heartbeat began (the killed instance's
   ``closed_at``), so ``host_heartbeat_s`` bounds it; the rest is the takeover's work.
 
+* **One queue admitted by 1 and by 3 hosts** (design §22). All hosts share one policy
+  (``parent:conv-run-A`` at ``ADMIT_SLOTS``); host A starts ``queued`` children with
+  ``start_wait_s`` 0: the first ``ADMIT_SLOTS`` take the slots and hold them, the rest
+  are queued. At ``GO`` the held runs return and every host's pump admits from the one
+  queue (each run returns once admitted); the parent polls the database until every
+  child is done: the rate is the queued children over that time.
+
 A host process of the bench is ``python -m tools.bench_hosts MODE NAME COUNT``
 (the URL in ``$DELEGATION_BENCH_URL``, kept off ``ps``): it prints ``READY <instance>``,
 then in ``starts`` and ``events`` mode reads ``GO <from> <until>`` (epoch seconds) and
@@ -35,13 +42,22 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from delegation import ChildContext, Engine, EngineConfig, Event, Params, Request, Result
+from delegation import (
+    AdmissionPolicy,
+    ChildContext,
+    Engine,
+    EngineConfig,
+    Event,
+    Params,
+    Request,
+    Result,
+)
 from delegation.cli.progress import Progress
 from delegation.runs import Recovery, Run
 from delegation.store import stores
@@ -64,9 +80,13 @@ class HostSizes:
     live: int  # live hosts beside the one killed
     takeovers: int  # takeover runs (the median is reported)
 
+    queued: int  # children host A queues for the admission rate (design §22)
 
-FULL = HostSizes(10.0, 50, 100, 10, 2, 5)
-QUICK = HostSizes(1.5, 10, 10, 3, 1, 1)
+
+FULL = HostSizes(10.0, 50, 100, 10, 2, 5, 10_000)
+QUICK = HostSizes(1.5, 10, 10, 3, 1, 1, 500)
+ADMIT_SLOTS = 64
+ADMIT_POLICY = {"parent:conv-run-A": AdmissionPolicy(concurrency=ADMIT_SLOTS, max_queued=10**6)}
 
 
 # --- the host process -----------------------------------------------------------------
@@ -76,9 +96,10 @@ class HostRunner:
     """Children admit, then hold (``starts``, ``events``: their contexts are kept for
     the emitters) or stream an event every 50 ms (``stream``, resumed ones included)."""
 
-    def __init__(self, stream: bool) -> None:
+    def __init__(self, stream: bool, gated: bool = False) -> None:
         self.stream = stream
         self.contexts: list[ChildContext] = []
+        self.gate = asyncio.Event() if gated else None  # ``admit``: runs return at GO
 
     async def prepare(
         self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
@@ -87,6 +108,9 @@ class HostRunner:
 
     async def run(self, ctx: ChildContext) -> None:
         await ctx.admit()
+        if self.gate is not None:
+            await self.gate.wait()
+            return
         if not self.stream:
             self.contexts.append(ctx)
             await asyncio.Event().wait()
@@ -133,13 +157,18 @@ def say(line: str) -> None:
 async def host(mode: str, name: str, count: int) -> None:
     """One host process: see the module. ``count``: callers, emitters or streamers."""
     config = CONFIG if mode != "stream" else EngineConfig()  # production, heartbeats too
-    runner = HostRunner(stream=mode == "stream")
+    if mode == "admit":
+        config = replace(CONFIG, admission=ADMIT_POLICY, start_wait_s=0.0)
+    runner = HostRunner(stream=mode == "stream", gated=mode == "admit")
     engine = Engine(os.environ[URL_ENV], runner=runner, config=config)
     await engine.open()
     conn = await engine.connect(f"bench-runner-{name}", f"bench-host-{name}")
     starter = HostStarter(engine, conn, name, leased=mode == "stream")
     if mode == "starts":
         await starter.start()  # the first tool, caches, statements
+    elif mode == "admit":
+        for base in range(0, count, 500):
+            await asyncio.gather(*(starter.start() for _ in range(min(500, count - base))))
     else:
         await asyncio.gather(*(starter.start() for _ in range(count)))
     while mode == "events" and len(runner.contexts) < count:
@@ -147,6 +176,13 @@ async def host(mode: str, name: str, count: int) -> None:
     say(f"READY {engine.instance_id}")
     if mode == "stream":
         await asyncio.Event().wait()  # until killed
+    if mode == "admit":
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # GO
+        assert runner.gate is not None
+        runner.gate.set()
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # STOP
+        await asyncio.wait_for(engine.close(), 60)
+        return
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     opens, closes = (float(word) for word in line.split()[1:3])
     await asyncio.sleep(max(0.0, opens - time.time()))
@@ -306,6 +342,31 @@ async def _until_resumed(
         await asyncio.sleep(0.01)
 
 
+async def admit_rate(bench: PostgresBench, hosts: int, queued: int) -> float:
+    """Queued children admitted a second by ``hosts`` host processes (see the module)."""
+    url = bench.new()
+    started = await launch_all(url, "admit", [queued] + [0] * (hosts - 1))
+    try:
+        with psycopg.connect(stores.libpq(url), autocommit=True) as conn:
+            began = time.perf_counter()
+            for h in started:
+                h.send("GO")
+            done = "SELECT count(*) FROM children WHERE state = 'done'"
+            while (row := conn.execute(done).fetchone()) is None or row[0] < queued:
+                if time.perf_counter() - began > 600:
+                    raise RuntimeError(f"{row} of {queued} children done in 600 s")
+                await asyncio.sleep(0.01)
+            elapsed = time.perf_counter() - began
+        for h in started:
+            h.send("STOP")
+        for h in started:
+            await asyncio.wait_for(h.proc.wait(), 90)
+    finally:
+        await asyncio.gather(*(h.stop() for h in started))
+        bench.cleanup()
+    return round((queued - ADMIT_SLOTS) / elapsed, 1)
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     return {"median": median(values), "min": min(values), "max": max(values)}
 
@@ -327,6 +388,10 @@ async def run_all(url: str, sizes: HostSizes, *, quiet: bool = False) -> dict[st
                 progress.update("takeover after a kill", done=len(HOSTS) + done)
                 runs.append(await takeover(bench, sizes))
             progress.note(f"  takeovers (noticed, taken, streaming): {runs}")
+            report["admit_queued"] = {
+                f"hosts_{n}": await admit_rate(bench, n, sizes.queued) for n in (1, 3)
+            }
+            progress.note(f"  admit_queued: {report['admit_queued']}")
         report["takeover"] = {
             "runs": len(runs), "live_hosts": sizes.live, "children": sizes.streamers,
             "heartbeat_s": EngineConfig().host_heartbeat_s,
@@ -370,6 +435,11 @@ def table(report: dict[str, Any]) -> str:
                       ("streaming_s", "streaming again")):  # fmt: skip
         spread = t[key]
         lines.append(f"  {what:<16} median {spread['median']} ({spread['min']} to {spread['max']})")
+    admitted = report["admit_queued"]
+    lines.append(
+        f"admit_queued (one queue, {ADMIT_SLOTS} slots): 1 host {admitted['hosts_1']}/s,"
+        f" 3 hosts {admitted['hosts_3']}/s"
+    )
     lines.append(f"machine: {m['cores']} cores, Python {m['python']}")
     return "\n".join(lines)
 

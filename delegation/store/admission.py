@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from delegation.config import AdmissionPolicy, parse_scope
-from delegation.records import ChildRecord
-from delegation.store import children
 from delegation.store.sql import Connection, run, spelling_of
 from delegation.store.tables import ADMISSION
 
@@ -159,9 +158,35 @@ def enqueue(
     return run(conn, sql, (now, tag, expires, now, child_id)).rowcount == 1
 
 
-def head(conn: Connection, limit: int) -> list[ChildRecord]:
-    """The first ``limit`` children of the queue, in order."""
-    return children.queued_in_order(conn, limit)
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """What the pump needs of a queued child to decide on it: its place and scopes."""
+
+    id: int
+    tag: float
+    runner_id: str
+    extension_id: str
+    profile: str
+    parent_conversation_id: str
+    admitted_before: bool  # woken from ``waiting``: it resumes
+
+
+def head(conn: Connection, limit: int, after: tuple[float, int] | None = None) -> list[Queued]:
+    """The next ``limit`` children of the queue in order (after ``after``: a tag and an
+    id), only the columns a decision reads."""
+    where = ""
+    params: list[Any] = [limit]
+    if after is not None:
+        where = " AND (queue_tag > ? OR (queue_tag = ? AND id > ?))"
+        params = [after[0], after[0], after[1], limit]
+    rows = run(
+        conn,
+        "SELECT id, queue_tag, runner_id, extension_id, profile, parent_conversation_id,"
+        f" admitted_at IS NOT NULL FROM children WHERE state = 'queued'{where}"
+        " ORDER BY queue_tag, id LIMIT ?",
+        tuple(params),
+    ).fetchall()
+    return [Queued(int(r[0]), float(r[1]), r[2], r[3], r[4], r[5], bool(r[6])) for r in rows]
 
 
 def position(conn: Connection, child_id: int, tag: float) -> int:

@@ -119,11 +119,6 @@ def deadline_of_run(conn: Connection, run_id: str) -> float | None:
     return None if row is None or row[0] is None else float(row[0])
 
 
-def queued_in_order(conn: Connection, limit: int) -> list[ChildRecord]:
-    """The first ``limit`` queued children (design §22), in the queue's order."""
-    return _many(conn, "state = 'queued' ORDER BY queue_tag, id LIMIT ?", (limit,))
-
-
 def of_ids(conn: Connection, ids: list[int]) -> list[ChildRecord]:
     """The children of these ids (those that exist), by id."""
     found: list[ChildRecord] = []

@@ -23,7 +23,7 @@ takes the head turn, ahead of newer work.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -279,50 +279,70 @@ def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) ->
     fresh: list[tuple[ChildRecord, bytes | None]] = []
     again: list[int] = []
     unreadable: list[str] = []
-    taken = 0
-    queue = admission.head(conn, max(limit * 4, 64))
-    for child in queue:
-        applying = gate.applying(child_scopes(child)) if gate is not None else []
+    chosen: list[admission.Queued] = []
+    for queued in _queue(conn, max(limit * 4, 64)):
+        scopes = scopes_of(
+            queued.runner_id, queued.extension_id, queued.profile, queued.parent_conversation_id
+        )
+        applying = gate.applying(scopes) if gate is not None else []
         if gate is not None and applying:
             if not gate.admissible(conn, applying):
                 if gate.exhausted():
                     break
                 continue
             gate.take(applying)
-        if child.admitted_at is not None:  # woken before: it resumes
+        chosen.append(queued)
+        if len(chosen) >= limit:
+            break
+    records = {c.id: c for c in children.of_ids(conn, [q.id for q in chosen])} if chosen else {}
+    for queued in chosen:
+        child = records[queued.id]
+        if queued.admitted_before:  # woken before: it resumes
             children.transition(
                 conn, child.id, Trigger.DEQUEUE, now, engine_instance_id=instance_id
             )
             count_wake(conn, child.id)
             again.append(child.id)
-        else:
-            policy = _policy(conn, child)
-            try:
-                _, _, effective = stored.for_run(child.request, child.preset, child.options, policy)
-            except errors.ChildUnreadable:
-                children.transition(conn, child.id, Trigger.FINISH, now, error=_UNREADABLE)
-                unreadable.append(child.run_id)
-                continue
-            fields = {
-                "admitted_at": now,
-                "engine_instance_id": instance_id,
-                "deadline_at": deadline_at(
-                    conn, now, deadline_seconds(effective), child.depth, child.parent_run_id
-                ),
-            }
-            admitted = children.advance(conn, child.id, (Trigger.DEQUEUE,), now, fields)
-            if admitted is None:
-                continue
+            continue
+        policy = _policy(conn, child)
+        try:
+            _, _, effective = stored.for_run(child.request, child.preset, child.options, policy)
+        except errors.ChildUnreadable:
+            children.transition(conn, child.id, Trigger.FINISH, now, error=_UNREADABLE)
+            unreadable.append(child.run_id)
+            continue
+        fields = {
+            "admitted_at": now,
+            "engine_instance_id": instance_id,
+            "deadline_at": deadline_at(
+                conn, now, deadline_seconds(effective), child.depth, child.parent_run_id
+            ),
+        }
+        admitted = children.advance(conn, child.id, (Trigger.DEQUEUE,), now, fields)
+        if admitted is not None:
             fresh.append((admitted, policy))
-        taken += 1
-        if taken >= limit:
-            break
+    taken = len(chosen)
     next_token = None
     if gate is not None:
         gate.save(conn)
         next_token = gate.next_token_at()
     resumable = lifecycle.woken(conn, again, instance_id, now) if again else []
     return Dequeued(fresh, resumable, unreadable, ended, next_token, taken >= limit)
+
+
+def _queue(conn: Connection, most: int) -> Iterator[admission.Queued]:
+    """The queue in order, read a few at a time (most turns admit a handful), at most
+    ``most`` children."""
+    after: tuple[float, int] | None = None
+    size, seen = 16, 0
+    while seen < most:
+        batch = admission.head(conn, min(size, most - seen), after)
+        yield from batch
+        if len(batch) < size:
+            return
+        seen += len(batch)
+        after = (batch[-1].tag, batch[-1].id)
+        size = min(size * 4, 1024)
 
 
 def _policy(conn: Connection, child: ChildRecord) -> bytes | None:
