@@ -119,10 +119,17 @@ def slots_in_use(conn: Connection, scope: str) -> int:
     return int(run(conn, sql, params).fetchone()[0])
 
 
-def queued_in(conn: Connection, scope: str) -> int:
+def queued_in(conn: Connection, scope: str, most: int | None = None) -> int:
+    """How many children of ``scope`` are queued, counted up to ``most`` at most (a
+    start asks only whether its queue is full: it never counts a long queue whole)."""
     where, params = _where(scope)
-    sql = f"SELECT COUNT(*) FROM children WHERE {where} AND {_QUEUED_HERE}"
-    return int(run(conn, sql, params).fetchone()[0])
+    if most is None:
+        sql = f"SELECT COUNT(*) FROM children WHERE {where} AND {_QUEUED_HERE}"
+        return int(run(conn, sql, params).fetchone()[0])
+    sql = (
+        f"SELECT COUNT(*) FROM (SELECT 1 FROM children WHERE {where} AND {_QUEUED_HERE} LIMIT ?) q"
+    )
+    return int(run(conn, sql, (*params, most)).fetchone()[0])
 
 
 def band_head(conn: Connection, low: float, high: float) -> float | None:

@@ -117,8 +117,10 @@ class Gate:
         )
 
     def queued(self, conn: Connection, scope: str) -> int:
+        """How many are queued in ``scope``, counted up to its ``max_queued`` (or 1)."""
         if scope not in self._queued:
-            self._queued[scope] = admission.queued_in(conn, scope)
+            most = max(1, self.rows[scope].policy.max_queued)
+            self._queued[scope] = admission.queued_in(conn, scope, most)
         return self._queued[scope]
 
     def save(self, conn: Connection) -> None:
@@ -272,10 +274,12 @@ def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) ->
     """End the queued children whose wait timed out and what nothing runs past its
     deadline, then admit the queue in order while slots and tokens last (at most
     ``limit``), under this host."""
+    # The policies' lock first, as every transaction that takes it does before any
+    # child's row (PostgreSQL): two of them never wait on each other.
+    gate = Gate.open(conn, now)
     timed_out, late = admission.due(conn, now, limit)
     ended = admission.stop_ids(conn, timed_out, now, QUEUE_TIMED_OUT)
     ended += admission.stop_ids(conn, late, now, DEADLINE_EXCEEDED)
-    gate = Gate.open(conn, now)
     fresh: list[tuple[ChildRecord, bytes | None]] = []
     again: list[int] = []
     unreadable: list[str] = []

@@ -150,6 +150,8 @@ class Woken:
 def wake_due(conn: Connection, now: float, instance_id: str, limit: int = 500) -> Woken:
     """Wake this instance's waiting children that are due (at most ``limit``)."""
     due = waits.due(conn, instance_id, now, limit)
+    # The policies' lock (design §22) before any child's row, as the pump takes it.
+    gate = admission.Gate.open(conn, now) if due else None
     unreadable: list[str] = []
     wake: list[int] = []
     for child in children.of_ids(conn, due):
@@ -163,7 +165,6 @@ def wake_due(conn: Connection, now: float, instance_id: str, limit: int = 500) -
             continue
         wake.append(child.id)
     # A child some policy applies to takes its slots again, or waits its turn (§22).
-    gate = admission.Gate.open(conn, now)
     woken: list[int] = []
     for child in children.of_ids(conn, wake) if gate is not None else ():
         if admission.wake_or_queue(conn, now, gate, child):
