@@ -657,9 +657,10 @@ async def test_a_childs_open_input_requests_are_shown_as_text_until_answered(
     assert get(page.link("api/children/c-missing/inputs"))[0] == 404
 
     await asyncio.to_thread(driver.get, page.link(f"?child={child}"))
-    shown = (By.CSS_SELECTOR, "#inputs li")
-    await asyncio.to_thread(until, driver, lambda d: d.find_elements(*shown))
-    text = driver.find_element(*shown).text
+    # Read in one script: the pane is drawn again whenever the database moves (its
+    # suspension, say), and an element found before that is stale after it.
+    shown = "return [...document.querySelectorAll('#inputs li')].map(li => li.innerText)"
+    (text, *_) = await asyncio.to_thread(until, driver, lambda d: d.execute_script(shown))
     assert text.startswith(f"approval deploy: {HOSTILE} (approve / deny)")
     assert "tool <i>ship</i>" in text  # as text: nothing ran
     await harness.engine.answer_input(child, "deploy", decision="approve")
