@@ -18,7 +18,9 @@ import pytest
 
 from delegation import AdmissionPolicy, ChildContext, Engine, EngineConfig, Event, errors
 from delegation.codec import encode
+from delegation.engine.runtime import Use
 from delegation.options import ExecutionOptions
+from delegation.usecases.service import cancel_exact
 from tests.support import PRESET, Harness, ScriptRunner, open_harness
 
 SCOPE = f"preset:runner-1/{PRESET.extension_id}/{PRESET.name}"
@@ -121,15 +123,20 @@ async def test_no_policy_changes_nothing_on_the_wire(db_url: str, workspace: Pat
 LEASE = {"lease_id": "lease-1", "tool_call_id": ""}
 
 
-async def test_a_full_queue_refuses_and_writes_nothing(db_url: str, workspace: Path) -> None:
+@pytest.mark.parametrize("lease", ["lease-1", ""])
+async def test_a_full_queue_refuses_and_writes_nothing(
+    db_url: str, workspace: Path, lease: str
+) -> None:
+    """Under a lease or the tool call's own grant (on PostgreSQL a start without a
+    leaseId is otherwise one lone statement: here it must be one transaction)."""
     gates = Gates()
     policy = {SCOPE: AdmissionPolicy(concurrency=1, max_queued=1)}
     async with hosted(db_url, workspace, gates.run, admission=policy) as h:
-        first = await h.start("q1", message="a", lease_id="lease-1")
-        second = await h.start("q2", message="b", lease_id="lease-1")
+        first = await h.start("q1", message="a", lease_id=lease)
+        second = await h.start("q2", message="b", lease_id=lease)
         assert second.queued
         with pytest.raises(errors.QueueFull, match=r"^child admission queue is full$") as refused:
-            await h.start("q3", message="c", lease_id="lease-1")
+            await h.start("q3", message="c", lease_id=lease)
         assert refused.value.reason == "queue_full"
         listed = await h.engine.list_children()
         assert sorted(c.conversation_id for c in listed) == sorted(
@@ -137,13 +144,15 @@ async def test_a_full_queue_refuses_and_writes_nothing(db_url: str, workspace: P
         )
         gates.gate("a").set()
         gates.gate("b").set()
-        await h.wait_done(second.conversation_id, **LEASE)
+        done = await h.wait_done(second.conversation_id, **(LEASE if lease else {}))
+        assert done.state == "done"
 
 
 async def test_a_queue_timeout_cancels_the_child_unprepared(db_url: str, workspace: Path) -> None:
     gates = Gates()
     policy = {SCOPE: AdmissionPolicy(concurrency=1, queue_timeout_s=0.3)}
-    async with hosted(db_url, workspace, gates.run, admission=policy) as h:
+    # Answered queued at once: a busy machine cannot make the start outwait the timeout.
+    async with hosted(db_url, workspace, gates.run, admission=policy, start_wait_s=0) as h:
         first = await h.start("q1", message="a", lease_id="lease-1")
         second = await h.start("q2", message="b", lease_id="lease-1")
         assert second.queued
@@ -331,6 +340,86 @@ def test_scopes_and_policies_are_checked() -> None:
                    {"queue_timeout_s": 0}, {"rate": "5/s"}):  # fmt: skip
         with pytest.raises(ValueError, match="admission"):
             AdmissionPolicy(**values)  # type: ignore[arg-type]
+
+
+async def test_a_cancel_recorded_before_its_turn_ends_the_child_unprepared(
+    db_url: str, workspace: Path
+) -> None:
+    """A cancel is recorded, then its child stopped: a turn of the pump in between (or a
+    stop that never came: a crash) must not admit it."""
+    gates = Gates()
+    policy = {SCOPE: AdmissionPolicy(concurrency=1)}
+    async with hosted(db_url, workspace, gates.run, admission=policy) as h:
+        first = await h.start("q1", message="a", lease_id="lease-1")
+        second = await h.start("q2", message="b", lease_id="lease-1")
+        use = Use(cancel_exact, second.conversation_id, None, "cancelled: by the test")
+        await h.engine._rt.write(use)  # recorded only: nothing stopped it
+        gates.gate("a").set()
+        await h.wait_done(first.conversation_id, **LEASE)
+        ended = await h.wait_done(second.conversation_id, **LEASE)
+        assert (ended.state, ended.error) == ("cancelled", "cancelled: by the test")
+        assert [p.request.message for p in h.runner.prepared] == ["a"]
+
+
+async def test_a_tool_call_ending_cancels_a_queued_first_child_of_its_lease(
+    db_url: str, workspace: Path
+) -> None:
+    gates = Gates()
+    policy = {SCOPE: AdmissionPolicy(concurrency=1)}
+    async with hosted(db_url, workspace, gates.run, admission=policy) as h:
+        await h.start("q1", message="a")  # the tool call's own child holds the slot
+        queued = await h.start("q2", message="b", lease_id="lease-9")  # a new lease
+        assert queued.queued
+        await h.engine.close_tool(h.tool)
+        ended = await until_ended(h, queued.conversation_id)
+        assert ended.state == "cancelled" and ended.admitted_at is None
+        await asyncio.sleep(0.3)
+        assert [p.request.message for p in h.runner.prepared] == ["a"]
+
+
+async def until_ended(h: Harness, conversation_id: str) -> Any:
+    found: list[Any] = []
+
+    async def ended() -> bool:
+        found[:] = [await h.engine.get_child(conversation_id)]
+        return found[0] is not None and found[0].terminal
+
+    await until(ended)
+    return found[0]
+
+
+async def test_a_policy_set_later_counts_the_children_already_running(
+    db_url: str, workspace: Path
+) -> None:
+    gates = Gates()
+    policy = {"runner:someone-else": AdmissionPolicy(concurrency=1)}
+    async with hosted(db_url, workspace, gates.run, admission=policy) as h:
+        await h.start("q1", message="a", lease_id="lease-1")  # admitted by its run
+        await h.engine.set_admission(SCOPE, AdmissionPolicy(concurrency=1))
+        later = await h.start("q2", message="b", lease_id="lease-1")
+        assert later.queued
+        uses = {u.scope: (u.in_use, u.queued) for u in await h.engine.admission()}
+        assert uses[SCOPE] == (1, 1)
+        gates.gate("a").set()
+        gates.gate("b").set()
+        await h.wait_done(later.conversation_id, **LEASE)
+
+
+async def test_removing_a_policy_admits_what_no_policy_holds_any_more(
+    db_url: str, workspace: Path
+) -> None:
+    gates = Gates()
+    other = "runner:someone-else"  # a policy remains, but none applies to these children
+    policy = {SCOPE: AdmissionPolicy(concurrency=1), other: AdmissionPolicy(concurrency=1)}
+    async with hosted(db_url, workspace, gates.run, admission=policy) as h:
+        await h.start("q1", message="a", lease_id="lease-1")
+        waiting = [await h.start(f"q{n}", message=f"m{n}", lease_id="lease-1") for n in (2, 3)]
+        assert all(w.queued for w in waiting)
+        await h.engine.set_admission(SCOPE, None)  # the runner's policy still applies
+        await until(lambda: _ran(gates, 2))  # both at once: no slot of the preset held them
+        assert sorted(gates.order) == ["a", "m2", "m3"]
+        for name in gates.order:
+            gates.gate(name).set()
 
 
 # --- deadlines ------------------------------------------------------------------------

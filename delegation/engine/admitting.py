@@ -85,8 +85,9 @@ class Admitting:
                 self._again = False
                 turn = await rt.write(Use(admission.dequeue, rt.instance_id, BATCH))
                 self._spawn(turn)
-                if turn.next_token_at is not None:
-                    self._at(turn.next_token_at)
+                for at in (turn.next_token_at, turn.next_due):
+                    if at is not None:
+                        self._at(at)
                 if not (turn.more or self._again):
                     return
         except (errors.DatabaseBusy, errors.StoreUnavailable) as exc:
@@ -120,11 +121,16 @@ class Admitting:
             self._rt.notices.bump(moved + turn.ended)
 
     def _at(self, when: float) -> None:
-        """Pump again when a rate's next token comes."""
+        """Pump again at ``when`` (a rate's next token, a queue timeout, a deadline of
+        what nothing runs), unless an earlier turn is due already: one timer, at the
+        earliest; the 0.5 s look catches any a later host's commit moved."""
+        loop = asyncio.get_running_loop()
         delay = max(0.0, when - self._rt.clock.now()) + 0.001
-        if self._timer is not None:
+        if self._timer is not None and not self._timer.cancelled():
+            if self._timer.when() <= loop.time() + delay and self._timer.when() > loop.time():
+                return
             self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(delay, self.soon)
+        self._timer = loop.call_later(min(delay, 3600.0), self.soon)
 
     def stop(self) -> None:
         if self._timer is not None:

@@ -134,7 +134,10 @@ class Supervisor:
 
         reserved: list[reservation.StartPlan] = []
         runs: list[LocalRun | None] = []
-        written = rt.write(use, durable=False, committed=committed, one_write=not params.lease_id)
+        # A start that may enter admission (design §22) writes more than its INSERT, under
+        # the policies' lock: one transaction, never a lone statement.
+        alone = not params.lease_id and not self.known
+        written = rt.write(use, durable=False, committed=committed, one_write=alone)
         written.add_done_callback(failed)
         page = await first
         plan = reserved[0]
@@ -232,7 +235,11 @@ class Supervisor:
         first: asyncio.Future[Result | None] | None = None,
     ) -> LocalRun:
         how = service.Admission(
-            plan.slotted, _deadline_s(plan.request), child.depth, child.parent_run_id
+            plan.slotted,
+            _deadline_s(plan.request),
+            child.depth,
+            child.parent_run_id,
+            counted=bool(self.known),
         )
         local = LocalRun(
             self._rt, child.id, child.cwd, plan.lease_pending, first, child.conversation_id, how

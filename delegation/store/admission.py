@@ -77,20 +77,19 @@ def put(conn: Connection, scope: str, policy: AdmissionPolicy, now: float) -> No
     if same and (per is None or abs(float(old[1]) - per) < 1e-9):
         tokens, refilled = old[2], old[3]
     params = (policy.concurrency, n, per, policy.max_queued, policy.queue_timeout_s, tokens)
-    if old is None:
-        run(
-            conn,
-            "INSERT INTO admission (concurrency, rate_n, rate_s, max_queued, queue_timeout_s,"
-            " tokens, refilled_at, updated_at, scope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (*params, refilled, now, scope),
-        )
-    else:
-        run(
-            conn,
-            "UPDATE admission SET concurrency = ?, rate_n = ?, rate_s = ?, max_queued = ?,"
-            " queue_timeout_s = ?, tokens = ?, refilled_at = ?, updated_at = ? WHERE scope = ?",
-            (*params, refilled, now, scope),
-        )
+    # One statement either way: hosts booting together with the same configuration
+    # store it side by side (the last one's tokens win).
+    run(
+        conn,
+        "INSERT INTO admission (concurrency, rate_n, rate_s, max_queued, queue_timeout_s,"
+        " tokens, refilled_at, updated_at, scope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (scope) DO UPDATE SET concurrency = excluded.concurrency,"
+        " rate_n = excluded.rate_n, rate_s = excluded.rate_s,"
+        " max_queued = excluded.max_queued, queue_timeout_s = excluded.queue_timeout_s,"
+        " tokens = excluded.tokens, refilled_at = excluded.refilled_at,"
+        " updated_at = excluded.updated_at",
+        (*params, refilled, now, scope),
+    )
 
 
 def remove(conn: Connection, scope: str) -> bool:
@@ -176,6 +175,7 @@ class Queued:
     profile: str
     parent_conversation_id: str
     admitted_before: bool  # woken from ``waiting``: it resumes
+    cancel_requested: bool  # asked to end (a cancel, a release, an expiry)
 
 
 def head(conn: Connection, limit: int, after: tuple[float, int] | None = None) -> list[Queued]:
@@ -189,11 +189,14 @@ def head(conn: Connection, limit: int, after: tuple[float, int] | None = None) -
     rows = run(
         conn,
         "SELECT id, queue_tag, runner_id, extension_id, profile, parent_conversation_id,"
-        f" admitted_at IS NOT NULL FROM children WHERE state = 'queued'{where}"
+        " admitted_at IS NOT NULL, cancel_requested_at IS NOT NULL"
+        f" FROM children WHERE state = 'queued'{where}"
         " ORDER BY queue_tag, id LIMIT ?",
         tuple(params),
     ).fetchall()
-    return [Queued(int(r[0]), float(r[1]), r[2], r[3], r[4], r[5], bool(r[6])) for r in rows]
+    return [
+        Queued(int(r[0]), float(r[1]), r[2], r[3], r[4], r[5], bool(r[6]), bool(r[7])) for r in rows
+    ]
 
 
 def position(conn: Connection, child_id: int, tag: float) -> int:
@@ -261,6 +264,22 @@ def next_due(conn: Connection) -> float | None:
 def any_queued(conn: Connection) -> bool:
     row = run(conn, "SELECT 1 FROM children WHERE state = 'queued' LIMIT 1").fetchone()
     return row is not None
+
+
+def stop_cancelled(conn: Connection, child_ids: Iterable[int], now: float) -> list[int]:
+    """End these queued children whose cancellation was requested, with its reason."""
+    ended: list[int] = []
+    for child_id in child_ids:
+        row = run(
+            conn,
+            "UPDATE children SET state = 'cancelled', error = COALESCE(cancel_reason, ''),"
+            " finished_at = ?, updated_at = ? WHERE id = ? AND state = 'queued'"
+            " AND cancel_requested_at IS NOT NULL RETURNING id",
+            (now, now, child_id),
+        ).fetchone()
+        if row is not None:
+            ended.append(int(row[0]))
+    return ended
 
 
 def stop_ids(conn: Connection, child_ids: Iterable[int], now: float, reason: str) -> list[int]:

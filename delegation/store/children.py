@@ -352,10 +352,13 @@ def pending_first_admissions(conn: Connection, tool_ids: Iterable[str]) -> list[
         marks = ", ".join("?" for _ in ids)
         sql = (
             f"SELECT c.id FROM children AS c {hint}"
-            f" JOIN grants g ON g.id = c.grant_id WHERE c.{ACTIVE_TERM} AND c.state = ?"
+            f" JOIN grants g ON g.id = c.grant_id WHERE c.{ACTIVE_TERM}"
+            " AND c.state IN ('prepared', 'queued', 'admitted')"
             f" AND c.origin_grant_id IN ({marks}) AND g.kind = 'lease' AND g.activated_at IS NULL"
         )
-        found += [row[0] for row in run(conn, sql, (State.PREPARED.value, *ids)).fetchall()]
+        # Queued, or admitted by a policy's turn with its run not past admit() yet (a
+        # lease not activated has admitted no run): never run, as a prepared one.
+        found += [row[0] for row in run(conn, sql, tuple(ids)).fetchall()]
     return found
 
 

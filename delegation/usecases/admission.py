@@ -40,6 +40,8 @@ from delegation.store.sql import Connection, run
 from delegation.usecases import stored
 
 BAND = float(2**40)  # the turns of one priority band
+SCAN_MOST = 100_000  # queued children one turn of the pump looks at, at most
+_DEQUEUE = (Trigger.DEQUEUE,)
 QUEUE_TIMED_OUT = "cancelled: admission wait timed out"
 DEADLINE_EXCEEDED = "cancelled: child deadline exceeded"
 WOKEN_TEXT = "resumed after waiting"
@@ -231,6 +233,11 @@ def wake_or_queue(conn: Connection, now: float, gate: Gate | None, child: ChildR
         return True
     if gate.admissible(conn, applying, token=False):
         gate.take(applying, token=False)
+        run(  # it counts in its scopes' slots from now on, however it was admitted
+            conn,
+            "UPDATE children SET queued_at = COALESCE(queued_at, ?) WHERE id = ?",
+            (now, child.id),
+        )
         return True
     tag = _tag(conn, child.priority, None)
     admission.enqueue(conn, child.id, State.WAITING.value, now, tag, gate.timeout(applying))
@@ -268,6 +275,7 @@ class Dequeued:
     ended: list[int]
     next_token_at: float | None
     more: bool  # it stopped at its limit: more may be admissible
+    next_due: float | None = None  # the next queue timeout or deadline of what nothing runs
 
 
 def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) -> Dequeued:
@@ -284,7 +292,11 @@ def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) ->
     again: list[int] = []
     unreadable: list[str] = []
     chosen: list[admission.Queued] = []
-    for queued in _queue(conn, max(limit * 4, 64)):
+    cancelled: list[int] = []
+    for queued in _queue(conn, SCAN_MOST):
+        if queued.cancel_requested:  # asked to end before its turn: ends unprepared
+            cancelled.append(queued.id)
+            continue
         scopes = scopes_of(
             queued.runner_id, queued.extension_id, queued.profile, queued.parent_conversation_id
         )
@@ -298,15 +310,17 @@ def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) ->
         chosen.append(queued)
         if len(chosen) >= limit:
             break
+    ended += admission.stop_cancelled(conn, cancelled, now)
     records = {c.id: c for c in children.of_ids(conn, [q.id for q in chosen])} if chosen else {}
     for queued in chosen:
         child = records[queued.id]
         if queued.admitted_before:  # woken before: it resumes
-            children.transition(
-                conn, child.id, Trigger.DEQUEUE, now, engine_instance_id=instance_id
-            )
-            count_wake(conn, child.id)
-            again.append(child.id)
+            mine = {"engine_instance_id": instance_id}
+            # Matching only while queued and not asked to end (PostgreSQL: a cancel may
+            # have committed since the queue was read).
+            if children.advance(conn, child.id, _DEQUEUE, now, mine, unless_cancelled=True):
+                count_wake(conn, child.id)
+                again.append(child.id)
             continue
         policy = _policy(conn, child)
         try:
@@ -322,7 +336,7 @@ def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) ->
                 conn, now, deadline_seconds(effective), child.depth, child.parent_run_id
             ),
         }
-        admitted = children.advance(conn, child.id, (Trigger.DEQUEUE,), now, fields)
+        admitted = children.advance(conn, child.id, _DEQUEUE, now, fields, unless_cancelled=True)
         if admitted is not None:
             fresh.append((admitted, policy))
     taken = len(chosen)
@@ -331,7 +345,8 @@ def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) ->
         gate.save(conn)
         next_token = gate.next_token_at()
     resumable = lifecycle.woken(conn, again, instance_id, now) if again else []
-    return Dequeued(fresh, resumable, unreadable, ended, next_token, taken >= limit)
+    due = admission.next_due(conn)
+    return Dequeued(fresh, resumable, unreadable, ended, next_token, taken >= limit, due)
 
 
 def _queue(conn: Connection, most: int) -> Iterator[admission.Queued]:
@@ -354,6 +369,29 @@ def _policy(conn: Connection, child: ChildRecord) -> bytes | None:
         return None
     row = run(conn, "SELECT policy FROM grants WHERE id = ?", (child.grant_id,)).fetchone()
     return None if row is None or row[0] is None else bytes(row[0])
+
+
+def _unconstrained_first(conn: Connection) -> None:
+    """After a policy is removed: the queued children no policy applies to any more go
+    to the head of the queue (the pump admits them at once, holding no slot), rather
+    than wait behind children of scopes still full."""
+    left = admission.scopes(conn)
+    free: list[int] = []
+    after: tuple[float, int] | None = None
+    while batch := admission.head(conn, 1024, after):
+        for queued in batch:
+            scopes = scopes_of(
+                queued.runner_id, queued.extension_id, queued.profile, queued.parent_conversation_id
+            )
+            if left.isdisjoint(scopes):
+                free.append(queued.id)
+        after = (batch[-1].tag, batch[-1].id)
+    for child_id in free:
+        run(
+            conn,
+            "UPDATE children SET queue_tag = -1 WHERE id = ? AND state = 'queued'",
+            (child_id,),
+        )
 
 
 def next_due(conn: Connection) -> float | None:
@@ -391,7 +429,10 @@ def listing(conn: Connection) -> list[ScopeUse]:
 def stored_policy(conn: Connection, now: float, scope: str, policy: object | None) -> bool:
     """Store (or with None remove) the policy of ``scope``; whether anything changed."""
     if policy is None:
-        return admission.remove(conn, scope)
+        removed = admission.remove(conn, scope)
+        if removed:
+            _unconstrained_first(conn)
+        return removed
     if not isinstance(policy, AdmissionPolicy):
         raise TypeError("an admission policy is an AdmissionPolicy, or None to remove it")
     admission.put(conn, scope, policy, now)

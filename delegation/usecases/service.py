@@ -111,6 +111,9 @@ class Admission:
     deadline_s: float | None = None
     depth: int = 1
     parent_run_id: str = ""
+    # Some policy exists: the child counts in its scopes' slots however it is admitted
+    # (``queued_at`` set), so a policy set since its start still sees it.
+    counted: bool = False
 
 
 _PLAIN = Admission()
@@ -120,6 +123,8 @@ def _running(conn: Connection, now: float, instance_id: str, how: Admission) -> 
     if how.slotted:  # admitted (and its deadline set) when it took its slots
         return {"engine_instance_id": instance_id}
     fields: dict[str, object] = {"admitted_at": now, "engine_instance_id": instance_id}
+    if how.counted:
+        fields["queued_at"] = now
     if how.deadline_s is not None or how.depth > 1:
         own = None if how.deadline_s is None else now + how.deadline_s
         parent = children.deadline_of_run(conn, how.parent_run_id) if how.depth > 1 else None
