@@ -414,11 +414,14 @@ def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], fl
             _q(
                 conn,
                 "UPDATE children SET cancel_requested_at = :now, cancel_reason = :reason,"
-                f" updated_at = :now WHERE {ACTIVE_TERM}"
+                f" updated_at = :now, grant_id = NULL WHERE {ACTIVE_TERM}"
                 f" AND cancel_requested_at IS NULL AND {under_due}",
             ),
             {"now": now, "reason": reason},
         )
+    # What the leases' removal does to their children (ON DELETE SET NULL), set-based:
+    # PostgreSQL's foreign key would run one UPDATE per lease (0.3 s of 5,000).
+    conn.execute(_q(conn, f"UPDATE children SET grant_id = NULL WHERE {under_due}"), {"now": now})
     conn.execute(_q(conn, f"DELETE FROM grants WHERE {_DUE}"), {"now": now})
     return affected, next_deadline(conn)
 

@@ -197,10 +197,17 @@ def try_admit(
 def finish(conn: Connection, now: float, child_id: int, error: str, tracked: bool) -> ChildRecord:
     """End a run: ``cancelled`` if cancellation was requested, else ``done``; a process
     it recorded (``tracked``) is forgotten, since the run reaped it. A child ended
-    already is left as it is (the finish is retried until it commits)."""
+    already is left as it is (the finish is retried until it commits).
+
+    One guarded statement (:func:`children.finish`): it locks the row as it updates it,
+    so a cancel another host commits meanwhile waits, or is seen by it. A server store
+    pays one round trip for it, which is what a lease expiry of thousands costs.
+    """
     if tracked:
         processes.forget(conn, child_id)
-    children.lock(conn, child_id)  # a cancel from another host waits, or is seen here
+    ended = children.finish(conn, child_id, now, error, NOT_ADMITTED)
+    if ended is not None:
+        return ended
     child = children.get(conn, child_id)
     if child is None:
         raise errors.ChildPurged()
@@ -208,15 +215,25 @@ def finish(conn: Connection, now: float, child_id: int, error: str, tracked: boo
         # Ended already: this finish committed once and its answer was lost with the
         # connection, and it is tried again (design §19); nothing more to record.
         return child
-    if child.cancel_requested_at is not None:
-        children.transition(conn, child_id, Trigger.STOP, now, error=child.cancel_reason or "")
-    else:
-        if child.admitted_at is None and not error:
-            error = NOT_ADMITTED
-        children.transition(conn, child_id, Trigger.FINISH, now, error=error)
-    ended = children.get(conn, child_id)
-    assert ended is not None
-    return ended
+    raise errors.IllegalTransition(  # an unfinished state neither trigger leaves
+        f"child state transition finish is not allowed from {child.state}"
+    )
+
+
+def finish_many(
+    conn: Connection, now: float, ends: Sequence[tuple[int, str, bool]]
+) -> dict[int, ChildRecord]:
+    """:func:`finish` of many runs at once (child id, error, tracked): their terminal
+    records by id, set-based (a lease expiry of thousands is a few statements). A child
+    purged meanwhile is left out."""
+    for child_id, _, tracked in ends:
+        if tracked:
+            processes.forget(conn, child_id)
+    found = children.finish_many(conn, [(i, e) for i, e, _ in ends], now, NOT_ADMITTED)
+    missing = [i for i, _, _ in ends if i not in found]
+    for child in children.of_ids(conn, missing) if missing else ():
+        found[child.id] = child  # ended already (a finish tried again, design §19)
+    return found
 
 
 def stop_unowned(

@@ -16,7 +16,8 @@ from delegation.store.lifecycle import INSTANCE_LOCKS
 from delegation.store.postgres.connect import (
     IDLE_IN_TRANSACTION_MS,
     nul_safe_engine,
-    startup_options,
+    session_settings,
+    with_settings,
 )
 
 T = TypeVar("T")
@@ -38,8 +39,8 @@ def upgrade(
     """
     # A host stopped while it migrates must not hold the migration lock, which every
     # other host's boot waits for: the server ends its session.
-    idle = startup_options({"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_MS})
-    engine = create_engine(url, poolclass=NullPool, connect_args={"options": idle})
+    idle = session_settings({"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_MS})
+    engine = with_settings(create_engine(url, poolclass=NullPool), idle)
     try:
         with translated(), engine.connect() as conn:
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
@@ -109,13 +110,8 @@ def read_once(url: str, fn: Callable[[Connection], T]) -> T:
 def write_once(url: str, fn: Callable[[Connection], T], *, busy_timeout_ms: int = 5000) -> T:
     """Run ``fn`` in one short write transaction beside a live host, and notify the host
     (``NOTIFY`` is delivered when it commits). See ``database.write_once``."""
-    engine = nul_safe_engine(
-        create_engine(
-            url,
-            poolclass=NullPool,
-            connect_args={"options": startup_options({"lock_timeout": str(busy_timeout_ms)})},
-        )
-    )
+    settings = session_settings({"lock_timeout": str(busy_timeout_ms)})
+    engine = nul_safe_engine(with_settings(create_engine(url, poolclass=NullPool), settings))
     try:
         with translated(), engine.connect() as conn, conn.begin():
             migrate.at_head(conn, "the database")

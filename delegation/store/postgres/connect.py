@@ -62,16 +62,33 @@ def nul_safe_engine(engine: Engine) -> Engine:
 IDLE_IN_TRANSACTION_MS = "5000"
 
 
-def startup_options(settings: Mapping[str, str]) -> str:
-    """libpq's ``options``: these server settings for every session of a connection."""
-    return " ".join(f"-c {name}={value}" for name, value in settings.items())
+def session_settings(settings: Mapping[str, str]) -> str:
+    """One statement setting these server settings for the session (names and values
+    are the engine's own constants, never a peer's)."""
+    return "; ".join(f"SET {name} = '{value}'" for name, value in settings.items())
+
+
+def with_settings(engine: Engine, statement: str) -> Engine:
+    """``engine``, whose every new session first runs ``statement`` (its settings)."""
+    if statement:
+
+        @event.listens_for(engine, "connect")
+        def _settings(dbapi_connection: Any, _record: Any = None) -> None:
+            dbapi_connection.execute(statement)
+            if not dbapi_connection.autocommit:  # kept by the session, not its first transaction
+                dbapi_connection.commit()
+
+    return engine
 
 
 def make_engine(
     url: str, application: str, *, begin: str, options: dict[str, str], pool_size: int = 1
 ) -> Engine:
-    """Connections in autocommit mode; a transaction SQLAlchemy starts is ``begin``."""
-    settings = startup_options(options)
+    """Connections in autocommit mode; a transaction SQLAlchemy starts is ``begin``.
+
+    ``options`` are set on each new session with ``SET`` (one round trip when a pooled
+    connection is made), not as libpq's startup ``options``, which a pooler such as
+    PgBouncer refuses or drops."""
     engine = nul_safe_engine(
         create_engine(
             url,
@@ -79,9 +96,10 @@ def make_engine(
             pool_size=pool_size,
             max_overflow=0,
             pool_pre_ping=False,
-            connect_args={"options": settings, "application_name": application},
+            connect_args={"application_name": application},
         )
     )
+    with_settings(engine, session_settings(options))
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
@@ -135,6 +153,36 @@ def connect(url: str, application: str) -> Any:
         return psycopg.connect(libpq(url), autocommit=True, application_name=application)
     except psycopg.Error as exc:
         raise connect_error(url, exc) from exc
+
+
+POOLED_TRANSACTIONS = (
+    "PostgreSQL is reached through a pooler in transaction or statement mode (PgBouncer's"
+    " pool_mode=transaction): the engine needs one server session per connection, for its"
+    " advisory locks and LISTEN; use pool_mode=session, or connect to the server itself"
+)
+
+
+def refuse_pooled_transactions(held: Any, url: str, looks: int = 3) -> None:
+    """Refuse a pooler that hands a client's server session to another client between
+    transactions (PgBouncer's transaction and statement modes): a host's advisory lock
+    would be held by whichever client used that session last, and a ``LISTEN`` would hear
+    nothing. Found by what no session pooler and no server does: a second connection
+    lands on the server session (``pg_backend_pid()``) the first one just used, or the
+    first one is moved to another session between its statements.
+
+    Raises:
+        errors.StoreError: such a pooler (one line saying so).
+    """
+    other = connect(url, "delegation-probe")
+    try:
+        for _ in range(looks):
+            first = held.execute("SELECT pg_backend_pid()").fetchone()[0]
+            second = other.execute("SELECT pg_backend_pid()").fetchone()[0]
+            again = held.execute("SELECT pg_backend_pid()").fetchone()[0]
+            if second == first or again != first:
+                raise errors.StoreError(POOLED_TRANSACTIONS)
+    finally:
+        other.close()
 
 
 def release_instance_lock(conn: Any, instance_id: str | None) -> None:

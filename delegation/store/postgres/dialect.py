@@ -60,6 +60,7 @@ from delegation.store.postgres.connect import (
     in_transaction,
     make_engine,
     reader_engine,
+    refuse_pooled_transactions,
     release_instance_lock,
 )
 from delegation.store.postgres.watch import PostgresWatch
@@ -96,6 +97,7 @@ class PostgresDialect:
         made: list[Engine] = []
         try:
             self._lock_conn = connect(self.url, "delegation-host")
+            refuse_pooled_transactions(self._lock_conn, self.url)
             admin.upgrade(self.url, beside_hosts=True)
             made.append(self._writer("delegation-writer"))
             made.append(reader_engine(self.url))
