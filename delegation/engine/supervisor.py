@@ -85,7 +85,6 @@ class Supervisor:
         # and what to call when a run here gives its slots back (it ended or waits).
         self.known: frozenset[str] = frozenset()
         self.on_slot_freed: Callable[[], None] | None = None
-        self._ends = _Ends(rt)
 
     # --- child.start ------------------------------------------------------------------
 
@@ -442,9 +441,9 @@ class Supervisor:
     async def _finish(self, local: LocalRun, error: str) -> ChildRecord | None:
         """Record the end of a run (unless the engine is closing): its terminal record,
         None when closing. A busy database delays it, never loses it: the run is over,
-        and no caller will retry for it. Runs that end together (a lease expiry, a
-        release) are recorded together (:class:`_Ends`)."""
-        ended = await self._ends.record(local, error)
+        and no caller will retry for it."""
+        use = Use(service.finish, local.child_id, error, local.tracked)
+        ended = await self._rt.owed(local.stopped, use)
         if ended is not None:
             self._rt.notices.bump([local.child_id])
         return ended
@@ -562,50 +561,6 @@ class Supervisor:
                 extra={"action": "child_runs_stuck_at_close"},
             )
         return [lo.child_id for lo in running if lo.tracked and lo.task in tasks and lo.task.done()]
-
-
-class _Ends:
-    """The ends of runs, written together: each run that ends joins the next write of
-    ends (one set-based statement on the server for all of them: a lease expiry of
-    thousands of children is a few round trips, not one per child, or four)."""
-
-    def __init__(self, rt: Runtime) -> None:
-        self._rt = rt
-        self._pending: list[tuple[LocalRun, str, asyncio.Future[ChildRecord | None]]] = []
-        self._writing: asyncio.Task[None] | None = None
-
-    async def record(self, local: LocalRun, error: str) -> ChildRecord | None:
-        done: asyncio.Future[ChildRecord | None] = asyncio.get_running_loop().create_future()
-        self._pending.append((local, error, done))
-        if self._writing is None or self._writing.done():
-            self._writing = asyncio.create_task(self._write())
-        return await asyncio.shield(done)
-
-    async def _write(self) -> None:
-        await asyncio.sleep(0)  # the runs ending in this turn of the loop join
-        while self._pending:
-            batch, self._pending = self._pending[:1000], self._pending[1000:]
-            ends = [(local.child_id, error, local.tracked) for local, error, _ in batch]
-            try:
-                # Given up once every run of it was stopped with its host (closing).
-                gone = _all_stopped([local for local, _, _ in batch])
-                ended = await self._rt.owed(gone, Use(service.finish_many, ends))
-            except BaseException as exc:
-                for _, _, done in batch:
-                    if not done.done():
-                        done.set_exception(
-                            exc if isinstance(exc, Exception) else errors.HostClosing()
-                        )
-                if not isinstance(exc, Exception):
-                    raise
-                continue
-            for local, _, done in batch:
-                if not done.done():
-                    done.set_result(None if ended is None else ended.get(local.child_id))
-
-
-def _all_stopped(runs: list[LocalRun]) -> Callable[[], bool]:
-    return lambda: all(local.stopped() for local in runs)
 
 
 def _deadline_s(request: object) -> float | None:

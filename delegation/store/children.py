@@ -13,7 +13,7 @@ from sqlalchemy import Connection, select, update
 from delegation import errors, machine
 from delegation.machine import State, Trigger
 from delegation.records import ChildFilter, ChildRecord, ChildSummary
-from delegation.store.sql import IN_LIST_MAX, Spelling, chunks, run, spelling_of, stored_times
+from delegation.store.sql import Spelling, chunks, run, spelling_of, stored_times
 from delegation.store.tables import children, purged
 
 ACTIVE_STATES = [s.value for s in machine.ACTIVE]
@@ -330,40 +330,6 @@ def _finish_sql() -> str:
 
 
 _FINISH_SQL = _finish_sql()
-
-
-def finish_many(
-    conn: Connection, ends: list[tuple[int, str]], now: float, not_admitted: str
-) -> dict[int, ChildRecord]:
-    """:func:`finish` of many runs (child id, error), one statement for up to
-    ``IN_LIST_MAX // 2`` of them: the ones it ended, by id (the others ended already,
-    or are gone)."""
-    found: dict[int, ChildRecord] = {}
-    for batch in chunks(ends, IN_LIST_MAX // 2):
-        values = ", ".join("(?, ?)" for _ in batch)
-        sql = _FINISH_MANY_SQL.format(values=values)
-        params = [value for pair in batch for value in pair]
-        for row in run(conn, sql, (*params, now, now, not_admitted)).fetchall():
-            record = from_row(row)
-            found[record.id] = record
-    return found
-
-
-def _finish_many_sql() -> str:
-    states = ", ".join(f"'{state.value}'" for state in sorted(machine.sources(Trigger.STOP)))
-    cancelled, finished = machine.target(Trigger.STOP).value, machine.target(Trigger.FINISH).value
-    return (
-        "WITH v (fid, ferror) AS (VALUES {values}) UPDATE children SET state = CASE"
-        f" WHEN cancel_requested_at IS NOT NULL THEN '{cancelled}' ELSE '{finished}' END,"
-        " finished_at = ?, updated_at = ?, error = CASE WHEN cancel_requested_at IS NOT NULL"
-        " THEN COALESCE(cancel_reason, '') WHEN admitted_at IS NULL AND v.ferror = ''"
-        " THEN ? ELSE v.ferror END FROM v"
-        f" WHERE children.id = v.fid AND children.state IN ({states})"
-        f" RETURNING {', '.join(f'children.{name}' for name in FIELDS)}"
-    )
-
-
-_FINISH_MANY_SQL = _finish_many_sql()  # its one field: ``{values}``
 
 
 def request_cancel(

@@ -220,22 +220,6 @@ def finish(conn: Connection, now: float, child_id: int, error: str, tracked: boo
     )
 
 
-def finish_many(
-    conn: Connection, now: float, ends: Sequence[tuple[int, str, bool]]
-) -> dict[int, ChildRecord]:
-    """:func:`finish` of many runs at once (child id, error, tracked): their terminal
-    records by id, set-based (a lease expiry of thousands is a few statements). A child
-    purged meanwhile is left out."""
-    for child_id, _, tracked in ends:
-        if tracked:
-            processes.forget(conn, child_id)
-    found = children.finish_many(conn, [(i, e) for i, e, _ in ends], now, NOT_ADMITTED)
-    missing = [i for i, _, _ in ends if i not in found]
-    for child in children.of_ids(conn, missing) if missing else ():
-        found[child.id] = child  # ended already (a finish tried again, design §19)
-    return found
-
-
 def stop_unowned(
     conn: Connection, now: float, instance_id: str, child_ids: Sequence[int]
 ) -> tuple[list[int], int]:
