@@ -22,6 +22,7 @@ from delegation.engine.runtime import Use
 from delegation.options import ExecutionOptions
 from delegation.usecases.service import cancel_exact
 from tests.support import PRESET, Harness, ScriptRunner, open_harness
+from tests.test_waiting import until
 
 SCOPE = f"preset:runner-1/{PRESET.extension_id}/{PRESET.name}"
 Script = Callable[[ChildContext], Awaitable[None]]
@@ -60,15 +61,6 @@ async def hosted(
     settings = EngineConfig(**{"release_drain_s": 2.0, "start_wait_s": 0.2, **config})
     async with Engine(db_url, runner=runner, config=settings) as engine:
         yield await open_harness(engine, runner, workspace)
-
-
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError("never came")
-        await asyncio.sleep(0.02)
 
 
 async def state_of(h: Harness, conversation_id: str) -> str:

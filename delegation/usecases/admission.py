@@ -322,7 +322,7 @@ def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) ->
                 count_wake(conn, child.id)
                 again.append(child.id)
             continue
-        policy = _policy(conn, child)
+        policy = grant_policy(conn, child)
         try:
             _, _, effective = stored.for_run(child.request, child.preset, child.options, policy)
         except errors.ChildUnreadable:
@@ -364,7 +364,9 @@ def _queue(conn: Connection, most: int) -> Iterator[admission.Queued]:
         size = min(size * 4, 1024)
 
 
-def _policy(conn: Connection, child: ChildRecord) -> bytes | None:
+def grant_policy(conn: Connection, child: ChildRecord) -> bytes | None:
+    """Its grant's policy as stored (the ceiling of a child reserved before its options
+    were stored)."""
     if not child.grant_id:
         return None
     row = run(conn, "SELECT policy FROM grants WHERE id = ?", (child.grant_id,)).fetchone()

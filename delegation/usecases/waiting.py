@@ -25,7 +25,7 @@ from delegation.machine import State, Trigger
 from delegation.records import ChildRecord, Resumable, RunnerConnection
 from delegation.store import children, controls, events, lifecycle, waits
 from delegation.store.events import EventRow
-from delegation.store.sql import Connection, run
+from delegation.store.sql import Connection
 from delegation.store.waits import INPUT_KINDS, WaitRow
 from delegation.usecases import admission, service, stored
 from delegation.wire import MAX_MESSAGE_BYTES, Params, valid_id
@@ -158,7 +158,9 @@ def wake_due(conn: Connection, now: float, instance_id: str, limit: int = 500) -
         if child.state != State.WAITING.value:
             continue
         try:
-            stored.for_run(child.request, child.preset, child.options, _policy(conn, child))
+            stored.for_run(
+                child.request, child.preset, child.options, admission.grant_policy(conn, child)
+            )
         except errors.ChildUnreadable:
             children.transition(conn, child.id, Trigger.FINISH, now, error=_UNREADABLE)
             unreadable.append(child.run_id)
@@ -176,15 +178,6 @@ def wake_due(conn: Connection, now: float, instance_id: str, limit: int = 500) -
         admission.count_wake(conn, child_id)
     resumable = lifecycle.woken(conn, wake, instance_id, now)
     return Woken(resumable, unreadable, waits.next_wake(conn, instance_id))
-
-
-def _policy(conn: Connection, child: ChildRecord) -> bytes | None:
-    """Its grant's policy as stored (the ceiling of a child reserved before its options
-    were stored)."""
-    if not child.grant_id:
-        return None
-    row = run(conn, "SELECT policy FROM grants WHERE id = ?", (child.grant_id,)).fetchone()
-    return None if row is None or row[0] is None else bytes(row[0])
 
 
 def next_wake(conn: Connection, instance_id: str) -> float | None:
