@@ -149,7 +149,9 @@ class Supervisor:
             local = runs[0] if runs else None
             if local is not None and local.suspended:
                 raise errors.HostClosing()
-            if page is None or params.after:
+            if page is None:
+                return await self.answer(plan.child.id, params.after, room)
+            if params.after:
                 return await self.page(plan.child.id, params.after, room)
             return page
         except errors.ChildPurged:
@@ -166,9 +168,13 @@ class Supervisor:
         child's run is spawned with the caller's ``first``; a replay answers it now."""
         if plan.new_lease_deadline is not None:
             self._timers.arm_earlier(plan.new_lease_deadline)
-        if plan.replay or plan.queued:  # a queued child runs once the pump admits it
+        child_id = plan.child.id
+        if plan.replay and child_id not in self._resuming and self.runs.get(child_id) is None:
+            plan = reservation.unspawned(plan, self._rt.instance_id) or plan
+        already = self.runs.get(child_id) is not None
+        if plan.replay or plan.queued or already:  # a queued child runs once the pump admits it
             if not first.done():
-                first.set_result(None)
+                first.set_result(None)  # the caller waits for the run here (answer)
             return None
         return self.spawn(plan.child, plan, None, first=first)
 

@@ -9,6 +9,7 @@ reads for a tool grant an earlier start found open (see :func:`reserve_start`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 import threading
 import time
@@ -21,6 +22,7 @@ from msgspec import UNSET
 from delegation import authority, errors
 from delegation.codec import encode
 from delegation.config import EngineConfig
+from delegation.machine import State
 from delegation.options import ExecutionOptions, effective_options
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection, RunnerRecord
 from delegation.store import children, grants
@@ -28,6 +30,8 @@ from delegation.store.sql import Connection
 from delegation.usecases import admission, followups, stored
 from delegation.usecases.service import authorized, identity_of
 from delegation.wire import Identity, Params, Preset, Request, priority_of
+
+log = logging.getLogger("delegation.engine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +263,24 @@ def _replay(checked: _Checked, existing: ChildRecord) -> StartPlan:
         identity_of(existing),
         previous_run_id=checked.previous_run_id,
     )
+
+
+def unspawned(plan: StartPlan, instance_id: str) -> StartPlan | None:
+    """A replay of ``instance_id``'s own reservation, never admitted, that no run of it
+    runs (the caller knows): the plan to run it now, else None.
+
+    A reservation whose commit the server made while the connection was lost is
+    committed but never spawned: its writer ran the start again, which found it, and
+    so does the caller's own retry. A child reserved and never admitted belongs to the
+    host that reserved it while that host lives (a takeover ends it), so it runs it."""
+    child = plan.child
+    if child.state != State.PREPARED or child.engine_instance_id != instance_id:
+        return None
+    log.warning(
+        "child reserved by a commit whose answer was lost: run now",
+        extra={"action": "child_unspawned", "run_id": child.run_id},
+    )
+    return dataclasses.replace(plan, replay=False, lease_pending=bool(child.lease_id))
 
 
 def _check_admissible(start: _Start, checked: _Checked) -> bool:

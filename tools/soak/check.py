@@ -336,7 +336,14 @@ def _journal(
             continue
         admitted = None if child is None else child["admitted_at"]
         if child is None or admitted is None or admitted > start["at"] + slack:
-            found.append(f"lost_start: child {start['run']} answered started is not admitted")
+            how = (
+                "is missing"
+                if child is None
+                else f"is {child['state']}, not admitted"
+                if admitted is None
+                else f"was admitted {admitted - start['at']:.3f} s after its answer"
+            )
+            found.append(f"lost_start: child {start['run']} answered started {how}")
         elif (child["lease_id"] or "", child["runner_id"]) != (start["lease"], start["runner"]):
             found.append(f"wrong_start: child {start['run']} is not under its lease and runner")
     found += _releases(snap, acks, tombstones, retention, now, slack)
