@@ -26,9 +26,9 @@ _CHUNK = 65536
 class Proxy:
     """Listening on ``port``; passes each session through to ``upstream``."""
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self._listener = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, upstream: tuple[str, int], address: str = "127.0.0.1") -> None:
+        self.upstream, self.address = upstream, address
+        self._listener = socket.create_server((address, 0))
         self.port: int = self._listener.getsockname()[1]
         self._marker: bytes | None = None
         self._then: bytes | None = None
@@ -119,13 +119,14 @@ def _ready_for_query(stream: bytes) -> bool:
 
 
 @contextlib.contextmanager
-def proxied(url: str) -> Iterator[tuple[str, Proxy]]:
-    """``url`` reached through a new :class:`Proxy`, and the proxy."""
+def proxied(url: str, address: str = "127.0.0.1") -> Iterator[tuple[str, Proxy]]:
+    """``url`` reached through a new :class:`Proxy` listening on ``address``, and the
+    proxy."""
     parsed = make_url(url)
-    proxy = Proxy((parsed.host or "127.0.0.1", parsed.port or 5432))
+    proxy = Proxy((parsed.host or "127.0.0.1", parsed.port or 5432), address)
     try:
         yield (
-            parsed.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False),
+            parsed.set(host=address, port=proxy.port).render_as_string(hide_password=False),
             proxy,
         )
     finally:

@@ -17,6 +17,7 @@ from delegation.store.postgres.connect import (
     IDLE_IN_TRANSACTION_MS,
     nul_safe_engine,
     session_settings,
+    tcp_args,
     with_settings,
 )
 
@@ -40,7 +41,10 @@ def upgrade(
     # A host stopped while it migrates must not hold the migration lock, which every
     # other host's boot waits for: the server ends its session.
     idle = session_settings({"idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_MS})
-    engine = with_settings(create_engine(url, poolclass=NullPool), idle)
+    engine = with_settings(
+        create_engine(url, poolclass=NullPool, connect_args=tcp_args(url, "delegation-migrate")),
+        idle,
+    )
     try:
         with translated(), engine.connect() as conn:
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
@@ -82,7 +86,7 @@ class PostgresReadOnly:
                 url,
                 pool_size=1,
                 max_overflow=0,
-                connect_args={"application_name": "delegation-inspect"},
+                connect_args=tcp_args(url, "delegation-inspect"),
                 execution_options={
                     "postgresql_readonly": True,
                     "isolation_level": "REPEATABLE READ",
@@ -111,7 +115,8 @@ def write_once(url: str, fn: Callable[[Connection], T], *, busy_timeout_ms: int 
     """Run ``fn`` in one short write transaction beside a live host, and notify the host
     (``NOTIFY`` is delivered when it commits). See ``database.write_once``."""
     settings = session_settings({"lock_timeout": str(busy_timeout_ms)})
-    engine = nul_safe_engine(with_settings(create_engine(url, poolclass=NullPool), settings))
+    made = create_engine(url, poolclass=NullPool, connect_args=tcp_args(url, "delegation-write"))
+    engine = nul_safe_engine(with_settings(made, settings))
     try:
         with translated(), engine.connect() as conn, conn.begin():
             migrate.at_head(conn, "the database")

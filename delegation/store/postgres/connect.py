@@ -35,6 +35,37 @@ def libpq(url: str) -> str:
     return make_conninfo("", **keywords)
 
 
+# A server cut off without a word (a partition drops packets: no reset, no error) must
+# not hold a host's statement, its lock's session or its watch for the kernel's quarter
+# of an hour: libpq gives up on a connection whose sent data goes unacknowledged for
+# tcp_user_timeout, probes an idle one (keepalives: 10 s idle, then 3 probes 3 s apart),
+# and waits 5 s (connect_timeout) for a new one. A URL's own values of these are kept.
+TCP_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "3",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
+
+
+def tcp_args(url: str, application: str) -> dict[str, str]:
+    """libpq's arguments for a connection of ``url``: its ``application_name`` and the
+    :data:`TCP_DEFAULTS` the URL does not set itself."""
+    given = make_url(url).query
+    return {"application_name": application} | {
+        key: value for key, value in TCP_DEFAULTS.items() if key not in given
+    }
+
+
+def conninfo(url: str, application: str) -> str:
+    """libpq's connection string for a psycopg connection of ours (:func:`tcp_args`)."""
+    from psycopg.conninfo import make_conninfo
+
+    return make_conninfo(libpq(url), **tcp_args(url, application))
+
+
 def _nul_safe(dbapi_connection: Any, _record: Any = None) -> None:
     """PostgreSQL's text cannot hold NUL, which SQLite's can: on this connection a NUL
     in a string parameter is sent as U+FFFD, so that a peer's text never fails a write
@@ -96,7 +127,7 @@ def make_engine(
             pool_size=pool_size,
             max_overflow=0,
             pool_pre_ping=False,
-            connect_args={"application_name": application},
+            connect_args=tcp_args(url, application),
         )
     )
     with_settings(engine, session_settings(options))
@@ -150,7 +181,7 @@ def connect(url: str, application: str) -> Any:
     import psycopg
 
     try:
-        return psycopg.connect(libpq(url), autocommit=True, application_name=application)
+        return psycopg.connect(conninfo(url, application), autocommit=True)
     except psycopg.Error as exc:
         raise connect_error(url, exc) from exc
 

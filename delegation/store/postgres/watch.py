@@ -18,7 +18,7 @@ from typing import Any
 
 from delegation.store.failures import unavailable
 from delegation.store.postgres.admin import CHANNEL
-from delegation.store.postgres.connect import connect_error, libpq
+from delegation.store.postgres.connect import connect_error, conninfo
 from delegation.store.watch import Watch
 
 log = logging.getLogger("delegation.store")
@@ -56,9 +56,7 @@ class PostgresWatch(Watch):
     def _listen(self) -> Any:
         import psycopg
 
-        conn = psycopg.connect(
-            libpq(self._url), autocommit=True, application_name="delegation-watch"
-        )
+        conn = psycopg.connect(conninfo(self._url, "delegation-watch"), autocommit=True)
         conn.execute(f"LISTEN {CHANNEL}")
         return conn
 
