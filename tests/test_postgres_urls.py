@@ -198,3 +198,32 @@ def test_serve_refuses_a_url_it_cannot_read_in_one_line(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert one_line(done.stderr) == f"delegation: --db {url}: {why}"
     assert not list(tmp_path.iterdir()), "nothing was created"
+
+
+def _connect_failure(conninfo: str) -> BaseException:
+    import psycopg
+
+    try:
+        psycopg.connect(conninfo, connect_timeout=5).close()
+    except psycopg.Error as exc:
+        return exc
+    raise AssertionError("connected")
+
+
+def test_one_node_away_among_refusals_is_an_outage(postgres_server: str) -> None:
+    """Through several hosts (an HA cluster's URL), libpq says what each one answered.
+    One that refuses who connects (a standby the database has not reached yet: "does
+    not exist") beside one that is away (restarting) is an outage: the same URL works
+    once the writable server is back (found on Patroni: it was ``store_error``)."""
+    from delegation.store.failures import translate
+    from tests.postgres import _free_port
+
+    server = make_url(postgres_server)
+    live, closed = f"{server.host}", _free_port()
+    missing = f"user={server.username} dbname=no_such_database_here"
+    away = _connect_failure(f"host={live},{live} port={server.port},{closed} {missing}")
+    assert "does not exist" in str(away) and "refused" in str(away)
+    assert isinstance(translate(away), errors.StoreUnavailable)
+    refused = _connect_failure(f"host={live},{live} port={server.port},{server.port} {missing}")
+    assert isinstance(translate(refused), errors.StoreError)
+    assert not isinstance(translate(refused), errors.StoreUnavailable)

@@ -56,11 +56,21 @@ def away(cause: BaseException) -> bool:
     state = getattr(cause, "sqlstate", None)
     if state is None:  # libpq's own: no connection, lost, closed, timed out; but a
         # refusal at connect (a wrong password, no such database) is no outage
-        said = str(cause).lower()
-        return not any(word in said for word in _CONNECT_REFUSALS) and any(
-            kind.__name__ in _CONNECTION_ERRORS for kind in type(cause).__mro__
+        if not any(kind.__name__ in _CONNECTION_ERRORS for kind in type(cause).__mro__):
+            return False
+        return any(
+            not any(word in said for word in _CONNECT_REFUSALS) for said in _attempts(cause)
         )
     return state.startswith("08") or state in _GONE
+
+
+def _attempts(cause: BaseException) -> list[str]:
+    """What libpq said of each server it tried. Through several hosts one may refuse
+    who connects (a standby the database has not reached yet: "does not exist") while
+    another is only away (restarting, read-only): that is an outage, the same URL
+    works once a writable server is back. Only when every one refuses is it none."""
+    said = str(cause).lower()
+    return said.split("\n- host:")[1:] or [said]
 
 
 def refused(cause: BaseException) -> bool:
