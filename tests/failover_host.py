@@ -68,7 +68,12 @@ def say(word: str, *rest: object) -> None:
 
 
 def reason_of(exc: BaseException) -> str:
-    return str(getattr(exc, "reason", type(exc).__name__))
+    """The refusal's reason; what it says goes to stderr (shown when a check fails)
+    unless it is the expected ``store_unavailable``."""
+    reason = str(getattr(exc, "reason", type(exc).__name__))
+    if reason != "store_unavailable":
+        print(f"refused with {reason}: {exc!r}", file=sys.stderr, flush=True)
+    return reason
 
 
 async def flushed(ctx: ChildContext, pending: list[tuple[int, str]]) -> None:

@@ -1,12 +1,20 @@
 """A Patroni cluster for the high-availability tests (design §25): etcd and three
-PostgreSQL 15 nodes under Patroni, on 127.0.0.1 only, in a temporary directory.
+PostgreSQL 15 nodes under Patroni, on loopback only, in a temporary directory.
 
 Debian's ``patroni`` (3.0) and ``etcd-server`` (3.4, its v2 API on, which Debian's
 ``python3-etcd`` speaks). etcd runs as the tests' user; each Patroni node, and so its
 PostgreSQL, as the unprivileged user of tests/postgres.py when the tests run as root,
 under ``tests/reaper.py`` so that every process of a node is found and ended. The
 leader key's TTL is short (8 s, a loop every second): a dead leader is replaced within
-seconds. ``fsync`` stays on: a failover test is a durability test.
+seconds. ``fsync`` stays on, and replication is synchronous (Patroni's
+``synchronous_mode``): a failover test is a durability test, and with asynchronous
+replication a dead leader takes its last acknowledged commits with it.
+
+Each node has a loopback address of its own (``127.77.X.N``): its PostgreSQL and its REST
+API listen there, and its Patroni reaches etcd there (etcd listens on every node's
+address; ``use_proxies``: no discovery of etcd's own address). So a firewall rule on
+that address cuts the node off from everything -- the hosts, the other nodes, etcd --
+while it runs on: ``cut`` (tests/netcut.py), ``heal``.
 
 The tests skip without the packages, unless ``DELEGATION_REQUIRE_PATRONI=1`` (CI's
 ``.ci/run`` installs them and sets it): then their absence is a failure.
@@ -15,6 +23,7 @@ The tests skip without the packages, unless ``DELEGATION_REQUIRE_PATRONI=1`` (CI
     cluster.url("db")      # postgresql+psycopg://postgres@/db?host=…,…,…&port=…&target_session_attrs=read-write
     cluster.perform_failover()   # a planned switchover to a replica
     cluster.kill_primary()       # SIGKILL to the leader's postmaster (and so its backends)
+    cluster.cut(cluster.primary())  # the leader's network cut (nftables); cluster.heal()
     cluster.stop()
 """
 
@@ -37,7 +46,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests import failover, postgres
+from tests import failover, netcut, postgres
 
 REQUIRE = "DELEGATION_REQUIRE_PATRONI"
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +65,7 @@ def require_patroni() -> tuple[str, str, str]:
 @dataclass
 class Node:
     name: str
+    address: str
     port: int
     api: int
     pgdata: Path
@@ -76,19 +86,20 @@ class Cluster:
     etcd: subprocess.Popen[bytes]
     nodes: list[Node]
     timings: dict[str, float] = field(default_factory=dict)
+    cut_off: str | None = None  # the nftables table of a cut
 
     def url(self, database: str = "postgres", attrs: str = "read-write") -> str:
         """The engine's URL: every node, the writable one chosen (libpq's
         ``target_session_attrs``), as README gives it."""
         ports = ",".join(str(node.port) for node in self.nodes)
-        hosts = ",".join("127.0.0.1" for _ in self.nodes)
+        hosts = ",".join(node.address for node in self.nodes)
         query = f"host={hosts}&port={ports}&target_session_attrs={attrs}"
         return f"postgresql+psycopg://postgres@/{database}?{query}"
 
     def create_database(self, name: str) -> None:
         conninfo = " ".join(
             [
-                "host=" + ",".join("127.0.0.1" for _ in self.nodes),
+                "host=" + ",".join(n.address for n in self.nodes),
                 "port=" + ",".join(str(n.port) for n in self.nodes),
                 "user=postgres dbname=postgres target_session_attrs=read-write",
             ]
@@ -98,7 +109,8 @@ class Cluster:
 
     def status(self, node: Node) -> dict[str, Any] | None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{node.api}/patroni", timeout=2) as r:
+            url = f"http://{node.address}:{node.api}/patroni"
+            with urllib.request.urlopen(url, timeout=2) as r:
                 return dict(json.loads(r.read()))
         except Exception:
             return None
@@ -114,16 +126,29 @@ class Cluster:
                 return node
         raise RuntimeError(f"no leader: {self.describe()}")
 
-    def healthy(self) -> bool:
-        roles = []
+    def members(self) -> list[dict[str, Any]] | None:
+        """The cluster's members as Patroni's ``/cluster`` shows them (asked of the first
+        node that answers), or None when none does."""
         for node in self.nodes:
-            found = self.status(node)
-            if not found or found.get("state") != "running":
-                return False
-            roles.append(found.get("role"))
-            if found.get("role") == "replica" and not found.get("replication_state", "streaming"):
-                return False
-        return sorted(r in ("master", "primary") for r in roles) == [False, False, True]
+            if self.cut_off is not None and node.address.replace(".", "_") in self.cut_off:
+                continue
+            try:
+                url = f"http://{node.address}:{node.api}/cluster"
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    return list(json.loads(r.read())["members"])
+            except Exception:
+                continue
+        return None
+
+    def healthy(self) -> bool:
+        """A leader, a synchronous standby and a replica, all running (synchronous mode:
+        only the synchronous standby may be promoted, so there must be one)."""
+        members = self.members()
+        if members is None or len(members) != len(self.nodes):
+            return False
+        if any(m.get("state") not in ("running", "streaming") for m in members):
+            return False
+        return sorted(str(m.get("role")) for m in members) == ["leader", "replica", "sync_standby"]
 
     def describe(self) -> str:
         return ", ".join(
@@ -135,14 +160,16 @@ class Cluster:
         return _wait(self.healthy, timeout, lambda: f"cluster not healthy: {self.describe()}")
 
     def perform_failover(self, timeout: float = 60.0) -> Node:
-        """A planned switchover (``patronictl switchover``) to a replica, waited for."""
+        """A planned switchover (``patronictl switchover``) to the synchronous standby,
+        waited for."""
         old = self.primary()
-        candidate = next(n for n in self.nodes if n is not old)
-        subprocess.run(
+        done = subprocess.run(
             [self.patronictl, "-c", str(old.config), "switchover", "--master", old.name,
-             "--candidate", candidate.name, "--force"],
+             "--force"],
             capture_output=True, text=True, check=True, timeout=timeout,
         )  # fmt: skip
+        if "failed" in done.stdout.lower():  # patronictl says so, and exits 0
+            raise RuntimeError(f"switchover refused: {done.stdout.strip()[-400:]}")
         return self.wait_promoted(old, timeout)
 
     def kill_postmaster(self) -> Node:
@@ -167,16 +194,33 @@ class Cluster:
             _run(node, self.patroni)
         self.wait_healthy(timeout)
 
+    def logs(self) -> str:
+        """What each node said last, and who leads: what a failed wait shows."""
+        tails = "".join(f"\n--- {node.name}\n{_tail(node, 40)}" for node in self.nodes)
+        return f"{self.describe()}{tails}"
+
     def wait_promoted(self, old: Node, timeout: float = 60.0) -> Node:
-        _wait(lambda: _quietly(self.primary) not in (None, old), timeout, self.describe)
+        _wait(lambda: _quietly(self.primary) not in (None, old), timeout, self.logs)
         return self.primary()
 
     def wait_writable(self, timeout: float = 60.0) -> Node:
         """Wait until some node leads and takes writes (after a kill, it may be the same)."""
-        _wait(lambda: _quietly(self.primary) is not None, timeout, self.describe)
+        _wait(lambda: _quietly(self.primary) is not None, timeout, self.logs)
         return self.primary()
 
+    def cut(self, node: Node) -> None:
+        """Cut ``node`` off the network (tests/netcut.py), until :meth:`heal`."""
+        self.heal()
+        self.cut_off = netcut.cut(node.address)
+
+    def heal(self) -> None:
+        """The network whole again."""
+        if self.cut_off is not None:
+            netcut.heal(self.cut_off)
+            self.cut_off = None
+
     def stop(self) -> None:
+        self.heal()
         for node in self.nodes:
             _end(node)
         self.etcd.terminate()
@@ -196,10 +240,12 @@ def start() -> Cluster:
     os.chown(root, *postgres._owner())
     began = time.monotonic()
     client, peer = postgres._free_port(), postgres._free_port()
+    nodes = [_node(root, f"n{i}", i) for i in range(1, 4)]
+    addresses = ["127.0.0.1", *(node.address for node in nodes)]
     etcd_log = (root / "etcd.log").open("wb")
     etcd_proc = subprocess.Popen(
         [etcd, "--name", "e1", "--data-dir", str(root / "etcd"), "--enable-v2=true",
-         "--listen-client-urls", f"http://127.0.0.1:{client}",
+         "--listen-client-urls", ",".join(f"http://{a}:{client}" for a in addresses),
          "--advertise-client-urls", f"http://127.0.0.1:{client}",
          "--listen-peer-urls", f"http://127.0.0.1:{peer}",
          "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
@@ -207,7 +253,6 @@ def start() -> Cluster:
         stdout=etcd_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     etcd_log.close()
-    nodes = [_node(root, f"n{i}") for i in range(1, 4)]
     cluster = Cluster(root, patroni, patronictl, etcd_proc, nodes)
     try:
         _wait(lambda: _etcd_up(client), 30, lambda: (root / "etcd.log").read_text()[-2000:])
@@ -226,9 +271,10 @@ def start() -> Cluster:
     return cluster
 
 
-def _node(root: Path, name: str) -> Node:
+def _node(root: Path, name: str, n: int) -> Node:
     return Node(
         name,
+        netcut.address(n),
         postgres._free_port(),
         postgres._free_port(),
         root / name,
@@ -244,26 +290,33 @@ def _write_config(node: Node, root: Path, client: int, bin_dir: Path) -> None:
     config = {
         "scope": "delegation-test",
         "name": node.name,
-        "restapi": {"listen": f"127.0.0.1:{node.api}", "connect_address": f"127.0.0.1:{node.api}"},
-        "etcd": {"host": f"127.0.0.1:{client}"},
+        "restapi": {
+            "listen": f"{node.address}:{node.api}",
+            "connect_address": f"{node.address}:{node.api}",
+        },
+        "etcd": {"host": f"{node.address}:{client}", "use_proxies": True},
         "bootstrap": {
             "dcs": {
                 "ttl": 8,
                 "loop_wait": 1,
                 "retry_timeout": 3,
-                "maximum_lag_on_failover": 1048576,
+                # Nothing acknowledged may be lost with a dead leader: a commit returns
+                # once a standby has it too, and only that standby may be promoted.
+                "synchronous_mode": True,
+                "maximum_lag_on_failover": 64 * 1048576,
                 "postgresql": {"use_pg_rewind": True, "parameters": {"wal_log_hints": "on"}},
             },
             "initdb": [{"encoding": "UTF8"}, {"auth": "trust"}],
             "pg_hba": [
                 "local all all trust",
-                "host all all 127.0.0.1/32 trust",
-                "host replication all 127.0.0.1/32 trust",
+                "host all all 127.0.0.0/8 trust",
+                "host replication all 127.0.0.0/8 trust",
             ],
         },
         "postgresql": {
-            "listen": f"127.0.0.1:{node.port}",
-            "connect_address": f"127.0.0.1:{node.port}",
+            "listen": f"{node.address}:{node.port}",
+            "connect_address": f"{node.address}:{node.port}",
+            "use_unix_socket": True,  # Patroni's own connection stays up through a cut
             "data_dir": str(node.pgdata),
             "bin_dir": str(bin_dir),
             "pgpass": str(root / f"{node.name}.pgpass"),

@@ -58,9 +58,7 @@ def away(cause: BaseException) -> bool:
         # refusal at connect (a wrong password, no such database) is no outage
         if not any(kind.__name__ in _CONNECTION_ERRORS for kind in type(cause).__mro__):
             return False
-        return any(
-            not any(word in said for word in _CONNECT_REFUSALS) for said in _attempts(cause)
-        )
+        return any(not any(word in said for word in _CONNECT_REFUSALS) for said in _attempts(cause))
     return state.startswith("08") or state in _GONE
 
 
