@@ -169,9 +169,9 @@ class Supervisor:
         if plan.new_lease_deadline is not None:
             self._timers.arm_earlier(plan.new_lease_deadline)
         child_id = plan.child.id
-        if plan.replay and child_id not in self._resuming and self.runs.get(child_id) is None:
-            plan = reservation.unspawned(plan, self._rt.instance_id) or plan
         already = self.runs.get(child_id) is not None
+        if plan.replay and not already and child_id not in self._resuming:
+            plan = reservation.unspawned(plan, self._rt.instance_id) or plan
         if plan.replay or plan.queued or already:  # a queued child runs once the pump admits it
             if not first.done():
                 first.set_result(None)  # the caller waits for the run here (answer)
