@@ -5,7 +5,8 @@
 - :mod:`~delegation.engine.methods`: the five child methods (design §5) it serves;
 - :mod:`~delegation.engine.runtime`: what the parts share, and the one write entry;
 - :mod:`~delegation.engine.supervisor` and :mod:`~delegation.engine.local_run`: the
-  runs this process executes, from their start to their end;
+  runs this process executes, from their start to their end, and
+  :mod:`~delegation.engine.ends`: their ends, written together;
 - :mod:`~delegation.engine.membership`: this host among the hosts of its database (§12);
 - :mod:`~delegation.engine.operators`: operators' control requests (§11);
 - :mod:`~delegation.engine.timers` and :mod:`~delegation.engine.upkeep`: the lease and

@@ -208,7 +208,6 @@ class Engine(EngineReads):
         self._controls = ControlWatcher(
             self._rt,
             self._supervisor,
-            self.cancel_child,
             self.steer_child,
             self._db.watch(WATCH_INTERVAL_S),
             OperatorWaits(self.answer_input, self.send_event, self._waking),
@@ -572,5 +571,4 @@ class Engine(EngineReads):
 
 
 def _forget_processes(conn: Connection, now: float, child_ids: list[int]) -> None:
-    for child_id in child_ids:
-        store_processes.forget(conn, child_id)
+    store_processes.forget(conn, child_ids)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from delegation import authority, errors, machine
 from delegation.backlog import UNBOUNDED, Room
+from delegation.engine.ends import Ends
 from delegation.engine.local_run import LocalRun, LocalRuns
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.timers import Timers
@@ -85,6 +86,7 @@ class Supervisor:
         # and what to call when a run here gives its slots back (it ended or waits).
         self.known: frozenset[str] = frozenset()
         self.on_slot_freed: Callable[[], None] | None = None
+        self._ends = Ends(rt)
 
     # --- child.start ------------------------------------------------------------------
 
@@ -447,9 +449,9 @@ class Supervisor:
     async def _finish(self, local: LocalRun, error: str) -> ChildRecord | None:
         """Record the end of a run (unless the engine is closing): its terminal record,
         None when closing. A busy database delays it, never loses it: the run is over,
-        and no caller will retry for it."""
-        use = Use(service.finish, local.child_id, error, local.tracked)
-        ended = await self._rt.owed(local.stopped, use)
+        and no caller will retry for it. Runs that end together (a lease expiry, a
+        release) are written together (:class:`Ends`)."""
+        ended = await self._ends.record(local, error)
         if ended is not None:
             self._rt.notices.bump([local.child_id])
         return ended

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Connection
 
 from delegation.os_processes import ProcessId
-from delegation.store.sql import run
+from delegation.store.sql import chunks, run
 
 
 def record(conn: Connection, child_id: int, process: ProcessId, now: float) -> None:
@@ -20,8 +20,11 @@ def record(conn: Connection, child_id: int, process: ProcessId, now: float) -> N
     )
 
 
-def forget(conn: Connection, child_id: int) -> None:
-    run(conn, "DELETE FROM processes WHERE child_id = ?", (child_id,))
+def forget(conn: Connection, child_ids: list[int]) -> None:
+    """Forget the processes these children recorded (their runs reaped them)."""
+    for part in chunks(child_ids):
+        marks = ", ".join("?" for _ in part)
+        run(conn, f"DELETE FROM processes WHERE child_id IN ({marks})", tuple(part))
 
 
 def recorded(conn: Connection) -> list[ProcessId]:

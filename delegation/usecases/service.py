@@ -194,30 +194,38 @@ def try_admit(
     return children.advance(conn, child_id, triggers, now, running, unless_cancelled=True)
 
 
-def finish(conn: Connection, now: float, child_id: int, error: str, tracked: bool) -> ChildRecord:
-    """End a run: ``cancelled`` if cancellation was requested, else ``done``; a process
-    it recorded (``tracked``) is forgotten, since the run reaped it. A child ended
-    already is left as it is (the finish is retried until it commits).
+End = tuple[int, str, bool]  # a run's end: its child's id, its error, whether it was tracked
 
-    One guarded statement (:func:`children.finish`): it locks the row as it updates it,
-    so a cancel another host commits meanwhile waits, or is seen by it. A server store
-    pays one round trip for it, which is what a lease expiry of thousands costs.
+
+def finish(
+    conn: Connection, now: float, ends: Sequence[End]
+) -> dict[int, ChildRecord | errors.DelegationError]:
+    """End runs: each ``cancelled`` if its cancellation was requested, else ``done``; a
+    process it recorded (``tracked``) is forgotten, since the run reaped it.
+
+    Set-based (:func:`children.finish`): the runs that end together (a lease expiry of
+    thousands) are a few statements. Gives each child its terminal record, or the
+    error its end alone would have raised (purged meanwhile; a state neither trigger
+    leaves), so that one child's refusal never holds back the others' ends. A child
+    ended already is left as it is: this finish committed once, its answer was lost
+    with the connection, and it is tried again (design §19); nothing more to record.
     """
-    if tracked:
-        processes.forget(conn, child_id)
-    ended = children.finish(conn, child_id, now, error, NOT_ADMITTED)
-    if ended is not None:
-        return ended
-    child = children.get(conn, child_id)
-    if child is None:
-        raise errors.ChildPurged()
-    if child.state in (State.DONE.value, State.CANCELLED.value):
-        # Ended already: this finish committed once and its answer was lost with the
-        # connection, and it is tried again (design §19); nothing more to record.
-        return child
-    raise errors.IllegalTransition(  # an unfinished state neither trigger leaves
-        f"child state transition finish is not allowed from {child.state}"
-    )
+    processes.forget(conn, [child_id for child_id, _, tracked in ends if tracked])
+    found: dict[int, ChildRecord | errors.DelegationError] = {}
+    found.update(children.finish(conn, [(i, error) for i, error, _ in ends], now, NOT_ADMITTED))
+    missing = [child_id for child_id, _, _ in ends if child_id not in found]
+    present = {child.id: child for child in children.of_ids(conn, missing)} if missing else {}
+    for child_id in missing:
+        child = present.get(child_id)
+        if child is None:
+            found[child_id] = errors.ChildPurged()
+        elif child.state in (State.DONE.value, State.CANCELLED.value):
+            found[child_id] = child
+        else:
+            found[child_id] = errors.IllegalTransition(
+                f"child state transition finish is not allowed from {child.state}"
+            )
+    return found
 
 
 def stop_unowned(
@@ -226,29 +234,29 @@ def stop_unowned(
     """Finish cancelled children that no local task is running (nothing left to stop),
     unless another live host runs them (several hosts on one database): that host is
     asked to stop them with a control request. Returns the children asked of others,
-    and how many children were finished here."""
-    elsewhere: list[int] = []
-    stopped = 0
-    for child_id in child_ids:
-        child = children.get(conn, child_id)
-        if child is None or child.terminal or child.cancel_requested_at is None:
-            continue
-        owner = child.engine_instance_id
-        # Nothing runs a waiting child (design §21) nor a queued one (§22) anywhere.
-        waiting = child.state in (State.WAITING.value, State.QUEUED.value)
-        if (
-            owner not in (None, instance_id)
-            and not waiting
-            and runners.instance_is_live(conn, owner)
-        ):
-            controls.submit(
-                conn, child.conversation_id, child.run_id, "cancel", "", "", now, notify=True
-            )
-            elsewhere.append(child_id)
-            continue
-        children.transition(conn, child_id, Trigger.STOP, now, error=child.cancel_reason or "")
-        stopped += 1
-    return elsewhere, stopped
+    and how many children were finished here.
+
+    Set-based: a lease expiry of thousands across hosts reads, asks and ends them in a
+    few statements, where one child was three round trips."""
+    found = [
+        child
+        for child in children.of_ids(conn, sorted(set(child_ids)))
+        if not child.terminal and child.cancel_requested_at is not None
+    ]
+    # Nothing runs a waiting child (design §21) nor a queued one (§22) anywhere.
+    idle = (State.WAITING.value, State.QUEUED.value)
+    owners = {
+        c.engine_instance_id
+        for c in found
+        if c.engine_instance_id not in (None, instance_id) and c.state not in idle
+    }
+    live = runners.live_instances(conn, [o for o in owners if o is not None]) if owners else set()
+    elsewhere = [c for c in found if c.engine_instance_id in live and c.state not in idle]
+    controls.submit_cancels(conn, [(c.conversation_id, c.run_id) for c in elsewhere], now)
+    asked = {c.id for c in elsewhere}
+    here = [(c.id, "") for c in found if c.id not in asked]  # stopped: cancel's reason
+    stopped = children.finish(conn, here, now, NOT_ADMITTED) if here else {}
+    return [c.id for c in elsewhere], len(stopped)
 
 
 # --- child.cancel, child.steer, child.lease.release ------------------------------------
