@@ -458,6 +458,63 @@ async def test_two_hosts_expire_a_deadline_once(
         await first.close()
 
 
+async def _leased_children(engine: Engine, name: str, count: int) -> None:
+    """``count`` children of ``engine``, each under a lease of its own, started through
+    tool calls of 60 children each."""
+    conn = await engine.connect(f"runner-{name}", f"hi-{name}")
+    for n in range(count):
+        call = f"call-{n // 60}"
+        if n % 60 == 0:
+            await engine.open_tool(
+                conn, run_id=f"parent-{name}", conversation_id=f"conv-{name}",
+                tool_call_id=call, extension_id="ext",
+                presets=[Preset(name="worker", extension_id="ext", generation=7)],
+                workspace="/tmp",
+            )  # fmt: skip
+        lease = f"lease-{n}"
+        request = Request(request_id=f"q{n}", profile="worker", message="go", lease_id=lease)
+        params = Params(run_id=f"parent-{name}", tool_call_id=call, extension_id="ext",
+                        generation=7, lease_id=lease, request=request)  # fmt: skip
+        await engine.call(conn, "child.start", params)
+
+
+async def test_an_expiry_of_hundreds_across_hosts_ends_each_child_once(postgres_db: str) -> None:
+    """One host expires the leases of both; the other host's children are asked of it in
+    control requests written together, and it applies them together: every child ends
+    cancelled with the expiry's reason, every request is applied once."""
+    clock = ManualClock(start=time.time())
+    config = EngineConfig(lease_lifetime_s=60.0, host_heartbeat_s=0.5, host_timeout_s=3.0)
+    first = Engine(postgres_db, runner=Holding(), config=config, clock=clock)
+    second = Engine(postgres_db, runner=Holding(), config=config, clock=clock)
+    await first.open()
+    await second.open()
+    try:
+        await _leased_children(first, "a", 300)
+        await _leased_children(second, "b", 300)  # more than a statement's 250 of each
+        clock.advance(61.0)
+        await first.expire_due()
+        for _ in range(600):
+            left = rows.scalar(
+                postgres_db, "SELECT COUNT(*) FROM children WHERE finished_at IS NULL"
+            )
+            if left == 0:
+                break
+            await asyncio.sleep(0.05)
+        ended = rows.rows(postgres_db, "SELECT state, error, COUNT(*) FROM children GROUP BY 1, 2")
+        assert ended == [("cancelled", "cancelled: lease expired", 600)]
+        applied = rows.rows(
+            postgres_db,
+            "SELECT action, applied_at IS NOT NULL, COUNT(*) FROM controls GROUP BY 1, 2",
+        )
+        assert applied == [("cancel", True, 300)], "one request per child of the other host"
+        outcomes = rows.rows(postgres_db, "SELECT outcome FROM controls")
+        assert {json.loads(o)["state"] for (o,) in outcomes} <= {"cancelling", "cancelled"}
+        assert rows.scalar(postgres_db, "SELECT COUNT(*) FROM grants WHERE kind = 'lease'") == 0
+    finally:
+        await second.close()
+        await first.close()
+
+
 async def test_a_connection_written_late_under_a_taken_instance_is_ended_at_the_next_beat(
     postgres_db: str,
 ) -> None:

@@ -20,6 +20,17 @@ host processes on one PostgreSQL database (design §12).
   at once): ``noticed_s`` is when that heartbeat began (the killed instance's
   ``closed_at``), so ``host_heartbeat_s`` bounds it; the rest is the takeover's work.
 
+* **A lease expiry across three hosts** (design §7, §12). Three hosts, each holding a
+  third of ``expiring`` leased children, every child under a lease of its own. The
+  parent moves every lease's deadline just past (by SQL, on the database's clock that
+  expiry reads) and sends ``GO`` to all three, each of which then expires what is due,
+  as their lease timers would at a deadline they share: one host takes the expiry (a
+  transaction lock), stops its own children and asks the other hosts to stop theirs (a
+  control request and a ``NOTIFY``). The database is analysed first, as a running
+  fleet's is (stale statistics after the bulk start slowed the expiry's own
+  transaction at random). The parent polls the database until no child is
+  left unfinished: ``expire_s`` is the time from ``GO``.
+
 * **One queue admitted by 1 and by 3 hosts** (design §22). All hosts share one policy
   (``parent:conv-run-A`` at ``ADMIT_SLOTS``); host A starts ``queued`` children with
   ``start_wait_s`` 0: the first ``ADMIT_SLOTS`` take the slots and hold them, the rest
@@ -29,7 +40,8 @@ host processes on one PostgreSQL database (design §12).
 
 A host process of the bench is ``python -m tools.bench_hosts MODE NAME COUNT``
 (the URL in ``$DELEGATION_BENCH_URL``, kept off ``ps``): it prints ``READY <instance>``,
-then in ``starts`` and ``events`` mode reads ``GO <from> <until>`` (epoch seconds) and
+then in ``expire`` mode reads ``GO`` and expires what is due, in ``starts`` and
+``events`` mode reads ``GO <from> <until>`` (epoch seconds) and
 prints ``COUNT <n>``; in ``stream`` mode it streams until it is killed.
 """
 
@@ -81,10 +93,12 @@ class HostSizes:
     takeovers: int  # takeover runs (the median is reported)
 
     queued: int  # children host A queues for the admission rate (design §22)
+    expiring: int  # leased children across three hosts whose leases expire together
+    expiries: int  # expiry runs (the median is reported)
 
 
-FULL = HostSizes(10.0, 50, 100, 10, 2, 5, 10_000)
-QUICK = HostSizes(1.5, 10, 10, 3, 1, 1, 500)
+FULL = HostSizes(10.0, 50, 100, 10, 2, 5, 10_000, 5_000, 3)
+QUICK = HostSizes(1.5, 10, 10, 3, 1, 1, 500, 300, 1)
 ADMIT_SLOTS = 64
 ADMIT_POLICY = {"parent:conv-run-A": AdmissionPolicy(concurrency=ADMIT_SLOTS, max_queued=10**6)}
 
@@ -163,10 +177,10 @@ async def host(mode: str, name: str, count: int) -> None:
     engine = Engine(os.environ[URL_ENV], runner=runner, config=config)
     await engine.open()
     conn = await engine.connect(f"bench-runner-{name}", f"bench-host-{name}")
-    starter = HostStarter(engine, conn, name, leased=mode == "stream")
+    starter = HostStarter(engine, conn, name, leased=mode in ("stream", "expire"))
     if mode == "starts":
         await starter.start()  # the first tool, caches, statements
-    elif mode == "admit":
+    elif mode in ("admit", "expire"):
         for base in range(0, count, 500):
             await asyncio.gather(*(starter.start() for _ in range(min(500, count - base))))
     else:
@@ -176,6 +190,12 @@ async def host(mode: str, name: str, count: int) -> None:
     say(f"READY {engine.instance_id}")
     if mode == "stream":
         await asyncio.Event().wait()  # until killed
+    if mode == "expire":
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # GO
+        await engine.expire_due()
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # STOP
+        await asyncio.wait_for(engine.close(), 60)
+        return
     if mode == "admit":
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # GO
         assert runner.gate is not None
@@ -367,6 +387,42 @@ async def admit_rate(bench: PostgresBench, hosts: int, queued: int) -> float:
     return round((queued - ADMIT_SLOTS) / elapsed, 1)
 
 
+async def expire_hosts(bench: PostgresBench, total: int) -> float:
+    """Seconds from ``GO`` until every child of ``total`` leases held by three hosts
+    is cancelled, once their deadline passed (see the module)."""
+    url = bench.new()
+    each = [total // 3 + (1 if n < total % 3 else 0) for n in range(3)]
+    started = await launch_all(url, "expire", each)
+    try:
+        with psycopg.connect(stores.libpq(url), autocommit=True) as conn:
+            past = "UPDATE grants SET expires_at = EXTRACT(EPOCH FROM now()) - 1 WHERE kind = %s"
+            conn.execute(past, ("lease",))
+            # Statistics as a running fleet has them: straight after the bulk start,
+            # stale ones made the expiry's own transaction take 0.2 to 2.4 s.
+            conn.execute("ANALYZE")
+            began = time.perf_counter()
+            for h in started:
+                h.send("GO")
+            left = "SELECT count(*) FROM children WHERE finished_at IS NULL"
+            while (row := conn.execute(left).fetchone()) is None or row[0] > 0:
+                if time.perf_counter() - began > 600:
+                    raise RuntimeError(f"{row} of {total} children unfinished after 600 s")
+                await asyncio.sleep(0.01)
+            elapsed = time.perf_counter() - began
+            cancelled = "SELECT count(*) FROM children WHERE state = 'cancelled'"
+            row = conn.execute(cancelled).fetchone()
+            if row is None or row[0] != total:
+                raise RuntimeError(f"{row} of {total} children cancelled")
+        for h in started:
+            h.send("STOP")
+        for h in started:
+            await asyncio.wait_for(h.proc.wait(), 90)
+    finally:
+        await asyncio.gather(*(h.stop() for h in started))
+        bench.cleanup()
+    return round(elapsed, 3)
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     return {"median": median(values), "min": min(values), "max": max(values)}
 
@@ -392,6 +448,9 @@ async def run_all(url: str, sizes: HostSizes, *, quiet: bool = False) -> dict[st
                 f"hosts_{n}": await admit_rate(bench, n, sizes.queued) for n in (1, 3)
             }
             progress.note(f"  admit_queued: {report['admit_queued']}")
+            expiries = [await expire_hosts(bench, sizes.expiring) for _ in range(sizes.expiries)]
+            report["expire_3_hosts"] = {"children": sizes.expiring, "s": _spread(expiries)}
+            progress.note(f"  expire across 3 hosts: {expiries}")
         report["takeover"] = {
             "runs": len(runs), "live_hosts": sizes.live, "children": sizes.streamers,
             "heartbeat_s": EngineConfig().host_heartbeat_s,
@@ -439,6 +498,11 @@ def table(report: dict[str, Any]) -> str:
     lines.append(
         f"admit_queued (one queue, {ADMIT_SLOTS} slots): 1 host {admitted['hosts_1']}/s,"
         f" 3 hosts {admitted['hosts_3']}/s"
+    )
+    expired = report["expire_3_hosts"]
+    lines.append(
+        f"expire across 3 hosts ({expired['children']} leased children):"
+        f" median {expired['s']['median']} s ({expired['s']['min']} to {expired['s']['max']})"
     )
     lines.append(f"machine: {m['cores']} cores, Python {m['python']}")
     return "\n".join(lines)

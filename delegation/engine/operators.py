@@ -3,8 +3,9 @@
 ``delegation cancel``, ``delegation steer``, ``delegation input`` and ``delegation send``
 (design §21) record a control request in the database; the host that owns the file
 watches it (``PRAGMA data_version``, see :class:`delegation.store.sqlite.watch.FileWatch`),
-applies each pending request as its own ``cancel_child``, ``steer_child``,
-``answer_input`` or ``send_event``, and records what happened. A host that was not
+applies each pending request as its own ``cancel_child`` (the cancels pending together in
+one transaction), ``steer_child``, ``answer_input`` or ``send_event``, and records what
+happened. A host that was not
 running applies them at its next boot. Applying twice is harmless: a cancel of a
 finished child returns it unchanged, and a steer's request id makes it idempotent, so
 a host that dies between applying and recording does no harm by applying again.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from delegation import errors
@@ -32,8 +33,7 @@ from delegation.store.watch import Watch
 from delegation.usecases import maintenance
 from delegation.wire import Result, SteerResult
 
-# The engine's own cancel and steer of one execution (Engine.cancel_child, steer_child).
-CancelChild = Callable[[str, str | None, str], Awaitable[Result]]
+# The engine's own steer of one execution (Engine.steer_child).
 SteerChild = Callable[[str, str, str | None, str | None], Awaitable[SteerResult]]
 
 
@@ -61,14 +61,12 @@ class ControlWatcher:
         self,
         rt: Runtime,
         supervisor: Supervisor,
-        cancel_child: CancelChild,
         steer_child: SteerChild,
         watch: Watch,
         waiting: Waiting | None = None,
     ) -> None:
         self._rt = rt
         self._supervisor = supervisor
-        self._cancel_child = cancel_child
         self._steer_child = steer_child
         self._watch = watch
         self._waiting = waiting
@@ -131,13 +129,19 @@ class ControlWatcher:
             self._unread_now("controls_unread", "control requests", exc)
             return
         self._read_again("controls_unread")
-        for control in pending:
-            if control.id in self._applying:
-                continue
-            self._applying.add(control.id)
-            task = asyncio.create_task(self._apply(control))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+        fresh = [control for control in pending if control.id not in self._applying]
+        self._applying.update(control.id for control in fresh)
+        cancels = [control for control in fresh if control.action == "cancel"]
+        if cancels:  # applied together: a lease expiry across hosts asks thousands
+            self._run(self._cancel(cancels))
+        for control in fresh:
+            if control.action != "cancel":
+                self._run(self._apply(control))
+
+    def _run(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
 
     def _unread_now(self, action: str, what: str, exc: errors.DelegationError) -> None:
         """A read failed: logged the first time of a run of failures (read again at
@@ -153,9 +157,6 @@ class ControlWatcher:
 
     async def _apply(self, control: ControlRecord) -> None:
         try:
-            if control.action == "cancel":
-                await self._cancel(control)
-                return
             outcome = await self._outcome(control)
             use = Use(maintenance.control_applied, control.id, json.dumps(outcome))
             await self._rt.write(use)
@@ -170,16 +171,26 @@ class ControlWatcher:
         finally:
             self._applying.discard(control.id)
 
-    async def _cancel(self, control: ControlRecord) -> None:
-        """Request the cancellation and record it applied at once (the operator learns
-        within a second that the host has it), then stop the child as ``cancel_child``
-        does, however long it takes to stop."""
-        child = await self._rt.write(Use(maintenance.apply_cancel, control))
-        log.info(
-            "control request applied", extra={"action": "control_applied", "control": "cancel"}
-        )
-        if child is not None and not child.terminal:
-            await self._cancel_child(child.conversation_id, child.run_id, OPERATOR_CANCELLED)
+    async def _cancel(self, cancels: list[ControlRecord]) -> None:
+        """Request the cancellations and record them applied at once, in one transaction
+        (an operator learns within a second that the host has them), then stop the
+        children as ``cancel_child`` does, waiting up to ``release_drain_s`` for them."""
+        try:
+            stopping = await self._rt.write(Use(maintenance.apply_cancels, cancels))
+            log.info(
+                "control request applied",
+                extra={"action": "control_applied", "control": "cancel", "count": len(cancels)},
+            )
+            waits = await self._supervisor.stop([child.id for child in stopping])
+            await self._supervisor.drain(waits, self._rt.config.release_drain_s)
+            if not all(wait.is_set() for wait in waits):
+                raise errors.CancelUnconfirmed()
+        except errors.DelegationError as exc:
+            log.warning("control request not applied: %s", exc, extra={"action": "control_failed"})
+        except Exception:  # not ours to end the watcher: tried again at the next change
+            log.exception("control request not applied", extra={"action": "control_failed"})
+        finally:
+            self._applying.difference_update(control.id for control in cancels)
 
     async def _outcome(self, control: ControlRecord) -> dict[str, Any]:
         try:

@@ -3,11 +3,12 @@ applied by the host that owns the database (design §11)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
-from delegation.store.sql import run, spelling_of
+from delegation.store.sql import IN_LIST_MAX, chunks, run, spelling_of
 
 _FIELDS = (
     "id, conversation_id, run_id, action, message, request_id, created_at, applied_at, outcome"
@@ -51,6 +52,23 @@ def submit(
     return int(cursor.fetchone()[0])
 
 
+def submit_cancels(conn: Connection, keys: Sequence[tuple[str, str | None]], now: float) -> None:
+    """Record a cancel request for each execution (conversation id, run id), up to 500 a
+    statement, and tell the hosts at commit (as :func:`submit` with ``notify``)."""
+    if not keys:
+        return
+    wake(conn)
+    for part in chunks(keys):
+        marks = ", ".join("(?, ?, 'cancel', '', '', ?)" for _ in part)
+        params = [value for conversation, run_id in part for value in (conversation, run_id, now)]
+        run(
+            conn,
+            "INSERT INTO controls (conversation_id, run_id, action, message, request_id,"
+            f" created_at) VALUES {marks}",
+            tuple(params),
+        )
+
+
 CHANNEL = "delegation"  # what hosts LISTEN to on PostgreSQL
 
 
@@ -80,6 +98,20 @@ def applied(conn: Connection, control_id: int, outcome: str, now: float) -> None
         "UPDATE controls SET applied_at = ?, outcome = ? WHERE id = ? AND applied_at IS NULL",
         (now, outcome, control_id),
     )
+
+
+def applied_many(conn: Connection, outcomes: Sequence[tuple[int, str]], now: float) -> None:
+    """:func:`applied` of many (control id, outcome), one statement per 250."""
+    for part in chunks(outcomes, IN_LIST_MAX // 2):
+        values = ", ".join("(CAST(? AS BIGINT), CAST(? AS TEXT))" for _ in part)
+        params = [value for pair in part for value in pair]
+        run(
+            conn,
+            f"WITH v (cid, coutcome) AS (VALUES {values}) UPDATE controls"
+            " SET applied_at = ?, outcome = v.coutcome FROM v"
+            " WHERE controls.id = v.cid AND controls.applied_at IS NULL",
+            (*params, now),
+        )
 
 
 def set_outcome(conn: Connection, control_id: int, outcome: str) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+from collections.abc import Iterable
 
 from sqlalchemy import Connection, insert, select, update
 
 from delegation.records import RunnerConnection, RunnerRecord
-from delegation.store.sql import run
+from delegation.store.sql import chunks, run
 from delegation.store.tables import connections, engine_instances, runners
 
 
@@ -31,6 +32,19 @@ def instance_is_live(conn: Connection, instance_id: str) -> bool:
         (instance_id,),
     ).fetchone()
     return bool(row and row[0])
+
+
+def live_instances(conn: Connection, instance_ids: Iterable[str]) -> set[str]:
+    """The live ones (:func:`instance_is_live`) among these host instances."""
+    live: set[str] = set()
+    for part in chunks(sorted(set(instance_ids))):
+        marks = ", ".join("?" for _ in part)
+        sql = (
+            f"SELECT id FROM engine_instances WHERE id IN ({marks})"
+            " AND closed_at IS NULL AND taken_by IS NULL"
+        )
+        live.update(row[0] for row in run(conn, sql, tuple(part)).fetchall())
+    return live
 
 
 # The record's fields in its own order, so a row becomes a record by position.

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from delegation import errors
@@ -39,14 +39,23 @@ OPERATOR_CANCELLED = "cancelled by operator"
 
 def pending_controls(conn: Connection, instance_id: str) -> list[ControlRecord]:
     """Control requests not applied yet that this host applies (design §11): for its own
-    children, and for those no live host runs (another live host applies its own)."""
-    mine: list[ControlRecord] = []
-    for control in controls.pending(conn):
-        child = children.find(conn, control.conversation_id, control.run_id)
-        owner = None if child is None or child.terminal else child.engine_instance_id
-        if owner in (None, instance_id) or not runners.instance_is_live(conn, owner):
-            mine.append(control)
-    return mine
+    children, and for those no live host runs (another live host applies its own).
+
+    Set-based: the requests' children and their hosts' liveness in a few statements,
+    however many are pending (a lease expiry across hosts leaves thousands)."""
+    pending = controls.pending(conn)
+    if not pending:
+        return []
+    found = children.find_many(conn, [(c.conversation_id, c.run_id) for c in pending])
+
+    def owner(control: ControlRecord) -> str | None:
+        child = found.get((control.conversation_id, control.run_id))
+        return None if child is None or child.terminal else child.engine_instance_id
+
+    owners = {control.id: owner(control) for control in pending}
+    others = {o for o in owners.values() if o is not None and o != instance_id}
+    live = runners.live_instances(conn, others) if others else set()
+    return [c for c in pending if owners[c.id] in (None, instance_id) or owners[c.id] not in live]
 
 
 def undelivered_steers(conn: Connection, child_ids: list[int]) -> list[tuple[int, int, str]]:
@@ -73,6 +82,31 @@ def apply_cancel(conn: Connection, now: float, control: ControlRecord) -> ChildR
         return None
     controls.applied(conn, control.id, json.dumps(_cancel_outcome(child)), now)
     return child
+
+
+def apply_cancels(
+    conn: Connection, now: float, pending: Sequence[ControlRecord]
+) -> list[ChildRecord]:
+    """:func:`apply_cancel` of many operators' cancels, in one transaction, set-based for
+    the children found (a request whose child is not found, or whose ids are not valid,
+    is applied alone and records its failure). Returns the children yet to be stopped."""
+    found = children.find_many(conn, [(c.conversation_id, c.run_id) for c in pending])
+    of: dict[int, ChildRecord] = {}
+    for control in pending:
+        child = found.get((control.conversation_id, control.run_id))
+        if child is None:
+            apply_cancel(conn, now, control)  # its failure, recorded as one cancel's is
+        else:
+            of[control.id] = child
+    unfinished = {child.id for child in of.values() if not child.terminal}
+    children.request_cancel(conn, unfinished, now, OPERATOR_CANCELLED)
+    now_of = {child.id: child for child in children.of_ids(conn, sorted(unfinished))}
+    outcomes = [
+        (control_id, json.dumps(_cancel_outcome(now_of.get(child.id, child))))
+        for control_id, child in of.items()
+    ]
+    controls.applied_many(conn, outcomes, now)
+    return [child for child in now_of.values() if not child.terminal]
 
 
 def _cancel_outcome(child: ChildRecord) -> dict[str, str]:
