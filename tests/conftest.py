@@ -5,6 +5,11 @@ on a SQLite file (``[sqlite]``) and on a database of a real PostgreSQL server
 (``[postgres]``, see tests/postgres.py). A test marked ``sqlite_only``, or that asks for
 ``db_path`` itself (it looks at the file), runs on SQLite only.
 ``DELEGATION_TEST_STORES=sqlite`` (or ``postgres``) keeps one of them.
+
+A third store, ``[pgbouncer]``, is the same server reached through a real PgBouncer in
+session mode (tests/pgbouncer.py, one per test session): the suites of
+:data:`THROUGH_PGBOUNCER` run through it too by default, and
+``DELEGATION_TEST_STORES=pgbouncer`` runs every test that takes ``db_url`` through it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from sqlalchemy import create_engine
 from delegation import Engine, EngineConfig
 from delegation.clock import ManualClock
 from delegation.store import migrate
-from tests import postgres, rows
+from tests import pgbouncer, postgres, rows
 from tests.support import Harness, ScriptRunner, open_harness
 
 
@@ -40,13 +45,30 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-STORES = ("sqlite", "postgres")
+STORES = ("sqlite", "postgres", "pgbouncer")
+# The suites that also run through PgBouncer by default (design §25): the child methods,
+# their lifecycle, recovery, follow, admission, waiting, the step journal, operators.
+THROUGH_PGBOUNCER = frozenset(
+    {
+        "test_methods",
+        "test_lifecycle",
+        "test_recovery",
+        "test_follow",
+        "test_admission",
+        "test_waiting",
+        "test_steps",
+        "test_run_ends",
+        "test_operator_cancel",
+    }
+)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "db_url" not in metafunc.fixturenames:
         return
-    wanted = os.environ.get("DELEGATION_TEST_STORES", ",".join(STORES)).split(",")
+    module = metafunc.module.__name__.rpartition(".")[2]
+    default = STORES if module in THROUGH_PGBOUNCER else STORES[:2]
+    wanted = os.environ.get("DELEGATION_TEST_STORES", ",".join(default)).split(",")
     own = inspect.signature(metafunc.function).parameters
     if metafunc.definition.get_closest_marker("sqlite_only") or "db_path" in own:
         wanted = [name for name in wanted if name == "sqlite"] or ["sqlite"]
@@ -81,8 +103,12 @@ def db_path(tmp_path: Path, template_db: Path) -> Path:
 def db_url(request: pytest.FixtureRequest) -> str:
     """The test's database: a copy of the SQLite template, or a new PostgreSQL database
     made from the migrated template database (see ``postgres_url``)."""
-    if getattr(request, "param", "sqlite") == "postgres":
+    store = getattr(request, "param", "sqlite")
+    if store == "postgres":
         return str(request.getfixturevalue("postgres_db"))
+    if store == "pgbouncer":
+        port = request.getfixturevalue("pgbouncer_port")
+        return pgbouncer.through(str(request.getfixturevalue("postgres_db")), port)
     return f"sqlite:///{request.getfixturevalue('db_path')}"
 
 
@@ -129,6 +155,13 @@ def postgres_server() -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_port(postgres_server: str) -> Iterator[int]:
+    """A PgBouncer in session mode before the session's server (tests/pgbouncer.py)."""
+    with pgbouncer.bouncer(postgres_server, "session") as port:
+        yield port
 
 
 @pytest.fixture(scope="session")

@@ -60,7 +60,9 @@ def bouncer(server_url: str, pool_mode: str) -> Iterator[int]:
         [binary(), str(root / "pgbouncer.ini")],
         preexec_fn=_as_user(),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        # Its log goes to its logfile too: a pipe nobody reads would fill and stop it
+        # (it writes every connection to stderr, and blocks there once 64 KiB wait).
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 20
@@ -80,8 +82,6 @@ def bouncer(server_url: str, pool_mode: str) -> Iterator[int]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
