@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -412,13 +412,7 @@ async def test_two_hosts_expire_a_deadline_once(
     postgres_db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Both hosts' timers fire at the shared deadline; one of them expires the leases."""
-    clock = ManualClock(start=time.time())
-    config = EngineConfig(lease_lifetime_s=60.0, host_heartbeat_s=0.5, host_timeout_s=3.0)
-    first = Engine(postgres_db, runner=Holding(), config=config, clock=clock)
-    second = Engine(postgres_db, runner=Holding(), config=config, clock=clock)
-    await first.open()
-    await second.open()
-    try:
+    async with _two_hosts(postgres_db) as (first, second, clock):
         conn = await first.connect("runner-1", "hi-1")
         await first.open_tool(
             conn,
@@ -453,6 +447,20 @@ async def test_two_hosts_expire_a_deadline_once(
         assert rows.scalar(postgres_db, "SELECT COUNT(*) FROM grants WHERE kind = 'lease'") == 0
         expired = [r for r in caplog.records if getattr(r, "action", "") == "lease_expired"]
         assert len(expired) == 1, "one host expired the deadline's leases, not each"
+
+
+@contextlib.asynccontextmanager
+async def _two_hosts(url: str) -> AsyncIterator[tuple[Engine, Engine, ManualClock]]:
+    """Two open hosts on ``url`` holding what they start, on one manual clock (leases of
+    60 s, heartbeats of 0.5 s); closed after."""
+    clock = ManualClock(start=time.time())
+    config = EngineConfig(lease_lifetime_s=60.0, host_heartbeat_s=0.5, host_timeout_s=3.0)
+    first = Engine(url, runner=Holding(), config=config, clock=clock)
+    second = Engine(url, runner=Holding(), config=config, clock=clock)
+    await first.open()
+    await second.open()
+    try:
+        yield first, second, clock
     finally:
         await second.close()
         await first.close()
@@ -482,13 +490,7 @@ async def test_an_expiry_of_hundreds_across_hosts_ends_each_child_once(postgres_
     """One host expires the leases of both; the other host's children are asked of it in
     control requests written together, and it applies them together: every child ends
     cancelled with the expiry's reason, every request is applied once."""
-    clock = ManualClock(start=time.time())
-    config = EngineConfig(lease_lifetime_s=60.0, host_heartbeat_s=0.5, host_timeout_s=3.0)
-    first = Engine(postgres_db, runner=Holding(), config=config, clock=clock)
-    second = Engine(postgres_db, runner=Holding(), config=config, clock=clock)
-    await first.open()
-    await second.open()
-    try:
+    async with _two_hosts(postgres_db) as (first, second, clock):
         await _leased_children(first, "a", 300)
         await _leased_children(second, "b", 300)  # more than a statement's 250 of each
         clock.advance(61.0)
@@ -510,9 +512,6 @@ async def test_an_expiry_of_hundreds_across_hosts_ends_each_child_once(postgres_
         outcomes = rows.rows(postgres_db, "SELECT outcome FROM controls")
         assert {json.loads(o)["state"] for (o,) in outcomes} <= {"cancelling", "cancelled"}
         assert rows.scalar(postgres_db, "SELECT COUNT(*) FROM grants WHERE kind = 'lease'") == 0
-    finally:
-        await second.close()
-        await first.close()
 
 
 async def test_a_connection_written_late_under_a_taken_instance_is_ended_at_the_next_beat(

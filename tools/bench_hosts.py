@@ -54,6 +54,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -368,19 +369,11 @@ async def admit_rate(bench: PostgresBench, hosts: int, queued: int) -> float:
     started = await launch_all(url, "admit", [queued] + [0] * (hosts - 1))
     try:
         with psycopg.connect(stores.libpq(url), autocommit=True) as conn:
-            began = time.perf_counter()
-            for h in started:
-                h.send("GO")
             done = "SELECT count(*) FROM children WHERE state = 'done'"
-            while (row := conn.execute(done).fetchone()) is None or row[0] < queued:
-                if time.perf_counter() - began > 600:
-                    raise RuntimeError(f"{row} of {queued} children done in 600 s")
-                await asyncio.sleep(0.01)
-            elapsed = time.perf_counter() - began
-        for h in started:
-            h.send("STOP")
-        for h in started:
-            await asyncio.wait_for(h.proc.wait(), 90)
+            elapsed = await _go_until(
+                conn, started, done, lambda n: n >= queued, f"of {queued} children done"
+            )
+        await _stop_all(started)
     finally:
         await asyncio.gather(*(h.stop() for h in started))
         bench.cleanup()
@@ -400,27 +393,46 @@ async def expire_hosts(bench: PostgresBench, total: int) -> float:
             # Statistics as a running fleet has them: straight after the bulk start,
             # stale ones made the expiry's own transaction take 0.2 to 2.4 s.
             conn.execute("ANALYZE")
-            began = time.perf_counter()
-            for h in started:
-                h.send("GO")
             left = "SELECT count(*) FROM children WHERE finished_at IS NULL"
-            while (row := conn.execute(left).fetchone()) is None or row[0] > 0:
-                if time.perf_counter() - began > 600:
-                    raise RuntimeError(f"{row} of {total} children unfinished after 600 s")
-                await asyncio.sleep(0.01)
-            elapsed = time.perf_counter() - began
+            elapsed = await _go_until(
+                conn, started, left, lambda n: n == 0, f"of {total} children unfinished"
+            )
             cancelled = "SELECT count(*) FROM children WHERE state = 'cancelled'"
             row = conn.execute(cancelled).fetchone()
             if row is None or row[0] != total:
                 raise RuntimeError(f"{row} of {total} children cancelled")
-        for h in started:
-            h.send("STOP")
-        for h in started:
-            await asyncio.wait_for(h.proc.wait(), 90)
+        await _stop_all(started)
     finally:
         await asyncio.gather(*(h.stop() for h in started))
         bench.cleanup()
     return round(elapsed, 3)
+
+
+async def _go_until(
+    conn: psycopg.Connection[Any],
+    hosts: list[Host],
+    count_sql: str,
+    reached: Callable[[int], bool],
+    what: str,
+) -> float:
+    """Send ``GO`` to every host, then poll ``count_sql`` (every 10 ms, 600 s at most)
+    until its count is ``reached``: the seconds since ``GO``."""
+    began = time.perf_counter()
+    for h in hosts:
+        h.send("GO")
+    while (row := conn.execute(count_sql).fetchone()) is None or not reached(row[0]):
+        if time.perf_counter() - began > 600:
+            raise RuntimeError(f"{row} {what} after 600 s")
+        await asyncio.sleep(0.01)
+    return time.perf_counter() - began
+
+
+async def _stop_all(hosts: list[Host]) -> None:
+    """Tell every host to close, and wait until each has."""
+    for h in hosts:
+        h.send("STOP")
+    for h in hosts:
+        await asyncio.wait_for(h.proc.wait(), 90)
 
 
 def _spread(values: list[float]) -> dict[str, float]:
