@@ -218,6 +218,7 @@ async def test_a_start_waiting_for_admission_does_not_hold_up_a_read(
     await client.setup(workspace)
     first = await client.ok("child.start", start_params("q1", "work in 2 steps"))
     slow = asyncio.create_task(client.call("child.start", start_params("q2", "work in 2 steps")))
+    await asyncio.sleep(0)  # the start's line is written first, before the read's
     read = await client.ok("child.read", {**OWNER, "childId": first["conversationId"]})
     assert read["conversationId"] == first["conversationId"]
     assert "error" not in await slow

@@ -45,6 +45,7 @@ async def test_hang_up_and_shutdown_are_quiet_and_calls_in_flight_get_host_closi
             "--db", str(db_path), "--runner", "tests.serve_runners:SlowAdmit",
             stderr=log, cwd=ROOT, env={**os.environ, "DELEGATION_LOG": "info"},
         )  # fmt: skip
+    staying = None
     try:
         await until_exists(path, timeout_s=10, pause_s=0.025)
         await asyncio.to_thread(_hang_up_with_answers_pending, path, workspace)
@@ -55,15 +56,22 @@ async def test_hang_up_and_shutdown_are_quiet_and_calls_in_flight_get_host_closi
             asyncio.create_task(staying.call("child.start", start_params("q-fg", "admit 30"))),
             asyncio.create_task(staying.call("child.start", leased)),
         ]
-        # Lines are read in order: once a later one is answered, both starts are in flight.
+        # Each call registers its id before it writes its line: wait until both starts
+        # are written, then send a later line. The host reads lines in order, so once
+        # that one is answered, both starts are in flight.
+        for _ in range(100):
+            if len(staying.waiting) == 2:
+                break
+            await asyncio.sleep(0.01)
         assert (await staying.call("no.such.method"))["error"]["code"] == -32601
         proc.terminate()
         answers = await asyncio.gather(*caught)
         assert [a["error"]["data"]["reason"] for a in answers] == ["host_closing"] * 2
         assert await staying.closed(), "the host closes the connection after answering"
-        await staying.close()
         assert await asyncio.wait_for(proc.wait(), 20) == 0
     finally:
+        if staying is not None:
+            await staying.close()
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
