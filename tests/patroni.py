@@ -101,7 +101,7 @@ class Cluster:
             [
                 "host=" + ",".join(n.address for n in self.nodes),
                 "port=" + ",".join(str(n.port) for n in self.nodes),
-                "user=postgres dbname=postgres target_session_attrs=read-write",
+                "user=postgres dbname=postgres target_session_attrs=read-write connect_timeout=5",
             ]
         )
         with psycopg.connect(conninfo, autocommit=True) as conn:

@@ -21,6 +21,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, inspect, make_url, text
 from sqlalchemy.pool import NullPool
 
+from delegation.store.postgres.connect import tcp_args
+
 Row = tuple[Any, ...]
 
 _engines: dict[str, Engine] = {}
@@ -49,8 +51,13 @@ def _engine(url: str) -> Engine:
                 poolclass=NullPool,
             )
         else:
+            # The engine's own TCP timeouts: a URL listing a node cut off the network
+            # (tests/test_patroni.py) is not held on it for the kernel's SYN retries.
             engine = create_engine(
-                url, poolclass=NullPool, execution_options={"postgresql_readonly": True}
+                url,
+                poolclass=NullPool,
+                connect_args=tcp_args(url, "delegation-tests"),
+                execution_options={"postgresql_readonly": True},
             )
         _engines[url] = engine
     return engine

@@ -65,11 +65,15 @@ def new_database(cluster: patroni.Cluster) -> str:
     return cluster.url(name)
 
 
-# Patroni's leader key lives 8 s (tests/patroni.py): a dead leader's node is replaced in
-# about 9 s, when no host may yet think itself cut off (design §19: no heartbeat for
-# host_timeout_s less one beat). A host under an HA manager sets host_timeout_s above
-# its failover time.
-HOST_TIMEOUT_S = 30.0
+# A host cuts itself off after host_timeout_s less one beat without a heartbeat (design
+# §19), so it must outlast what a failure costs its heartbeat. Patroni's leader key lives
+# 8 s (tests/patroni.py): a dead leader's node is replaced in 9-17 s. A cut leader costs
+# more: the failover, and on top of it each of the host's sessions on the silent node
+# gives up only by its TCP timeouts (about 26 s, tests/test_silent_server.py). At 30 s a
+# cut once cost host A its heartbeat past 28 s: it rejoined as a new instance, and its
+# runner connection ended with the old one. A host under an HA manager sets
+# host_timeout_s above the sum.
+HOST_TIMEOUT_S = 60.0
 
 
 def launch(hosts: list[Host], url: str, name: str) -> Host:
