@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 from psycopg import pq
 from sqlalchemy import Connection, create_engine, text
 
@@ -242,3 +243,21 @@ async def test_many_rows_go_as_array_statements_of_bounded_size(
     assert sent.count("Execute") == 3, sent.count("Execute")
     stored = rows.rows(postgres_db, "SELECT COUNT(*), MIN(sequence), MAX(sequence) FROM events")
     assert stored == [(total, 1, total)]
+
+
+async def test_a_beat_that_ends_after_the_store_closed_opens_no_session(postgres_db: str) -> None:
+    """An engine's close cancels its heartbeat task, but the beat's keep_lock runs on in
+    an executor thread. Once the store is closed it must not connect again: that session
+    would hold the instance's lock, and nothing would close it but the garbage collector
+    (the CI of 3ebca07 met psycopg's warning for such a connection after a cut)."""
+    async with _opened(postgres_db) as store:
+        store.claim("me")
+        assert _terminate(postgres_db, "delegation-host") == 1  # lost, as in a cut
+    with pytest.raises(errors.StoreError, match="child store is closed"):
+        await asyncio.get_running_loop().run_in_executor(None, store.keep_lock)
+    sessions = rows.rows(
+        postgres_db,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'delegation-host'",
+    )
+    assert sessions == [(0,)]

@@ -44,6 +44,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from sqlalchemy import Engine
@@ -85,6 +87,11 @@ class PostgresDialect:
         self._lock_conn: Any = None  # holds this host instance's session lock
         self._lock_held = True  # the lock connection holds the lock (see keep_lock)
         self._claimed: str | None = None  # the instance whose lock is held
+        # The lock connection is used by one thread at a time (a heartbeat's keep_lock
+        # runs in an executor thread, on after its task was cancelled), and not made
+        # again once the store closed: see close.
+        self._guard = threading.Lock()
+        self._closed = False
 
     def open(self) -> Engines:
         """Migrate the database to head (never two hosts at once) and make the engines.
@@ -95,6 +102,7 @@ class PostgresDialect:
             errors.StoreError: the server cannot be reached or refuses us.
         """
         made: list[Engine] = []
+        self._closed = False
         try:
             self._lock_conn = connect(self.url, "delegation-host")
             refuse_pooled_transactions(self._lock_conn, self.url)
@@ -131,15 +139,33 @@ class PostgresDialect:
         return f"BEGIN; SET LOCAL lock_timeout = {self._busy_timeout_ms}"
 
     def close(self) -> None:
-        lock, self._lock_conn = self._lock_conn, None
-        if lock is not None:
-            release_instance_lock(lock, self._claimed)
+        """Let go of the host's lock. A heartbeat still in keep_lock (its task cancelled,
+        its thread not) is waited for, at most the TCP timeouts on a silent server, and
+        makes no connection after: one it made would hold the instance's lock unclosed
+        until the garbage collector found it."""
+        with self._guard:
+            self._closed = True
+            lock, self._lock_conn = self._lock_conn, None
+            if lock is not None:
+                release_instance_lock(lock, self._claimed)
+
+    @contextlib.contextmanager
+    def _lock_session(self) -> Iterator[None]:
+        """The lock connection, for this thread alone; refused once the store closed."""
+        with self._guard:
+            if self._closed:
+                raise errors.StoreError("child store is closed")
+            yield
 
     # --- the host's lock ----------------------------------------------------------
 
     def ready_to_claim(self, instance_id: str) -> None:
         if not _INSTANCE_ID.fullmatch(instance_id):
             raise ValueError(f"not a host instance id: {instance_id!r}")
+        with self._lock_session():
+            self._ready_to_claim()
+
+    def _ready_to_claim(self) -> None:
         lock = self._lock_conn
         if lock is None or lock.closed:  # lost with the server: a new session holds it
             try:
@@ -157,6 +183,10 @@ class PostgresDialect:
             errors.StoreUnavailable: the server cannot be reached now (nothing is held).
             errors.StoreError: the server refused the lock for another reason.
         """
+        with self._lock_session():
+            self._hold(previous, instance_id)
+
+    def _hold(self, previous: str | None, instance_id: str) -> None:
         lock = self._lock_conn
         self._claimed, self._lock_held = instance_id, False
         try:
@@ -196,9 +226,13 @@ class PostgresDialect:
         Raises:
             errors.StoreUnavailable: the server cannot be reached (the next beat tries).
         """
-        lock = self._lock_conn
         if instance_id is None:
             return
+        with self._lock_session():
+            self._keep_lock(instance_id)
+
+    def _keep_lock(self, instance_id: str) -> None:
+        lock = self._lock_conn
         try:
             if lock is not None and not lock.closed:
                 if self._lock_held:
