@@ -14,6 +14,7 @@ are cached per URL and disposed of at the end of the session (``dispose``).
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,19 @@ def scalar(url: str, sql: str, params: Mapping[str, Any] | None = None) -> Any:
     """The first column of the one row ``sql`` selects."""
     ((value, *_),) = rows(url, sql, params)
     return value
+
+
+def no_sessions_of(url: str, application: str, timeout_s: float = 10.0) -> None:
+    """Wait until the server has no session of ``application`` on this database: a
+    closed or ended one leaves its backend a moment later, one left open never does."""
+    sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = :application"
+    )
+    deadline = time.monotonic() + timeout_s
+    while (left := scalar(url, sql, {"application": application})) > 0:
+        assert time.monotonic() < deadline, f"{left} session(s) of {application} still open"
+        time.sleep(0.05)
 
 
 # What a live host rewrites by itself, every few seconds: its heartbeat, not a change.

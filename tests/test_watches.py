@@ -27,6 +27,7 @@ from delegation import ChildContext, Engine, EngineConfig, Event, errors
 from delegation.engine.notices import keep_running
 from delegation.store.postgres.connect import libpq
 from delegation.store.postgres.watch import PostgresWatch
+from tests import rows
 from tests.support import ScriptRunner, open_harness
 from tests.test_push_control import operator
 
@@ -225,3 +226,17 @@ async def test_a_watch_loop_that_fails_is_logged_and_restarted(
     assert len(restarted) >= 3
     assert restarted[0].exc_info is not None and "failure 1" in str(restarted[0].exc_info[1])
     assert getattr(restarted[0], "loop", "") == "test loop"
+
+
+# --- a closed watch --------------------------------------------------------------------------
+
+
+def test_a_closed_watch_connects_no_more(postgres_db: str) -> None:
+    """A watch asked after its close (a late thread) is refused: it used to take its
+    closed connection for a lost one and open a session that nothing would close."""
+    watch = PostgresWatch(postgres_db, interval=0.01)
+    watch.close()
+    with pytest.raises(errors.StoreError, match="database watch is closed"):
+        watch.ask()
+    assert watch.changed() is True  # logged and guessed, as any failed question
+    rows.no_sessions_of(postgres_db, "delegation-watch")

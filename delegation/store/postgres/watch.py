@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+from delegation import errors
 from delegation.store.failures import unavailable
 from delegation.store.postgres.admin import CHANNEL
 from delegation.store.postgres.connect import connect_error, conninfo
@@ -52,6 +53,7 @@ class PostgresWatch(Watch):
         self._retry_at = 0.0  # while the server is away: when to connect again
         self._moved: set[int] | None = set()
         self._told = False  # a bad notice was logged (once per watch)
+        self._closed = False  # closed: no connection is made again (see ask)
 
     def _listen(self) -> Any:
         import psycopg
@@ -66,8 +68,14 @@ class PostgresWatch(Watch):
         A lost connection is opened again (and LISTENs again) at most every
         ``_WATCH_RETRY_S``; once it is, everything counts as moved: notices sent
         meanwhile were lost. One that failed otherwise is opened again at once, and
-        the failure raised (:meth:`Watch.changed` logs it)."""
+        the failure raised (:meth:`Watch.changed` logs it).
+
+        Raises:
+            errors.StoreError: the watch is closed: it connects no more.
+        """
         with self._lock:
+            if self._closed:  # a late caller must not open a session nobody closes
+                raise errors.StoreError("database watch is closed")
             moved = False
             try:
                 for notice in self._conn.notifies(timeout=0):
@@ -136,6 +144,7 @@ class PostgresWatch(Watch):
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._conn.close()
 
 
