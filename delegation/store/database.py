@@ -55,7 +55,7 @@ from delegation.store.batch import (
 )
 from delegation.store.dialect import Dialect
 from delegation.store.events import EventRow
-from delegation.store.failures import refused, translate, waiting_briefly
+from delegation.store.failures import closed, refused, translate, waiting_briefly
 from delegation.store.reading import Reads, healthy
 from delegation.store.sql import dbapi
 from delegation.store.watch import Watch
@@ -287,7 +287,7 @@ class Database:
         as usual).
         """
         if self._loop is None:
-            raise errors.StoreError("child store is closed")
+            raise closed()
         future: asyncio.Future[T] = self._loop.create_future()
         self._enqueue(Pending(fn, future, durable, committed, one_write))
         return future
@@ -312,7 +312,7 @@ class Database:
     def _enqueue(self, pending: Pending) -> None:
         with self._cond:
             if self._stopping:
-                raise errors.StoreError("child store is closed")
+                raise closed()
             self._queue.jobs.append(pending)
             if self._dispatching:
                 return

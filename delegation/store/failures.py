@@ -19,6 +19,11 @@ from delegation.store.sqlite import errors as sqlite
 _DRIVERS = (sqlite, postgres)
 
 
+def closed() -> errors.StoreError:
+    """The refusal of a store used after its close (reads, writes, the host's lock)."""
+    return errors.StoreError("child store is closed")
+
+
 def _cause(exc: BaseException) -> BaseException:
     # SQLAlchemy wraps the driver's errors, but not those raised in its event hooks:
     # a busy BEGIN IMMEDIATE arrives as sqlite3's own error.

@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 
-from delegation import errors
-from delegation.store.failures import translated
+from delegation.store.failures import closed, translated
 from delegation.store.sql import dbapi
 
 log = logging.getLogger("delegation.store")
@@ -83,7 +82,7 @@ class Reads:
         polling in a tight loop never starves the other tasks)."""
         await asyncio.sleep(0)
         if self.engine is None:  # closed, perhaps while this read yielded
-            raise errors.StoreError("child store is closed")
+            raise closed()
         with translated():  # a server away: StoreUnavailable, and the next read tries again
             if self._conn is None:
                 self._conn = self.engine.connect()

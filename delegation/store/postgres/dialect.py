@@ -53,7 +53,7 @@ from sqlalchemy import Engine
 from delegation import errors
 from delegation.store import credentials
 from delegation.store.dialect import Engines
-from delegation.store.failures import translate, unavailable
+from delegation.store.failures import closed, translate, unavailable
 from delegation.store.lifecycle import INSTANCE_LOCKS
 from delegation.store.postgres import admin
 from delegation.store.postgres.connect import (
@@ -154,7 +154,7 @@ class PostgresDialect:
         """The lock connection, for this thread alone; refused once the store closed."""
         with self._guard:
             if self._closed:
-                raise errors.StoreError("child store is closed")
+                raise closed()
             yield
 
     # --- the host's lock ----------------------------------------------------------
