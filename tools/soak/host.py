@@ -177,6 +177,7 @@ async def serve(opts: HostOptions) -> None:
     for side in sides:
         await workload.connect(side)
     if opts.final:
+        await _connect_refused(workload, sides, journal)
         await _drain(engine, journal)
     else:
         for side in sides:
@@ -206,6 +207,21 @@ async def _close(engine: Engine, journal: Journal, shared: bool) -> None:
         if not (shared and _contention(exc)):
             raise
         journal.write("contention", what=f"close: {exc.reason}: {exc}")
+
+
+async def _connect_refused(workload: Workload, sides: list[Side], journal: Journal) -> None:
+    """The last host: a runner whose connect was refused (with --db-restarts, its session
+    ended under it) connects again, or nothing would revoke its leases; one still refused
+    after 30 s is a finding."""
+    deadline = time.monotonic() + 30
+    while refused := [side for side in sides if side.conn is None]:
+        if time.monotonic() > deadline:
+            names = [side.runner_id for side in refused]
+            journal.bad(f"final connect: {names} still refused 30 s after the host opened")
+            return
+        await asyncio.sleep(0.05)
+        for side in refused:
+            await workload.connect(side)
 
 
 async def _drain(engine: Engine, journal: Journal) -> None:
