@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from delegation import authority, errors
 from delegation import os_processes as processes
@@ -45,6 +45,8 @@ from delegation.wire import Result
 
 if TYPE_CHECKING:
     from delegation.runs import ChildContext
+
+T = TypeVar("T")
 
 
 class Phase(enum.Enum):
@@ -247,13 +249,18 @@ class LocalRun:
 
     async def read_step(self, name: str, run_id: str | None) -> RecordedStep | None:
         if run_id is None:
-            return await self.rt.db.read(lambda c: steps.value(c, self.child_id, name))
+            return await self._read(lambda c: steps.value(c, self.child_id, name))
         assert self.ctx is not None  # read by the run, through its context
         conversation = self.ctx.identity.conversation_id
-        return await self.rt.db.read(lambda c: steps.of_run(c, conversation, run_id, name))
+        return await self._read(lambda c: steps.of_run(c, conversation, run_id, name))
 
     async def step_names(self) -> list[str]:
-        return await self.rt.db.read(lambda c: steps.names(c, self.child_id))
+        return await self._read(lambda c: steps.names(c, self.child_id))
+
+    async def _read(self, fn: Callable[[Connection], T]) -> T:
+        """A read the run makes: it waits through an outage, as its writes do (design
+        §32: a blink ends no child)."""
+        return await self.rt.owed_read(self.stopped, fn)
 
     # --- hooks of the run's waits (waits.WaitHooks, design §21) --------------------------
 
@@ -261,7 +268,7 @@ class LocalRun:
         return self.rt.clock.now()
 
     async def wait_state(self, name: str) -> WaitRow | None:
-        return await self.rt.db.read(lambda c: waiting.wait_state(c, self.child_id, name))
+        return await self._read(lambda c: waiting.wait_state(c, self.child_id, name))
 
     async def open_wait(
         self, name: str, spec: waiting.WaitSpec, event: tuple[int, bytes] | None
@@ -298,9 +305,7 @@ class LocalRun:
 
     async def previous_run_id(self, conversation_id: str) -> str | None:
         """The execution before this one in its conversation (a follow-up's), if any."""
-        return await self.rt.db.read(
-            lambda c: steps.previous_run_id(c, conversation_id, self.child_id)
-        )
+        return await self._read(lambda c: steps.previous_run_id(c, conversation_id, self.child_id))
 
 
 # A run's two flags (decided, ended) are plain booleans until someone waits for one:

@@ -139,6 +139,20 @@ class Runtime:
                 pause = min(pause * 2, OWED_PAUSE_MAX_S)
         return None
 
+    async def owed_read(self, given_up: Callable[[], bool], fn: Callable[[Connection], T]) -> T:
+        """A read a run makes (a recorded step, a wait's state): like :meth:`owed`, read
+        again while the database is busy or away (design §32: a blink ends no child),
+        until it answers. Raises ``HostClosing`` once ``given_up()`` (the run was stopped
+        with its host), and anything else the read raises."""
+        pause = OWED_PAUSE_S
+        while not given_up():
+            try:
+                return await self.db.read(fn)
+            except (errors.DatabaseBusy, errors.StoreUnavailable):
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, OWED_PAUSE_MAX_S)
+        raise errors.HostClosing("this run was stopped with its host while it read")
+
     def owe_later(self, given_up: Callable[[], bool], use: Use[Any]) -> None:
         """:meth:`owed` for a write nobody waits for (a steer's delivery): queued now,
         in order with what the run emitted, and tried again in a task of its own (which

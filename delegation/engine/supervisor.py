@@ -439,11 +439,13 @@ class Supervisor:
         await asyncio.sleep(max(0.0, at - rt.clock.now()))
         use = Use(service.cancel_exact, child.conversation_id, child.run_id, DEADLINE_EXCEEDED)
         try:
-            cancelled = await rt.write(use)
-        except errors.DelegationError as exc:  # ended meanwhile, or the database away
+            # Owed (design §32): a deadline that falls in an outage is recorded, and the
+            # run stopped, once the database is back.
+            cancelled = await rt.owed(local.stopped, use)
+        except errors.DelegationError as exc:  # purged meanwhile, or the host fenced
             log.warning("child deadline not recorded: %s", exc, extra={"run_id": child.run_id})
             return
-        if not cancelled.terminal:
+        if cancelled is not None and not cancelled.terminal:
             await self.stop([child.id])  # cancels the run, and this task with it
 
     async def _finish(self, local: LocalRun, error: str) -> ChildRecord | None:
