@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from delegation.errors import (
     ActiveSubmission,
     AdmissionFailed,
+    AdmissionPending,
     AmbiguousChild,
     AuthorityError,
     BadContextMode,
@@ -191,6 +192,7 @@ __all__ = [
     "STEER_METHOD",
     "ActiveSubmission",
     "AdmissionFailed",
+    "AdmissionPending",
     "AdmissionPolicy",
     "AmbiguousChild",
     "AuthorityError",

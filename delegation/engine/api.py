@@ -412,7 +412,7 @@ class Engine(EngineReads):
         child = await self._rt.write(Use(service.cancel_exact, conversation_id, run_id, reason))
         if not child.terminal:
             await self._methods.confirm_cancelled(child.id, await self._supervisor.stop([child.id]))
-        return await self._supervisor.page(child.id, 0, strict=False)
+        return await self._supervisor.answers.page(child.id, 0, strict=False)
 
     async def steer_child(
         self,
@@ -483,7 +483,7 @@ class Engine(EngineReads):
         )  # fmt: skip
         delivered = await self._rt.write(use)
         self._waking.delivered(delivered)
-        return await self._supervisor.page(delivered.child_id, 0, strict=False)
+        return await self._supervisor.answers.page(delivered.child_id, 0, strict=False)
 
     async def send_event(
         self,

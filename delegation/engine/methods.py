@@ -21,6 +21,7 @@ from delegation.backlog import Room
 from delegation.codec import decode
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
+from delegation.machine import State
 from delegation.records import RunnerConnection
 from delegation.store.sql import Connection
 from delegation.usecases import queries, service, waiting
@@ -114,20 +115,22 @@ class ChildMethods:
 
         def locate_and_page(c: Connection) -> tuple[int, Result | None]:
             child = service.locate_child(c, conn, params, now)
-            if supervisor.deciding(child.id):
-                return child.id, None  # admission still pending: wait, then read again
+            if supervisor.answers.deciding(child.id) or child.state == State.PREPARED:
+                # Admission still pending, here or on another host (design §32): wait,
+                # then read again; never answered as if admitted.
+                return child.id, None
             return child.id, queries.page_of(c, child, params.after, limit, max_bytes).result
 
         child_id, result = await rt.db.read_now(locate_and_page)
         if result is not None:
             return result
-        return await supervisor.answer(child_id, params.after, room)
+        return await supervisor.answers.answer(child_id, params.after, room)
 
     async def cancel(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
         child = await self._rt.write(Use(service.cancel, conn, params))
         if not child.terminal:
             await self._supervisor.stop([child.id])
-        return await self._supervisor.page(child.id, params.after, room)
+        return await self._supervisor.answers.page(child.id, params.after, room)
 
     async def steer(self, conn: RunnerConnection, params: Params, room: Room) -> SteerResult:
         outcome = await self._rt.write(Use(service.steer, self._rt.config, conn, params))
@@ -149,7 +152,7 @@ class ChildMethods:
         """``child.input`` (design §21): answer the child's input request ``inputId``."""
         delivered = await self._rt.write(Use(waiting.answer, self._rt.config, conn, params))
         self.on_delivered(delivered)
-        return await self._supervisor.page(delivered.child_id, params.after, room)
+        return await self._supervisor.answers.page(delivered.child_id, params.after, room)
 
     # --- what follows a commit --------------------------------------------------------
 

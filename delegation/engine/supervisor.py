@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from delegation import authority, errors, machine
 from delegation.backlog import UNBOUNDED, Room
+from delegation.engine.answers import Answers
 from delegation.engine.ends import Ends
 from delegation.engine.local_run import LocalRun, LocalRuns
 from delegation.engine.runtime import Runtime, Use
@@ -40,7 +41,6 @@ from delegation.wire import Params, Result
 # The error of a child cancelled for running past its deadline (design §22), or past
 # EngineConfig.max_run_s.
 DEADLINE_EXCEEDED = admission.DEADLINE_EXCEEDED
-_QUEUED_LOOK_S = 0.1  # a start whose child waits its turn looks at it this often
 
 log = logging.getLogger("delegation.engine")
 
@@ -87,6 +87,7 @@ class Supervisor:
         self.known: frozenset[str] = frozenset()
         self.on_slot_freed: Callable[[], None] | None = None
         self._ends = Ends(rt)
+        self.answers = Answers(rt, self.runs)  # what a caller is answered, and when
 
     # --- child.start ------------------------------------------------------------------
 
@@ -144,17 +145,15 @@ class Supervisor:
         page = await first
         plan = reserved[0]
         try:
-            if plan.queued:
-                return await self._turn(plan.child.id, params.after, room)
-            if plan.replay:
-                return await self.answer(plan.child.id, params.after, room)
+            if plan.queued or plan.replay:
+                return await self.answers.answer(plan.child.id, params.after, room, turn=True)
             local = runs[0] if runs else None
             if local is not None and local.suspended:
                 raise errors.HostClosing()
             if page is None:
-                return await self.answer(plan.child.id, params.after, room)
+                return await self.answers.answer(plan.child.id, params.after, room)
             if params.after:
-                return await self.page(plan.child.id, params.after, room)
+                return await self.answers.page(plan.child.id, params.after, room)
             return page
         except errors.ChildPurged:
             if plan.replay:
@@ -179,57 +178,6 @@ class Supervisor:
                 first.set_result(None)  # the caller waits for the run here (answer)
             return None
         return self.spawn(plan.child, plan, None, first=first)
-
-    async def _turn(self, child_id: int, after: int, room: Room) -> Result:
-        """A start whose child waits its turn (design §22): its Result once it is
-        admitted (or ended), or after ``start_wait_s`` as it is then (``queued: true``
-        and its ``queuePosition``). Woken by this host's notices, and looking again
-        every ``_QUEUED_LOOK_S`` for another host's admission."""
-        rt = self._rt
-        loop = asyncio.get_running_loop()
-        until = loop.time() + rt.config.start_wait_s
-        with rt.notices.following(child_id):
-            while True:
-                seen = rt.notices.version(child_id)
-                child = await rt.db.read(lambda c: queries.child_by_id(c, child_id))
-                if child is None or child.state != "queued":
-                    break
-                left = until - loop.time()
-                if left <= 0:
-                    break
-                try:
-                    async with asyncio.timeout(min(left, _QUEUED_LOOK_S)):
-                        await rt.notices.moved(child_id, seen)
-                except TimeoutError:
-                    continue
-        return await self.answer(child_id, after, room)
-
-    async def answer(self, child_id: int, after: int, room: Room = UNBOUNDED) -> Result:
-        """Wait until admission is decided (without cancelling anything if the caller
-        goes away), then answer the child's Result (see :meth:`page`)."""
-        local = self.runs.get(child_id)
-        if local is not None:
-            await local.decided.wait()
-            if local.suspended:
-                raise errors.HostClosing()
-        return await self.page(child_id, after, room)
-
-    def deciding(self, child_id: int) -> bool:
-        """Whether the child runs here and its admission is not decided yet."""
-        local = self.runs.get(child_id)
-        return local is not None and not local.is_decided()
-
-    async def page(
-        self, child_id: int, after: int, room: Room = UNBOUNDED, *, strict: bool = True
-    ) -> Result:
-        """The child's Result with its page after ``after``, read once ``room`` holds
-        ``max_page_bytes`` for it (``strict``: see :func:`queries.result_of`)."""
-        limit, max_bytes = self._rt.config.events_per_read, self._rt.config.max_page_bytes
-        await room.reserve(max_bytes)
-        page = await self._rt.db.read(
-            lambda c: queries.page(c, child_id, after, limit, max_bytes, strict=strict)
-        )
-        return page.result
 
     # --- spawning and executing -----------------------------------------------------
 

@@ -61,6 +61,7 @@ family lives in its module: :mod:`~delegation.errors.base` (the root),
     │   ├── RequestIdReused
     │   ├── SteerRequestIdReused
     │   ├── AdmissionFailed
+    │   ├── AdmissionPending                 not decided yet on another host; retry (§32)
     │   ├── ReleaseUnconfirmed
     │   ├── CancelUnconfirmed
     │   ├── ToolAlreadyOpen
@@ -128,6 +129,7 @@ from delegation.errors.base import DelegationError
 from delegation.errors.conflict import (
     ActiveSubmission,
     AdmissionFailed,
+    AdmissionPending,
     CancelUnconfirmed,
     ConflictError,
     IllegalTransition,
@@ -211,6 +213,7 @@ from delegation.errors.waits import (
 __all__ = [
     "ActiveSubmission",
     "AdmissionFailed",
+    "AdmissionPending",
     "AmbiguousChild",
     "AuthorityError",
     "BadContextMode",

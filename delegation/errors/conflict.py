@@ -39,6 +39,14 @@ class AdmissionFailed(ConflictError):
         super().__init__(f"{base}: {error}" if error else base)
 
 
+class AdmissionPending(ConflictError):
+    """child admission is not decided yet; replay the requestId"""
+
+    # A start replayed, or a child read, while another host still prepares it (design
+    # §32): never answered as if admitted.
+    reason = "admission_pending"
+
+
 class ReleaseUnconfirmed(ConflictError):
     """child lease revoked but cleanup is not yet confirmed; retry release"""
 
