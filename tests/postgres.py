@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import shlex
 import shutil
 import socket
 import subprocess
@@ -33,6 +34,9 @@ class Server:
     ctl: Callable[..., None] | None = None
     # pg_ctl restart -m fast, waited for; None for a server named by the environment
     restart: Callable[[], None] | None = None
+    # A shell command line that restarts the cluster as its owner, the server away for
+    # at least the seconds given (a soak's --db-restart-command); None for a given server.
+    restart_command: Callable[[float], str] | None = None
 
 
 def binaries() -> Path | None:
@@ -134,10 +138,10 @@ def start(*, durable: bool = True, password: str | None = None) -> Server:
         )  # fmt: skip
         shutil.rmtree(root, ignore_errors=True)
 
+    started_args = ["-l", str(root / "log"), "-o", options, "-w", "-t", "60"]
+
     def ctl(*args: str) -> None:
-        started = (
-            ["-l", str(root / "log"), "-o", options, "-w", "-t", "60"] if "start" in args else []
-        )
+        started = started_args if "start" in args else []
         subprocess.run(
             [str(bin_dir / "pg_ctl"), "-D", str(data), *started, *args],
             env=env, **run,  # type: ignore[arg-type]
@@ -150,5 +154,13 @@ def start(*, durable: bool = True, password: str | None = None) -> Server:
             env=env, **run,  # type: ignore[arg-type]
         )  # fmt: skip
 
+    def restart_command(down_s: float) -> str:
+        pg_ctl = [str(bin_dir / "pg_ctl"), "-D", str(data)]
+        stop_, start_ = [*pg_ctl, "-m", "fast", "-w", "stop"], [*pg_ctl, *started_args, "start"]
+        script = f"{shlex.join(stop_)} && sleep {down_s:g} && {shlex.join(start_)}"
+        owner = ["runuser", "-u", UNPRIVILEGED, "--"] if demote is not None else []
+        return shlex.join([*owner, "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                           "sh", "-c", script])  # fmt: skip
+
     url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
-    return Server(url, stop, ctl, restart)
+    return Server(url, stop, ctl, restart, restart_command)

@@ -1,7 +1,8 @@
 """The soak of the issue: ``python -m delegation.soak --seconds 20 --json`` runs hosts
 that are closed gracefully and killed with SIGKILL on one database, and must report no
 violation; with ``--url`` on a PostgreSQL server and ``--hosts 3`` it runs three hosts at
-once and also pauses them past the host timeout. The checker it relies on is a plain
+once and also pauses them past the host timeout, with ``--db-restart-command`` through
+restarts of the server itself. The checker it relies on is a plain
 function over a database: the last tests break one on purpose and expect each break to
 be reported, and read either store."""
 
@@ -12,13 +13,14 @@ import os
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from delegation import ChildContext, Event
-from tests import rows
+from tests import postgres, rows
 from tests.support import Harness
 from tools.soak.check import Checker, check_file
 from tools.soak.journal import Acks
@@ -79,9 +81,9 @@ def test_soak_for_twenty_seconds_reports_no_violation(tmp_path: Path) -> None:
     assert hosts_left(tmp_path) == []
 
 
-def soak_on_postgres(soak: list[str], tmp_path: Path) -> dict[str, Any]:
+def soak_on_postgres(soak: list[str], tmp_path: Path, *, clean: bool = True) -> dict[str, Any]:
     """Run ``python -m delegation.soak *soak`` (its folder in ``tmp_path``, for
-    hosts_left); its one-line report, once it found no violation."""
+    hosts_left); its one-line report, once it found no violation (``clean``)."""
     proc = subprocess.run(
         [sys.executable, "-m", "delegation.soak", *soak],
         cwd=ROOT,
@@ -94,9 +96,23 @@ def soak_on_postgres(soak: list[str], tmp_path: Path) -> dict[str, Any]:
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, proc.stdout + proc.stderr
     report: dict[str, Any] = json.loads(lines[0])
-    assert report["violations"] == 0, report["violation_samples"]
-    assert proc.returncode == 0, proc.stderr
+    if clean:
+        assert report["violations"] == 0, report["violation_samples"]
+        assert proc.returncode == 0, proc.stderr
     return report
+
+
+# Found by the server-restart soak after the engine's runs learned to wait through an
+# outage (27e8e9c), and left to the engine: a restart that swallows one heartbeat leaves
+# a live host's lock free until its next beat, which comes just as its last beat is two
+# beats old, when a booting or beating host may take it for dead (live_taken; a start in
+# flight there is then refused host_closing); a host closing through a restart stops
+# beating, and is taken over and its close raises HostFenced (close_failed).
+KNOWN_FINDINGS = (
+    "live_taken: ",
+    "host: refusal: child.start refused with host_closing",
+    "close_failed: a closing host exited with 1 (delegation.errors.faults.HostFenced",
+)
 
 
 @pytest.mark.timeout(180)
@@ -134,10 +150,52 @@ def test_soak_through_database_restarts_on_postgres(postgres_db: str, tmp_path: 
     assert hosts_left(tmp_path) == []
 
 
+@pytest.fixture
+def own_server() -> Iterator[postgres.Server]:
+    """A cluster of the test's own: the soak restarts it."""
+    if postgres.binaries() is None:
+        pytest.skip("no PostgreSQL server")
+    server = postgres.start()
+    if server.restart_command is None:
+        server.stop()
+        pytest.skip("a given server cannot be restarted here")
+    yield server
+    server.stop()
+
+
+@pytest.mark.timeout(180)
+def test_soak_through_server_restarts_on_postgres(
+    own_server: postgres.Server, tmp_path: Path
+) -> None:
+    """`--db-restart-command`: the server itself is stopped (`pg_ctl stop -m fast`) and
+    started a second later, again and again, under two working hosts whose runs take
+    steps, read them back and sleep. No child ends with a store error (design §32: a
+    blink ends no child), no step runs twice, and every invariant holds. The hosts beat
+    every 2 s, the engine's default. Only the engine's known findings (KNOWN_FINDINGS)
+    make it xfail instead; any other violation fails it."""
+    assert own_server.restart_command is not None
+    soak = ["--url", own_server.url, "--hosts", "2", "--seconds", "12", "--json"]
+    soak += ["--heartbeat", "2", "--host-timeout", "5"]
+    report = soak_on_postgres(
+        [*soak, "--db-restart-command", own_server.restart_command(1.0)], tmp_path, clean=False
+    )
+    found = report["violation_samples"]
+    assert len(found) == report["violations"], report["violations_by_kind"]
+    assert [v for v in found if not v.startswith(KNOWN_FINDINGS)] == [], found
+    assert report["db_server_restarts"] >= 2, report
+    assert report["db_server_restart_failures"] == 0, report
+    assert report["ops"] > 200 and report["acked"]["events"] > 0
+    assert report["errors_by_reason"].get("store_unavailable", 0) > 0, "no call met a restart"
+    assert hosts_left(tmp_path) == []
+    if found:
+        pytest.xfail(f"the engine's known findings under restarts (see KNOWN_FINDINGS): {found}")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--db-restarts"], "--db-restarts needs --url"),
+        (["--db-restart-command", "true"], "--db-restart-command needs --url"),
         (["--hosts", "2"], "--hosts 2 needs --url"),
         (["--hosts", "0"], "--hosts must be at least 1"),
         (["--url", "sqlite:///x.db"], "--url takes a PostgreSQL URL"),
@@ -248,6 +306,17 @@ async def test_the_checker_reports_each_broken_invariant(harness: Harness, db_pa
         }
     )
     assert check_file(db_path, acks) == []
+    refused = broken(
+        db_path, "refused", "UPDATE children SET error = 'database is unavailable; try again'"
+    )
+    assert kinds(check_file(refused, acks)) == {"store_error_ended"}
+    replayed = Acks()
+    for attempt in (0, 1):  # a resumed run that ran its recorded step again
+        step = {"run": leased.run_id, "name": "s0", "attempt": attempt}
+        replayed.add({"t": "step", **step, "value": {"attempt": attempt}})
+    raised = "StoreUnavailable: database is unavailable; try again"
+    replayed.add({"t": "end", "run": leased.run_id, "attempt": 1, "how": "raised", "error": raised})
+    assert kinds(check_file(db_path, replayed)) == {"step_rerun", "store_error_ended"}
     acks.add({"t": "ev", "run": leased.run_id, "a": 4, "b": 6})
     acks.add(
         {

@@ -15,7 +15,9 @@ database is checked once more, with nothing left unfinished. Prints a summary, o
 The database is a temporary SQLite file, or with ``--url`` a new database on that
 PostgreSQL server (:mod:`tools.soak.server`), dropped at the end. There ``--hosts N``
 runs N hosts at once and kills, closes and pauses them at random
-(:mod:`tools.soak.fleet`).
+(:mod:`tools.soak.fleet`); ``--db-restarts`` ends every session of the database now and
+then, and ``--db-restart-command CMD`` restarts the server itself by running ``CMD``
+(:mod:`tools.soak.faults`).
 
 Each violation's details (what was acknowledged when, what the database held, what the
 soak's own record says left it) go to a JSON-lines file beside the report (``--details``;
@@ -58,11 +60,26 @@ def summary(report: dict[str, Any]) -> str:
         f" max {report['max_ms']} ms; host rss {report['rss_mb']} MB",
         f"calls: {report['calls']}",
         f"refusals: {report['errors_by_reason']}",
+        *_faults(report),
         f"violations: {report['violations']}"
         + (f" (details: {report['details']})" if report.get("details") else ""),
     ]
     lines += [f"  {what}" for what in report["violation_samples"]]
     return "\n".join(lines)
+
+
+def _faults(report: dict[str, Any]) -> list[str]:
+    """The database faults' line of the summary, if any was asked for."""
+    said = []
+    if "db_restarts" in report:
+        said.append(f"{report['db_restarts']} times every session ended")
+    if "db_server_restarts" in report:
+        said.append(
+            f"{report['db_server_restarts']} server restarts (the longest"
+            f" {report['db_server_restart_max_s']} s, {report['db_server_restart_failures']}"
+            " failed)"
+        )
+    return [f"database: {', '.join(said)}"] if said else []
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
@@ -92,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="end every session of the database now and then, as a server restart does"
         " (needs --url, and a role that may: superuser or pg_signal_backend)",
+    )
+    parser.add_argument(
+        "--db-restart-command",
+        metavar="CMD",
+        help="restart the database server itself every two to four seconds by running CMD"
+        " through the shell (e.g. pg_ctl -D DIR -m fast -w restart, as the data"
+        " directory's owner); it must return once the server is up (needs --url)",
     )
     parser.add_argument(
         "--details",
@@ -140,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.db_restarts and args.url is None:
         parser.error("--db-restarts needs --url: only a server's sessions can be ended")
+    if args.db_restart_command is not None and args.url is None:
+        parser.error("--db-restart-command needs --url: a SQLite file has no server")
     if args.runs < 1 or args.busy < 0:
         parser.error("--runs must be at least 1, and --busy at least 0")
     signal.signal(signal.SIGTERM, _terminate)
@@ -167,7 +193,7 @@ def _busy(loops: int) -> Iterator[None]:
 
 
 def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    from tools.soak.faults import DatabaseFaults
+    from tools.soak.faults import DatabaseFaults, ServerRestarts
     from tools.soak.fleet import FleetDriver
     from tools.soak.server import SoakDatabase
 
@@ -196,11 +222,19 @@ def _soak(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             progress=progress,
             details=details.resolve(),
         )
-        if not args.db_restarts or url is None:
-            return soak.run()
-        with DatabaseFaults(url, seed) as faults:
+        command = args.db_restart_command
+        faults = DatabaseFaults(url, seed) if args.db_restarts and url is not None else None
+        restarts = ServerRestarts(command, seed) if command and url is not None else None
+        with contextlib.ExitStack() as faulty:  # stopped before the database is dropped
+            for fault in (faults, restarts):
+                if fault is not None:
+                    faulty.enter_context(fault)
             report = soak.run()
-        return {**report, "db_restarts": faults.count, "db_sessions_ended": faults.ended}
+        if faults is not None:
+            report.update(db_restarts=faults.count, db_sessions_ended=faults.ended)
+        if restarts is not None:
+            report.update(restarts.report())
+        return report
     raise AssertionError("unreachable")
 
 

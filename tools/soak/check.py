@@ -10,7 +10,10 @@ SQLite's own integrity. With the :class:`~tools.soak.journal.Acks` of the soak's
 journals it also checks every acknowledgement: each flushed event present with its
 text, each start admitted, each cancel durable, each release confirmed only once its
 children had ended, no start after a tombstone, no run executed twice, steers taken
-once. A :class:`Checker` called again and again also sees rows change: a terminal row
+once, a step's one value in every attempt (``step_rerun``: a resumed run ran a recorded
+step again), no child ended by a store refusal (``store_error_ended``: the database away
+or busy raised into a run, which design §32 forbids; any other unplanned error is
+``run_error``). A :class:`Checker` called again and again also sees rows change: a terminal row
 never does, and a row leaves only by the retention purge, once due. The rules about
 host instances (one host, or several: :class:`~tools.soak.liveness.Fleet`) are in
 :mod:`tools.soak.liveness`.
@@ -40,6 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from delegation import errors
 from delegation.usecases import maintenance, service
 from tools.soak import liveness
 from tools.soak.journal import Acks
@@ -55,6 +59,14 @@ EXPIRY_GRACE_S = 3.0
 # host's engine stamps the server's time as it measured it, so the soak widens this by
 # how far the measurements differed (``Acks.clock_spread``).
 EPS = 1e-3
+# A store's refusals (StoreUnavailable, DatabaseBusy) and the words of any other error
+# saying the database was away: a child that ended with one is ``store_error_ended``.
+STORE_REFUSALS = (
+    str(errors.StoreUnavailable()),
+    str(errors.DatabaseBusy()),
+    "database is unavailable",
+    "store is unavailable",
+)
 SOAK_DONE_ERRORS = frozenset(
     {
         "",
@@ -314,9 +326,14 @@ def _journal(
     by_run = {c["run_id"]: c for c in snap.children}
     gone = snap.purged.keys()
     found = list(acks.problems)
+    raised = dict(_store_errors_raised(acks))
+    found += raised.values()
     for c in snap.children:
         if c["state"] == "done" and c["error"] not in SOAK_DONE_ERRORS:
-            found.append(f"run_error: child {c['run_id']} failed with {c['error']!r}")
+            if not store_refusal(c["error"]):
+                found.append(f"run_error: child {c['run_id']} failed with {c['error']!r}")
+            elif c["run_id"] not in raised:  # else found as its run raised it, just above
+                found.append(f"store_error_ended: child {c['run_id']} failed with {c['error']!r}")
     for run, sequences in acks.events.items():
         child = by_run.get(run)
         if run in gone:
@@ -367,7 +384,48 @@ def _journal(
             if owner == runner and g["revoked_at"] is None and g["created_at"] <= sent - slack:
                 found.append(f"lease_kept: lease {runner}/{lease_id} outlived a new host instance")
     found += _executions(snap, acks, lost, by_run)
+    found += _steps(acks)
     return found
+
+
+def store_refusal(error: str) -> bool:
+    """Whether a child's error is the store's refusal (the database away or busy), which
+    a run's store calls wait through instead of raising (design §32: a blink ends no
+    child)."""
+    text = error.lower()
+    return any(words in text for words in STORE_REFUSALS)
+
+
+def _store_errors_raised(acks: Acks) -> Iterator[tuple[str, str]]:
+    """Runs that ended raising a store refusal, each once: (run, violation). The host
+    journals it before the engine writes the child's end, so this finds it first, and
+    also where that end is never written (its host fenced or closing, the child
+    resumed): the refusal reached the runner's code all the same."""
+    for run, ends in acks.raised.items():
+        end = next((e for e in ends if store_refusal(e["error"])), None)
+        if end is not None:
+            yield (
+                run,
+                (
+                    f"store_error_ended: child {run} attempt {end['attempt']} raised"
+                    f" {end['error']!r} at {end.get('where', '?')}"
+                ),
+            )
+
+
+def _steps(acks: Acks) -> Iterator[str]:
+    """A step returns one value in every attempt: a resumed run gets back what an
+    earlier one recorded, never runs it again (each value names the attempt that ran
+    it)."""
+    for (run, name), returned in acks.steps.items():
+        first_attempt, first = returned[0]
+        for attempt, value in returned[1:]:
+            if value != first:
+                yield (
+                    f"step_rerun: child {run} step {name} returned {first} in attempt"
+                    f" {first_attempt}, {value} in attempt {attempt}"
+                )
+                break
 
 
 def _releases(

@@ -3,7 +3,8 @@ file beside its report, so that a finding can be diagnosed after the run without
 it again.
 
 For a violation naming a child (``child RUN``), the line holds what the hosts were
-acknowledged for it (starts, flushed events, cancels, steers, executions), what the
+acknowledged for it (starts, flushed events, cancels, steers, executions, the values
+its steps returned, and what its runs raised and where), what the
 database held at that check (its row, its events' count), and what the soak's own record
 says left or ended (:mod:`tools.soak.audit`); for one naming a lease or a host
 instance, that row. Every line has the violation, the check's time and its slack.
@@ -60,6 +61,12 @@ def _acknowledged(acks: Acks, run: str) -> dict[str, Any]:
         "cancels": [c for c in acks.cancels if c["run"] == run],
         "steers": [req for r, req in acks.steers if r == run][-_STEPS:],
         "executions": {f"{a}": who for (r, a), who in acks.executions.items() if r == run},
+        # what its runs raised, and where (runner -> library API -> the raising line)
+        "raised": [
+            {k: r.get(k) for k in ("attempt", "who", "error", "where")}
+            for r in acks.raised.get(run, [])
+        ][-_STEPS:],
+        "steps": {name: returned for (r, name), returned in acks.steps.items() if r == run},
     }
 
 

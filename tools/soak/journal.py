@@ -11,7 +11,9 @@ Kinds (``t``), each with the writer's ``pid``: ``ev`` (a run's flushed range ``a
 written by host instance ``who``), ``start``, ``cancel``, ``release``, ``steer`` (an
 injected receipt), ``finish`` (a parent run's end), ``instance`` (a runner registered as
 a host instance), ``run``/``end`` (a run began or ended executing, with its recovery
-``attempt``), ``took`` (a run took a steer), ``boot``/``closed`` (an engine opened, and
+``attempt``; an end that raised, with the ``error`` and ``where``), ``step`` (the
+``value`` a run's step ``name`` returned, in recovery ``attempt``), ``took`` (a run took
+a steer), ``boot``/``closed`` (an engine opened, and
 closed gracefully), ``fenced`` (the host was taken over while it could not heartbeat, and
 goes on as instance ``new``), ``takeover`` (the host took dead instances over), ``stats``
 (calls, latencies and refusals since the last), ``stall`` (the longest its event loop went
@@ -70,6 +72,11 @@ class Acks:
     # (run, attempt) -> the host instances that executed it
     executions: dict[tuple[str, int], list[str]] = field(default_factory=lambda: defaultdict(list))
     took: dict[tuple[str, str], list[str]] = field(default_factory=lambda: defaultdict(list))
+    # (run, step name) -> (attempt, value) each time the step returned
+    steps: dict[tuple[str, str], list[tuple[int, Any]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    raised: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     steers: list[tuple[str, str]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     woken: list[tuple[int, str]] = field(default_factory=list)  # (pid, what) after a pause
@@ -115,6 +122,10 @@ class Acks:
             self._grant(kind, record)
         elif kind == "run":
             self.executions[(record["run"], record["attempt"])].append(record.get("who", pid))
+        elif kind == "end" and "error" in record:
+            self.raised[record["run"]].append(record)
+        elif kind == "step":
+            self.steps[(record["run"], record["name"])].append((record["attempt"], record["value"]))
         elif kind == "took":
             self.took[(record["run"], record["req"])].append(record.get("who", pid))
         elif kind == "steer":

@@ -9,6 +9,7 @@ names only to ``CREATE DATABASE delegation_soak_<random>`` (so the role needs
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 from types import TracebackType
 from typing import Any
@@ -40,9 +41,7 @@ class SoakDatabase:
 
         shown = passwords.redacted(self.server)
         try:
-            self._admin = psycopg.connect(
-                stores.libpq(self.server), autocommit=True, application_name="delegation-soak"
-            )
+            self._admin = self._connect()
         except psycopg.Error as exc:
             raise SystemExit(f"cannot reach {shown}: {exc}") from exc
         try:
@@ -62,14 +61,39 @@ class SoakDatabase:
         tb: TracebackType | None,
     ) -> None:
         import psycopg
-        from psycopg import sql
 
         try:
             if not self.keep:
-                force = self._admin.info.server_version >= 130000  # PostgreSQL 13
-                drop = sql.SQL("DROP DATABASE IF EXISTS {}" + (" WITH (FORCE)" if force else ""))
-                self._admin.execute(drop.format(sql.Identifier(self.name)))
+                try:
+                    self._drop()
+                except psycopg.OperationalError:  # a server restart ended the session
+                    self._admin.close()
+                    self._admin = self._connect(patience_s=10.0)
+                    self._drop()
         except psycopg.Error as exc:  # the server is gone: say what is left on it
             print(f"soak: database {self.name} not dropped: {exc}", file=sys.stderr)
         finally:
             self._admin.close()
+
+    def _drop(self) -> None:
+        from psycopg import sql
+
+        force = self._admin.info.server_version >= 130000  # PostgreSQL 13
+        drop = sql.SQL("DROP DATABASE IF EXISTS {}" + (" WITH (FORCE)" if force else ""))
+        self._admin.execute(drop.format(sql.Identifier(self.name)))
+
+    def _connect(self, *, patience_s: float = 0.0) -> Any:
+        """An admin session on the server; refused ones are tried again for
+        ``patience_s`` (while a restart, ``--db-restart-command``, brings it back)."""
+        import psycopg
+
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                return psycopg.connect(
+                    stores.libpq(self.server), autocommit=True, application_name="delegation-soak"
+                )
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
