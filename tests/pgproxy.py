@@ -13,6 +13,7 @@ failover or a cut network does to a commit in flight, made exact.
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import struct
 import threading
@@ -75,15 +76,27 @@ class _Session:
         self.proxy, self.client, self.server = proxy, client, server
         self.cut = threading.Event()  # the server's next answer is to be lost
         self.cutting: bytes | None = None  # the statement whose answer is to be lost
+        # The session's prepared statements, by name: psycopg prepares a statement it
+        # ran five times (COMMIT among them), then sends only its name.
+        self.prepared: dict[bytes, bytes] = {}
 
     def upstream(self) -> None:
         with contextlib.suppress(OSError):
             while data := self.client.recv(_CHUNK):
+                for name, query in _PARSE.findall(data):
+                    if name:
+                        self.prepared[name] = query
                 self.cutting = self.cutting or self.proxy._take(data)
-                if self.cutting is not None and self.cutting in data:
+                if self.cutting is not None and self._holds(data, self.cutting):
                     self.cut.set()  # before the server can answer it
                 self.server.sendall(data)
         self._close()
+
+    def _holds(self, data: bytes, statement: bytes) -> bool:
+        """Whether ``data`` runs ``statement``: its text, or a prepared one holding it."""
+        if statement in data:
+            return True
+        return any(statement in self.prepared.get(name, b"") for name in _BIND.findall(data))
 
     def downstream(self) -> None:
         pending = b""
@@ -105,6 +118,11 @@ class _Session:
                 sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+# A Parse message (name, query) and a Bind's statement name, as a client sends them.
+_PARSE = re.compile(rb"P....([^\x00]*)\x00([^\x00]*)\x00", re.DOTALL)
+_BIND = re.compile(rb"B....[^\x00]*\x00([^\x00]+)\x00", re.DOTALL)
 
 
 def _ready_for_query(stream: bytes) -> bool:

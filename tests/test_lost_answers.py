@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from delegation import ChildContext, Engine, Event, errors
+from delegation import AdmissionPolicy, ChildContext, Engine, EngineConfig, Event, errors
 from tests import rows
 from tests.pgproxy import proxied
 from tests.support import ScriptRunner, open_harness, wait_terminal
@@ -54,12 +54,96 @@ async def test_a_start_whose_commit_answer_was_lost_runs_when_replayed(
             proxy.cut_answer("INSERT INTO children", then="COMMIT")
             with pytest.raises(errors.StoreError):
                 await h.start("q1", lease_id="lease-1")
-            assert proxy.cuts == 1 and runner.started == 0
-            assert rows.rows(postgres_db, "SELECT state FROM children") == [("prepared",)]
+            assert proxy.cuts == 1
             again = await asyncio.wait_for(h.start("q1", lease_id="lease-1"), 20)
             record = await wait_terminal(engine, again.conversation_id, timeout=20)
     assert (record.state, record.error) == ("done", "")
     assert runner.started == 1
+
+
+async def test_a_start_whose_commit_answer_was_lost_runs_unreplayed(
+    postgres_db: str, workspace: Path
+) -> None:
+    """The same, and nobody replays it (its caller went away): once the database
+    answers again the host runs the child it holds (design §32), and only once."""
+    runner = ScriptRunner(script=said_hello)
+    with proxied(postgres_db) as (url, proxy):
+        async with Engine(url, runner=runner) as engine:
+            h = await open_harness(engine, runner, workspace)
+            proxy.cut_answer("INSERT INTO children", then="COMMIT")
+            with pytest.raises(errors.StoreError):
+                await h.start("q1", lease_id="lease-1")
+            (cid,) = rows.rows(postgres_db, "SELECT conversation_id FROM children")[0]
+            record = await wait_terminal(engine, cid, timeout=20)
+            assert proxy.cuts == 1
+    assert (record.state, record.error) == ("done", "")
+    assert runner.started == 1
+
+
+async def test_a_queue_admission_whose_commit_answer_was_lost_runs(
+    postgres_db: str, workspace: Path
+) -> None:
+    """The pump admitted a queued child and the answer to its COMMIT was lost: the
+    child, admitted here in the database, is run here once the database answers
+    (design §19 said it waited for the next boot or a takeover)."""
+    gate = asyncio.Event()
+
+    async def run(ctx: ChildContext) -> None:
+        await ctx.admit()
+        if ctx.request.message == "hold":
+            await gate.wait()
+        ctx.emit(Event(kind="result", text=ctx.request.message))
+
+    runner = ScriptRunner(script=run)
+    one_at_a_time = {"runner:runner-1": AdmissionPolicy(concurrency=1)}
+    config = EngineConfig(admission=one_at_a_time, start_wait_s=0.2)
+    with proxied(postgres_db) as (url, proxy):
+        async with Engine(url, runner=runner, config=config) as engine:
+            h = await open_harness(engine, runner, workspace)
+            first = await h.start("q1", message="hold")
+            second = await h.start("q2", message="next")
+            assert second.queued
+            proxy.cut_answer("state IN ('queued') AND cancel_requested_at IS NULL", then="COMMIT")
+            gate.set()
+            records = [
+                await wait_terminal(engine, started.conversation_id, timeout=20)
+                for started in (first, second)
+            ]
+            assert proxy.cuts == 1
+            assert [(r.state, r.error, r.output) for r in records] == [
+                ("done", "", "hold"),
+                ("done", "", "next"),
+            ]
+    assert runner.started == 2
+
+
+async def test_a_wake_whose_commit_answer_was_lost_resumes(
+    postgres_db: str, workspace: Path
+) -> None:
+    """A wake-up set the answered child running here and the answer to its COMMIT was
+    lost: the host resumes the child once the database answers, once."""
+
+    async def run(ctx: ChildContext) -> None:
+        await ctx.admit()
+        answer = await ctx.ask("q", "go on?")
+        ctx.emit(Event(kind="result", text=answer))
+
+    runner = ScriptRunner(script=run)
+    with proxied(postgres_db) as (url, proxy):
+        async with Engine(url, runner=runner, config=EngineConfig(hold_s=0.1)) as engine:
+            h = await open_harness(engine, runner, workspace)
+            started = await h.start("q1")
+            cid = started.conversation_id
+            for _ in range(500):
+                if rows.rows(postgres_db, "SELECT state FROM children") == [("waiting",)]:
+                    break
+                await asyncio.sleep(0.02)
+            proxy.cut_answer("state IN ('waiting')", then="COMMIT")
+            await engine.answer_input(cid, "q", text="yes")
+            record = await wait_terminal(engine, cid, timeout=20)
+            assert proxy.cuts == 1
+    assert (record.state, record.error, record.output) == ("done", "", "yes")
+    assert runner.started == 2  # its first run, then once resumed with the answer
 
 
 async def test_an_end_whose_answer_was_lost_stays_recorded(

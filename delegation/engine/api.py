@@ -28,6 +28,7 @@ from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.config import AdmissionPolicy, EngineConfig, parse_scope
 from delegation.engine import telemetry
 from delegation.engine.admitting import Admitting
+from delegation.engine.adoption import Adoption
 from delegation.engine.membership import Membership
 from delegation.engine.methods import ChildMethods
 from delegation.engine.notices import Notices
@@ -115,6 +116,7 @@ class Engine(EngineReads):
         self._admitting = Admitting(self._rt, self._supervisor)
         self._methods.on_delivered = self._waking.delivered
         self._db.on_lost = self._membership.lost
+        self._db.on_back = Adoption(self._rt, self._supervisor).back
         self._controls: ControlWatcher | None = None
         self._open = False
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import math
@@ -33,7 +34,7 @@ from delegation.runs import (
     redact_secrets,
     truncate,
 )
-from delegation.usecases import admission, maintenance, queries, reservation, service
+from delegation.usecases import admission, maintenance, orphans, queries, reservation, service
 from delegation.usecases.journal import Journal
 from delegation.usecases.protection import Protected
 from delegation.wire import Params, Result
@@ -79,6 +80,7 @@ class Supervisor:
         # Children a committed takeover gave this host, not yet spawned; and those among
         # them whose cancellation came meanwhile (see stop).
         self._resuming: set[int] = set()
+        self.closing = False  # the engine's close suspends the runs here
         self._cancel_on_resume: set[int] = set()
         # A run here suspended its child (design §21): when it wakes at the latest.
         self.on_parked: Callable[[float | None], None] | None = None
@@ -241,6 +243,40 @@ class Supervisor:
             plan = reservation.plan_of(item.child, item.policy)
             self.spawn(item.child, plan, recovery, item.steers)
             log.info("child woken", extra={"action": "child_woken", "run_id": item.child.run_id})
+
+    def unrun(self, child_ids: Sequence[int]) -> list[int]:
+        """Those of ``child_ids`` that no run here runs, none is about to (a takeover's),
+        and this host is not closing: a lost commit answer's children (design §32)."""
+        if self.closing:
+            return []
+        return [i for i in child_ids if self.runs.get(i) is None and i not in self._resuming]
+
+    def adopt(self, adopted: orphans.Adopted) -> None:
+        """Run the children :func:`orphans.adopt` committed here: each once (a start's
+        commit, or the pump's, that spawned one since was answered by it)."""
+        if adopted.ended:
+            self.ended({machine.Outcome.CANCELLED: len(adopted.ended)})
+        for run_id in adopted.unreadable:
+            log.error(
+                "child ended: %s",
+                maintenance.UNREADABLE,
+                extra={"action": "child_unreadable", "run_id": run_id},
+            )
+        for child, policy in adopted.fresh:
+            if not self.unrun([child.id]):
+                continue
+            plan = dataclasses.replace(
+                reservation.plan_of(child, policy),
+                replay=False,
+                lease_pending=bool(child.lease_id),
+                slotted=child.state == machine.State.ADMITTED,  # the queue's turn admitted it
+            )
+            self.spawn(child, plan, None)
+            log.warning(
+                "child held here with no run (a commit whose answer was lost): run now",
+                extra={"action": "child_adopted", "run_id": child.run_id},
+            )
+        self.wake([item for item in adopted.resumable if self.unrun([item.child.id])])
 
     def notify_waits(self, child_id: int) -> bool:
         """Tell a run here that something it waits for may have come; False when the
@@ -505,6 +541,7 @@ class Supervisor:
         close goes on without it (its later writes are refused), as a crash would.
         Returns the children whose recorded process ended with their stopped run.
         """
+        self.closing = True  # nothing is adopted any more (unrun)
         running = list(self.runs)
         for local in running:
             local.suspend()

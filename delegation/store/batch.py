@@ -237,12 +237,14 @@ class Outage:
             )
         return failure
 
-    def back(self) -> None:
-        """A batch committed: if the server was away, say it is back."""
+    def back(self) -> bool:
+        """A batch committed: if the server was away, say it is back (True)."""
         self._pause = _RETRY_PAUSE_S
-        if self._away:
-            self._away = False
-            log.warning("the database is back: writing again", extra={"action": "store_back"})
+        if not self._away:
+            return False
+        self._away = False
+        log.warning("the database is back: writing again", extra={"action": "store_back"})
+        return True
 
     def pause(self, failure: errors.DelegationError) -> float:
         """Seconds before events that failed are tried again: while the server is away,

@@ -106,6 +106,9 @@ class Database:
         # Called once on the loop's thread when the database is found replaced (see held).
         self.on_lost: Callable[[errors.DelegationError], None] | None = None
         self._lost = False  # on_lost was told (since open)
+        # Called on the loop's thread when a batch commits after the server was away:
+        # a commit whose answer was lost meanwhile may have left work undone (§32).
+        self.on_back: Callable[[], None] | None = None
 
     # --- lifecycle --------------------------------------------------------------
 
@@ -364,6 +367,8 @@ class Database:
         if alone is not None:
             return alone
         raw = dbapi(self._conn)
+        if self._dialect.lost(raw):
+            return False  # the writer connects again (a lost connection fails one batch)
         begun, self._taken_by = self._dialect.try_begin(
             raw, relaxed=batch.relaxed(), instance=self._claimed
         )
@@ -496,7 +501,9 @@ class Database:
                 if begun or not batch.events or not refused(exc):
                     raise
                 self._transaction(conn, batch, savepoints=True, begun=False)
-            self._outage.back()
+            if self._outage.back() and self.on_back is not None and self._loop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody to tell
+                    self._loop.call_soon_threadsafe(self.on_back)
             return True
         except Redo:
             raise

@@ -76,6 +76,7 @@ class Store(Protocol):
     on_events: Callable[[set[int]], None] | None
     on_commit: Callable[[float, int], None] | None
     on_lost: Callable[[Any], None] | None  # called with the DatabaseReplaced, once
+    on_back: Callable[[], None] | None  # a batch committed after the server was away
 
     def open(self, loop: asyncio.AbstractEventLoop) -> None: ...
 
