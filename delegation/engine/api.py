@@ -162,6 +162,7 @@ class Engine(EngineReads):
         its children the database, its credentials or the host's code (design §23:
         ``check_confinement``, as the command runner's ``read_write``) is refused: its
         error is raised and nothing is created."""
+        self._supervisor.closing = False
         # Every run is handed this set: no runner that wraps another can forget it.
         self._supervisor.protected = Protected.of(
             database=self._db.protected_paths(),
@@ -264,6 +265,7 @@ class Engine(EngineReads):
         if not self._open:
             return
         self._open = self._membership.open = False
+        self._supervisor.closing = True
         self._rt.notices.close()
         if self._controls is not None:
             await self._controls.stop()

@@ -80,7 +80,7 @@ class Supervisor:
         # Children a committed takeover gave this host, not yet spawned; and those among
         # them whose cancellation came meanwhile (see stop).
         self._resuming: set[int] = set()
-        self.closing = False  # the engine's close suspends the runs here
+        self.closing = False  # the engine closes: nothing is adopted any more (unrun)
         self._cancel_on_resume: set[int] = set()
         # A run here suspended its child (design §21): when it wakes at the latest.
         self.on_parked: Callable[[float | None], None] | None = None
@@ -246,14 +246,19 @@ class Supervisor:
 
     def unrun(self, child_ids: Sequence[int]) -> list[int]:
         """Those of ``child_ids`` that no run here runs, none is about to (a takeover's),
-        and this host is not closing: a lost commit answer's children (design §32)."""
-        if self.closing:
+        and this host is not closing or rejoining: a lost commit answer's children
+        (design §32)."""
+        if self.closing or self._rt.rejoining:
             return []
         return [i for i in child_ids if self.runs.get(i) is None and i not in self._resuming]
 
     def adopt(self, adopted: orphans.Adopted) -> None:
         """Run the children :func:`orphans.adopt` committed here: each once (a start's
-        commit, or the pump's, that spawned one since was answered by it)."""
+        commit, or the pump's, that spawned one since was answered by it). None if this
+        host closes or went on as another instance meanwhile: what the adoption wrote is
+        the old instance's, which the rejoin's hand-over (or the next boot) takes."""
+        if self.closing or self._rt.rejoining or self._rt.instance_id != adopted.instance_id:
+            return
         if adopted.ended:
             self.ended({machine.Outcome.CANCELLED: len(adopted.ended)})
         for run_id in adopted.unreadable:
@@ -541,7 +546,6 @@ class Supervisor:
         close goes on without it (its later writes are refused), as a crash would.
         Returns the children whose recorded process ended with their stopped run.
         """
-        self.closing = True  # nothing is adopted any more (unrun)
         running = list(self.runs)
         for local in running:
             local.suspend()

@@ -32,6 +32,7 @@ class Adopted:
     """What :func:`adopt` committed: children to spawn fresh (with their grant's policy),
     to resume (set ``running`` here again), and those ended instead."""
 
+    instance_id: str  # the instance they were adopted under
     fresh: list[tuple[ChildRecord, bytes | None]]
     resumable: list[Resumable]
     unreadable: list[str]  # run ids of children ended: their record no longer decodes
@@ -77,4 +78,4 @@ def adopt(conn: Connection, now: float, instance_id: str, child_ids: list[int]) 
         else:
             fresh.append((child, policy))
     resumable = lifecycle.woken(conn, running, instance_id, now) if running else []
-    return Adopted(fresh, resumable, unreadable, ended)
+    return Adopted(instance_id, fresh, resumable, unreadable, ended)
