@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
 
 from delegation import ChildContext, Engine, EngineConfig, Event, errors
 from delegation.clock import ManualClock
 from delegation.os_processes import ProcessId
-from delegation.store import processes
+from delegation.store import lifecycle, processes
 from delegation.usecases import service
 from tests.rows import rows, scalar
-from tests.support import ScriptRunner, open_harness
+from tests.support import ScriptRunner, hold, open_harness
 
 LEASE_EXPIRED = "cancelled: lease expired"
 PER_LEASE = 60
@@ -161,3 +162,37 @@ async def test_every_end_of_a_batch_is_written_across_the_statements_chunks(
     assert sorted(found) == ids
     ended = rows(db_url, "SELECT id, state, error, finished_at FROM children ORDER BY id")
     assert ended == [(i, "done", f"e{i}", 5.0) for i in ids]
+
+
+async def test_a_lease_expiry_reaches_children_through_their_grant_alone(
+    postgres_db: str, workspace: Path
+) -> None:
+    """The expiry's statements on children cannot read ix_children_one_active (every
+    unfinished child): on a new database's statistics PostgreSQL read that index once
+    per due lease, seconds for thousands. Planned here with the grant's index dropped
+    and sequential scans disabled, where any index whose predicate the statement
+    implies would be taken (the drop is rolled back)."""
+    runner = ScriptRunner(script=hold(asyncio.Event()))
+    async with Engine(postgres_db, runner=runner, config=EngineConfig()) as engine:
+        h = await open_harness(engine, runner, workspace)
+        await asyncio.gather(*(h.start(f"q{n}", lease_id=f"L{n % 2}") for n in range(4)))
+    store = create_engine(postgres_db)
+    ran: list[tuple[str, Any]] = []
+
+    def seen(_c: Any, _cursor: Any, sql: str, params: Any, *_: Any) -> None:
+        ran.append((sql, params))
+
+    event.listen(store, "before_cursor_execute", seen)
+    try:
+        with store.connect() as conn:
+            affected, _ = lifecycle.expire_due(conn, LEASE_EXPIRED, 2_000_000_000.0)
+            assert len(affected) == 4
+            on_children = [(sql, params) for sql, params in ran if "children" in sql]
+            conn.exec_driver_sql("DROP INDEX ix_children_grant_request")
+            conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            for sql, params in on_children:
+                plan = "\n".join(conn.exec_driver_sql(f"EXPLAIN {sql}", params).scalars())
+                assert "ix_children_one_active" not in plan, (sql, plan)
+            conn.rollback()
+    finally:
+        store.dispose()

@@ -12,7 +12,7 @@ import msgspec
 from sqlalchemy import Connection, TextClause, text
 
 from delegation import errors
-from delegation.machine import Outcome, State, Trigger, sources, target
+from delegation.machine import TERMINAL, Outcome, State, Trigger, sources, target
 from delegation.records import Resumable
 from delegation.store import children, events
 from delegation.store.children import ACTIVE_TERM
@@ -59,6 +59,13 @@ def _fire(trigger: Trigger, among: list[str]) -> str:
 
 
 _DUE = "kind = 'lease' AND revoked_at IS NULL AND expires_at < :now"
+# The expiry reaches the children of due leases through their grant's index alone, so
+# its plan needs no statistics. ``state IN (<unfinished>)`` implies the predicate of
+# ix_children_one_active, and on a new database's statistics PostgreSQL read that whole
+# index once per due lease beside the grant's (0.9 ms a lease: 4.6 s of 5,000); the
+# unfinished named by what they are not (the same rows: ck_children_state) imply no
+# partial index.
+_UNENDED = f"state NOT IN ({', '.join(repr(s.value) for s in sorted(TERMINAL))})"
 TAKEOVER_LOCK = 0x64656C6567617466  # PostgreSQL advisory lock key ("delegatf")
 INSTANCE_LOCKS = 0x6465  # a host instance's own lock: (INSTANCE_LOCKS, hashtext(its id))
 # The children a takeover acts on: owned by no instance, or by one that was taken over
@@ -408,13 +415,17 @@ def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], fl
         deadline = next_deadline(conn)
         return [], None if deadline is None else max(deadline, now + _BUSY_RETRY_S)
     under_due = f"grant_id IN (SELECT id FROM grants WHERE {_DUE})"
-    affected = children.active_ids(conn, _q(conn, under_due).bindparams(now=now))
+    affected = sorted(
+        conn.execute(
+            _q(conn, f"SELECT id FROM children WHERE {_UNENDED} AND {under_due}"), {"now": now}
+        ).scalars()
+    )
     if affected:
         conn.execute(
             _q(
                 conn,
                 "UPDATE children SET cancel_requested_at = :now, cancel_reason = :reason,"
-                f" updated_at = :now, grant_id = NULL WHERE {ACTIVE_TERM}"
+                f" updated_at = :now, grant_id = NULL WHERE {_UNENDED}"
                 f" AND cancel_requested_at IS NULL AND {under_due}",
             ),
             {"now": now, "reason": reason},
