@@ -228,6 +228,40 @@ async def test_no_live_host_is_taken_over_for_a_restart_of_the_server(
         assert [r.started for r in runners] == [1, 1], "no child ran twice"
 
 
+async def test_a_host_booting_just_after_a_restart_of_the_server_takes_no_live_host_over(
+    away_url: str, server: postgres.Server
+) -> None:
+    """The soak's finding (design §32): a restart freed a live host's lock, and a host
+    that booted (or beat) before the live one had beaten again took a free lock with a
+    heartbeat two beats old for a dead host's, and took it over. A free lock proves a
+    death only on a server up for two beats, and a failed beat is tried again at once."""
+    assert server.ctl is not None
+    script = Gate()
+    runner = ScriptRunner(script)
+    # The live host beats seldom; the booting one counts a free lock after two of its
+    # own beats (1 s).
+    config = EngineConfig(release_drain_s=2.0, host_heartbeat_s=3.0, host_timeout_s=30.0)
+    booting = EngineConfig(release_drain_s=2.0, host_heartbeat_s=0.5, host_timeout_s=30.0)
+    async with Engine(away_url, runner=runner, config=config) as engine:
+        h = await own_harness(engine, runner, "runner-0")
+        child = await h.start("q1")
+        live = engine.instance_id
+        server.ctl("stop", "-m", "fast")
+        await asyncio.sleep(1.0)
+        server.ctl("start")
+        async with Engine(away_url, runner=ScriptRunner(), config=booting):
+            await asyncio.sleep(2.0)
+            with psycopg.connect(libpq(away_url), autocommit=True) as admin:
+                taken = admin.execute(
+                    "SELECT taken_by FROM engine_instances WHERE id = %s", (live,)
+                ).fetchone()
+            assert taken == (None,), "a live host was taken over"
+        script.gate.set()
+        done = await h.wait_done(child.conversation_id, timeout=20)
+        assert (done.state, done.error) == ("done", "")
+        assert runner.started == 1, "no child ran twice"
+
+
 class Counted(Gate):
     """A Gate that counts how many of its runs run at once."""
 

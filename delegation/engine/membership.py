@@ -28,6 +28,7 @@ log = logging.getLogger("delegation.engine")
 
 DEFERRALS_WARNED = 3  # heartbeats in a row whose takeover was held back: said once
 BOOT_ATTEMPTS = 3  # boot takeovers that met a held row, before the opening fails busy
+BEAT_RETRY_S = 0.25  # a heartbeat that failed is tried again this soon
 
 
 class Membership:
@@ -172,17 +173,24 @@ class Membership:
         The first beat comes at once: a host killed just before this one opened is seen
         dead (its lock free) without waiting a whole period. Nothing a beat meets ends
         the loop: a host that stopped beating would be taken over while it runs."""
-        delay = 0.25
+        delay, failing = 0.25, False
         while True:
             await asyncio.sleep(delay)
             delay = self._rt.config.host_heartbeat_s
             try:
                 await self._beat()
-            except errors.DelegationError as exc:  # busy, or the server away: next beat
-                log.warning("heartbeat failed: %s", exc, extra={"action": "heartbeat_failed"})
+            except errors.DelegationError as exc:  # busy, or the server away
+                # Tried again soon, not a period later (design §32): a restart freed this
+                # host's lock, and another host takes a free lock whose heartbeat is two
+                # beats old for a dead host's. Said once a lapse.
+                level = logging.DEBUG if failing else logging.WARNING
+                log.log(level, "heartbeat failed: %s", exc, extra={"action": "heartbeat_failed"})
+                delay, failing = min(BEAT_RETRY_S, delay), True
                 await self._cut_off()
             except Exception:
                 log.exception("heartbeat failed", extra={"action": "heartbeat_failed"})
+            else:
+                failing = False
 
     async def _beat(self) -> None:
         rt = self._rt
