@@ -150,7 +150,7 @@ async def until_started(h: Harness):  # type: ignore[no-untyped-def]
     while True:
         try:
             return await h.start("q2")
-        except errors.StoreUnavailable:
+        except (errors.StoreUnavailable, errors.DatabaseBusy):  # behind a failing beat
             if loop.time() > deadline:
                 raise
             await asyncio.sleep(0.05)
@@ -307,6 +307,72 @@ async def test_a_host_cut_off_past_its_deadline_stops_its_runs_and_resumes_them_
         done = await h.wait_done(child.conversation_id, timeout=20)
         assert (done.state, done.error) == ("done", "")
         assert script.most == 1, "two runs of the child at once"
+
+
+async def test_a_host_cut_off_adopts_nothing_before_it_rejoins(
+    away_url: str, server: postgres.Server
+) -> None:
+    """The soak's finding: a cut-off stopped the runs, and the first commit once the
+    database was back (not yet the heartbeat's) had the host adopt their children, held
+    by it with no run here (design §32), and run them under the old instance; its rejoin
+    then stopped them and resumed them again (each child ran twice). Here the test locks
+    the host's row as the server comes back, so its heartbeats fail (busy) and the host
+    stays cut off while a write commits; the adoption must leave the children to the
+    rejoin."""
+    assert server.ctl is not None
+    script = Counted()
+    runner = ScriptRunner(script)
+    config = EngineConfig(
+        release_drain_s=2.0, host_heartbeat_s=0.2, host_timeout_s=1.5, busy_timeout_ms=100
+    )
+    async with Engine(away_url, runner=runner, config=config) as engine:
+        h = await open_harness(engine, runner, "/tmp", [PRESET])
+        child = await h.start("q1", lease_id="L1")
+        old = engine.instance_id
+        server.ctl("stop", "-m", "fast")
+        lock = None
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            while script.now and loop.time() < deadline:  # cut off: its run stopped
+                await asyncio.sleep(0.05)
+            assert script.now == 0, "the run went on past the host's deadline"
+        finally:
+            server.ctl("start")
+            # Before the loop runs again, so before any heartbeat: it updates this row.
+            lock = psycopg.connect(libpq(away_url))
+            row = "SELECT 1 FROM engine_instances WHERE id = %s FOR SHARE"  # as a batch does
+            assert lock.execute(row, (old,)).fetchall() == [(1,)]
+        try:
+            await until_connected(h)  # a commit after the outage: the store's on_back
+            adoption = engine._db.on_back.__self__  # type: ignore[union-attr]
+            while adoption._adopting is None or not adoption._adopting.done():
+                await asyncio.sleep(0.05)
+            assert engine.instance_id == old, "the host rejoined with its row locked"
+            assert len(runner.prepared) == 1, "a run of the child while its host is cut off"
+        finally:
+            lock.close()
+        while len(runner.prepared) < 2 and loop.time() < deadline + 20:
+            await asyncio.sleep(0.05)
+        script.gate.set()
+        done = await h.wait_done(child.conversation_id, timeout=20)
+        assert (done.state, done.error) == ("done", "")
+        assert [p.recovery is not None for p in runner.prepared] == [False, True]
+        assert script.most == 1, "two runs of the child at once"
+
+
+async def until_connected(h: Harness) -> None:
+    """Connect a runner once the database answers: one write committed."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:
+        try:
+            await h.engine.connect("runner-late", "runner-late-host")
+            return
+        except errors.StoreUnavailable:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 async def test_serve_stays_up_and_refuses_with_store_unavailable(

@@ -40,7 +40,6 @@ class Membership:
         self._timers = timers
         self._task: asyncio.Task[None] | None = None
         self._alive_deadline = math.inf  # see _alive_since; none before the first beat
-        self._cut = False  # runs were stopped for a heartbeat lapse (see _cut_off)
         self.open = False  # a closing host only beats: it takes nothing over
         self._given_up = asyncio.Event()  # a replaced database was let go (see lost)
         self._deferred = 0  # heartbeats in a row whose takeover met a held row
@@ -218,7 +217,7 @@ class Membership:
                 self._deferred,
                 extra={"action": "takeover_held_back", "instance": rt.instance_id},
             )
-        if self._cut:
+        if self._rt.cut_off:
             await self._back_from_cut()
         self._supervisor.ended(takeover.ended)
         if isinstance(rt.clock, ServerClock):
@@ -271,9 +270,9 @@ class Membership:
         every local run now, without a write, so none runs beside the copy a taking
         host would resume (design §19). Once a heartbeat commits again, the host rejoins
         (:meth:`_back_from_cut`)."""
-        if self._cut or boot_clock() < self._alive_deadline:
+        if self._rt.cut_off or boot_clock() < self._alive_deadline:
             return
-        self._cut = True
+        self._rt.cut_off = True
         log.error(
             "no heartbeat for too long: %d runs stopped until the database is back",
             len(self._supervisor.runs),
@@ -291,7 +290,7 @@ class Membership:
         await self._rejoin()
         use = Use(maintenance.hand_over, rt.config, old, rt.instance_id)
         takeover = await rt.write(use, committed=self._supervisor.will_resume)
-        self._cut = False  # only now: a failure on the way is tried again at the next beat
+        self._rt.cut_off = False  # only now: a failure on the way is tried again at the next beat
         log.warning(
             "the database is back: this host goes on as a new instance",
             extra={"action": "host_rejoined", "old_instance": old, "instance": rt.instance_id},
@@ -307,7 +306,7 @@ class Membership:
         Until it has, writes are refused: one begun now would name the instance that
         was taken over, yet be fenced on the new one (a connection left open on it)."""
         lost, old = len(self._supervisor.runs), self._rt.instance_id
-        self._cut = False  # what a cut stopped was taken over: nothing to resume here
+        self._rt.cut_off = False  # what a cut stopped was taken over: nothing to resume here
         await self._rejoin()
         log.error(
             "this host was taken over while it could not heartbeat; %d runs stopped",

@@ -87,6 +87,9 @@ class Runtime:
         self.notices = notices
         self.instance_id = ""
         self.rejoining = False  # fenced, and not yet a new instance: writes are refused
+        # No heartbeat for too long: the runs were stopped, and the rejoin that follows
+        # the next committed beat resumes their children (Membership._cut_off).
+        self.cut_off = False
         self.lost: errors.DelegationError | None = None  # the database was replaced
         self._background: set[asyncio.Task[Any]] = set()
 

@@ -246,18 +246,25 @@ class Supervisor:
 
     def unrun(self, child_ids: Sequence[int]) -> list[int]:
         """Those of ``child_ids`` that no run here runs, none is about to (a takeover's),
-        and this host is not closing or rejoining: a lost commit answer's children
-        (design §32)."""
-        if self.closing or self._rt.rejoining:
+        and this host is not closing, cut off or rejoining: a lost commit answer's
+        children (design §32). A cut-off stopped runs that nothing runs now, and the
+        rejoin after it resumes their children as a new instance: adopted first, each
+        would run twice, under the old instance and then the new."""
+        if not self._adopts():
             return []
         return [i for i in child_ids if self.runs.get(i) is None and i not in self._resuming]
+
+    def _adopts(self) -> bool:
+        """Whether this host adopts now: it is not closing, cut off or rejoining."""
+        return not (self.closing or self._rt.cut_off or self._rt.rejoining)
 
     def adopt(self, adopted: orphans.Adopted) -> None:
         """Run the children :func:`orphans.adopt` committed here: each once (a start's
         commit, or the pump's, that spawned one since was answered by it). None if this
-        host closes or went on as another instance meanwhile: what the adoption wrote is
-        the old instance's, which the rejoin's hand-over (or the next boot) takes."""
-        if self.closing or self._rt.rejoining or self._rt.instance_id != adopted.instance_id:
+        host closes, was cut off or went on as another instance meanwhile: what the
+        adoption wrote is the old instance's, which the rejoin's hand-over (or the next
+        boot) takes."""
+        if not self._adopts() or self._rt.instance_id != adopted.instance_id:
             return
         if adopted.ended:
             self.ended({machine.Outcome.CANCELLED: len(adopted.ended)})
