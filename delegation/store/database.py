@@ -366,9 +366,10 @@ class Database:
         alone = self._commit_alone(self._conn, batch)
         if alone is not None:
             return alone
-        raw = dbapi(self._conn)
-        if self._dialect.lost(raw):
-            return False  # the writer connects again (a lost connection fails one batch)
+        try:
+            raw = dbapi(self._conn)
+        except Exception:  # invalidated: asked for, it connects again, and the server is away
+            return False  # the writer runs it, and says so
         begun, self._taken_by = self._dialect.try_begin(
             raw, relaxed=batch.relaxed(), instance=self._claimed
         )
@@ -406,7 +407,10 @@ class Database:
                 conn = self._unflushed_connection()
             except Exception:  # the server away: the writer runs it, and says so
                 return False
-        raw = dbapi(conn)
+        try:
+            raw = dbapi(conn)
+        except Exception:  # as in _commit_inline
+            return False
         if self._dialect.lost(raw) or self._dialect.in_transaction(raw):
             return False
         began = time.perf_counter() if self.on_commit is not None else 0.0
