@@ -262,6 +262,40 @@ async def test_a_host_booting_just_after_a_restart_of_the_server_takes_no_live_h
         assert runner.started == 1, "no child ran twice"
 
 
+async def test_a_close_rides_out_a_restart_of_the_server(
+    away_url: str, server: postgres.Server
+) -> None:
+    """A graceful close (SIGTERM to serve) that meets a restart waits for the server, up
+    to host_timeout_s, instead of raising store_unavailable: the soak's close_failed."""
+    assert server.ctl is not None
+    script = Gate()
+    runner = ScriptRunner(script)
+    engine = Engine(away_url, runner=runner, config=EngineConfig(host_heartbeat_s=0.5))
+    await engine.open()
+    h = await own_harness(engine, runner, "runner-0")
+    child = await h.start("q1")
+    instance = engine.instance_id
+    server.ctl("stop", "-m", "fast")
+    try:
+        closing = asyncio.create_task(engine.close())
+        await asyncio.sleep(1.0)
+        assert not closing.done(), "close gave up at once"
+    finally:
+        server.ctl("start")
+    await asyncio.wait_for(closing, 30)  # raises what close raised
+    with psycopg.connect(libpq(away_url), autocommit=True) as admin:
+        state = admin.execute(
+            "SELECT state, error FROM children WHERE conversation_id = %s",
+            (child.conversation_id,),
+        ).fetchone()
+        closed = admin.execute(
+            "SELECT closed_at IS NOT NULL FROM engine_instances WHERE id = %s", (instance,)
+        ).fetchone()
+    # Its tool call ended with the host: the foreground child is cancelled, once.
+    assert state == ("cancelled", "cancelled: host closed") and closed == (True,)
+    assert runner.started == 1
+
+
 class Counted(Gate):
     """A Gate that counts how many of its runs run at once."""
 

@@ -273,18 +273,21 @@ class Engine(EngineReads):
         self.timers.stop()
         self._admitting.stop()
         rt, supervisor = self._rt, self._supervisor
-        # Even when the database refuses these writes (then close raises), nothing of the
+        # Its writes ride out a blink of the database (up to host_timeout_s each). Even
+        # when the database refuses them longer (then close raises), nothing of the
         # engine outlives close: the next boot settles the rest, as after a crash.
+        blink = self.config.host_timeout_s
         try:
             try:
-                affected = await rt.write(Use(service.shutdown, rt.instance_id))
+                ending = lambda: Use(service.shutdown, rt.instance_id)  # noqa: E731
+                affected = await rt.through_blink(blink, ending)
                 await supervisor.drain(await supervisor.stop(affected), self.config.release_drain_s)
             finally:
                 reaped = await supervisor.suspend_all()
             if reaped:  # their processes are reaped: no record may outlive them
-                await rt.write(Use(_forget_processes, reaped))
+                await rt.through_blink(blink, lambda: Use(_forget_processes, reaped))
             await self._membership.stop()  # beating through the drains: never thought dead
-            await rt.write(Use(service.close_instance, rt.instance_id))
+            await rt.through_blink(blink, lambda: Use(service.close_instance, rt.instance_id))
         finally:
             await self._membership.stop()
             await rt.stop_background()

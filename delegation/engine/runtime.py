@@ -156,6 +156,23 @@ class Runtime:
                 pause = min(pause * 2, OWED_PAUSE_MAX_S)
         raise errors.HostClosing("this run was stopped with its host while it read")
 
+    async def through_blink(self, seconds: float, use: Callable[[], Use[T]]) -> T:
+        """A write tried again while the database is busy or away, or this host is
+        fenced and rejoining, for up to ``seconds`` (design §32: a graceful close rides
+        out a blink); then the refusal is raised. ``use`` makes it anew for each try: the
+        instance it names may be a new one after a rejoin."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        pause = OWED_PAUSE_S
+        while True:
+            try:
+                return await self.write(use())
+            except (errors.DatabaseBusy, errors.StoreUnavailable, errors.HostFenced):
+                if loop.time() + pause > until:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, OWED_PAUSE_MAX_S)
+
     def owe_later(self, given_up: Callable[[], bool], use: Use[Any]) -> None:
         """:meth:`owed` for a write nobody waits for (a steer's delivery): queued now,
         in order with what the run emitted, and tried again in a task of its own (which
