@@ -2,12 +2,16 @@
 
 - :mod:`~delegation.engine.api`: ``Engine``, the embedding API (design §6), its read
   models in :mod:`~delegation.engine.reads`;
-- :mod:`~delegation.engine.methods`: the five child methods (design §5) it serves;
+- :mod:`~delegation.engine.methods`: the five child methods (design §5) it serves, and
+  :mod:`~delegation.engine.answers`: what their callers are answered, and when (an ok
+  start is an admitted child on every host, design §32);
 - :mod:`~delegation.engine.runtime`: what the parts share, and the one write entry;
 - :mod:`~delegation.engine.supervisor` and :mod:`~delegation.engine.local_run`: the
   runs this process executes, from their start to their end, and
   :mod:`~delegation.engine.ends`: their ends, written together;
-- :mod:`~delegation.engine.membership`: this host among the hosts of its database (§12);
+- :mod:`~delegation.engine.membership`: this host among the hosts of its database (§12),
+  and :mod:`~delegation.engine.adoption`: what a lost commit answer left unrun here,
+  run once the database is back (§32);
 - :mod:`~delegation.engine.operators`: operators' control requests (§11);
 - :mod:`~delegation.engine.timers` and :mod:`~delegation.engine.upkeep`: the lease and
   retention wake-ups, and what they do;
