@@ -134,17 +134,20 @@ def take_instances(
 
 def unproven_dead(conn: Connection, me: str, suspect_s: float) -> float:
     """Seconds until every other open instance whose lock is free has had no heartbeat
-    for ``suspect_s`` (0: none is waiting). A booting host waits that long before its
-    takeover, so that a live host whose session the server just ended (its lock free
-    until its next beat) is not taken for dead (PostgreSQL; 0 on SQLite)."""
-    free = spelling_of(conn).instance_lock_free
+    for ``suspect_s``, on a server up for as long (0: none is waiting). A booting host
+    waits that long before its takeover, so that a live host whose session the server
+    just ended, or that the server's restart cut off (its lock free until its next
+    beat), is not taken for dead, and a dead one is (PostgreSQL; 0 on SQLite)."""
+    spelling = spelling_of(conn)
+    free = spelling.instance_lock_free
     if not free:
         return 0.0
     clock = db_clock(conn)
+    since = f"GREATEST(COALESCE(heartbeat_at, 0), {spelling.server_started})"
     sql = (
-        f"SELECT MAX(heartbeat_at + :suspect - {clock}) FROM engine_instances"
+        f"SELECT MAX({since} + :suspect - {clock}) FROM engine_instances"
         " WHERE id != :me AND taken_by IS NULL AND closed_at IS NULL"
-        f" AND heartbeat_at > {clock} - :suspect AND {free}"
+        f" AND {since} > {clock} - :suspect AND {free}"
     )
     value = conn.execute(
         text(sql), {"me": me, "suspect": suspect_s, "locks": INSTANCE_LOCKS}

@@ -43,6 +43,8 @@ class Spelling(Protocol):
     instance_lock_held: str
     instance_lock_free: str
     instance_lock_freed: str
+    # When the server last started (a restart frees every lock; SQLite: never, 0).
+    server_started: str
     # A row's version in an expression of its table alias ``{t}`` (None: no versions,
     # a start then reads its rows in its own transaction).
     row_version: str | None

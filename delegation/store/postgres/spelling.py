@@ -71,12 +71,12 @@ class PostgresSpelling:
     for_update: str = " FOR UPDATE"
     instance_lock_held: str = f" AND {_LOCK_HELD}"
     instance_lock_free: str = "pg_try_advisory_xact_lock(:locks, hashtext(id))"
+    server_started: str = "EXTRACT(EPOCH FROM pg_postmaster_start_time())"
     # A free lock proves a death only on a server up long enough for a live host to
     # have taken its lock again: a restart frees every lock (design §32).
     instance_lock_freed: str = (
         " OR (COALESCE(heartbeat_at, 0) < {clock} - :suspect"
-        " AND EXTRACT(EPOCH FROM pg_postmaster_start_time()) < {clock} - :suspect"
-        f" AND {instance_lock_free})"
+        f" AND {server_started} < {{clock}} - :suspect AND {instance_lock_free})"
     )
     # xmin tells two versions apart across transactions, ctid within one (a batch of
     # jobs is one transaction).

@@ -17,6 +17,7 @@ class SqliteSpelling:
     instance_lock_held: str = ""  # one host per file: its lock is the file's
     instance_lock_free: str = ""
     instance_lock_freed: str = ""
+    server_started: str = "0"
     row_version: str | None = None
     lock_child: str | None = None
     first_to: str | None = None
