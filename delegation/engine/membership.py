@@ -29,6 +29,7 @@ log = logging.getLogger("delegation.engine")
 DEFERRALS_WARNED = 3  # heartbeats in a row whose takeover was held back: said once
 BOOT_ATTEMPTS = 3  # boot takeovers that met a held row, before the opening fails busy
 BEAT_RETRY_S = 0.25  # a heartbeat that failed is tried again this soon
+CLOCK_TRUSTED_S = 0.25  # the longest round trip a reading of the server's clock is used from
 
 
 class Membership:
@@ -245,14 +246,21 @@ class Membership:
 
     async def _correct_clock(self, clock: ServerClock) -> None:
         """Read the server's clock on the reader (not behind queued writes), so the
-        round trip that brackets it is one statement's."""
-        sent = time.time()
-        try:
-            server_now = await self._rt.db.read_now(maintenance.server_time)
-        except errors.DelegationError as exc:
-            log.warning("server clock not read: %s", exc, extra={"action": "clock_unread"})
-            return
-        clock.correct(server_now, sent, time.time())
+        round trip that brackets it is one statement's. A round trip longer than
+        ``CLOCK_TRUSTED_S`` (the reader connecting again after an outage) could put the
+        clock off by half of it, and a host ahead purges what retention still keeps: it
+        is read once more, and else the offset is kept as it was."""
+        for _ in range(2):
+            sent = time.time()
+            try:
+                server_now = await self._rt.db.read_now(maintenance.server_time)
+            except errors.DelegationError as exc:
+                log.warning("server clock not read: %s", exc, extra={"action": "clock_unread"})
+                return
+            answered = time.time()
+            if answered - sent <= CLOCK_TRUSTED_S:
+                clock.correct(server_now, sent, answered)
+                return
 
     def _alive_since(self, beat: float) -> None:
         """A heartbeat sent at ``beat`` (``boot_clock``) committed: no host declares this
