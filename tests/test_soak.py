@@ -102,23 +102,6 @@ def soak_on_postgres(soak: list[str], tmp_path: Path, *, clean: bool = True) -> 
     return report
 
 
-# Found by the server-restart soak, and left to the engine. A host cuts itself off (stops
-# every run, logs 'no heartbeat for too long') once no beat has committed for
-# host_timeout_s - host_heartbeat_s since its last (membership: _alive_since, _cut_off):
-# 3 s here, with a beat every 2 s, so a restart of 1.3-2 s (pg_ctl stop -m fast, sleep 1,
-# start) that begins late in a beat's period cuts a host off. Back, it rejoins as a new
-# instance and hands the old one over to itself, which the checker counts as live_taken
-# (each seen in 11 runs: taken by its own host); a start whose run the cut-off (or a fence)
-# stopped before admission is refused host_closing; a host told to close while it rejoins
-# raises HostFenced ('this host is rejoining') out of Engine.close (close_failed).
-KNOWN_FINDINGS = (
-    "host: log: delegation.engine: no heartbeat for too long",
-    "live_taken: ",
-    "host: refusal: child.start refused with host_closing",
-    "close_failed: a closing host exited with 1 (delegation.errors.faults.HostFenced",
-)
-
-
 @pytest.mark.timeout(180)
 def test_soak_of_three_hosts_on_postgres_kills_pauses_and_takes_over(
     postgres_db: str, tmp_path: Path
@@ -172,27 +155,26 @@ def test_soak_through_server_restarts_on_postgres(
     own_server: postgres.Server, tmp_path: Path
 ) -> None:
     """`--db-restart-command`: the server itself is stopped (`pg_ctl stop -m fast`) and
-    started a second later, again and again, under two working hosts whose runs take
-    steps, read them back and sleep. No child ends with a store error (design §32: a
-    blink ends no child), no step runs twice, and every invariant holds. The hosts beat
-    every 2 s, the engine's default. Only the engine's known findings (KNOWN_FINDINGS)
-    make it xfail instead; any other violation fails it."""
+    started a second later (1.3-2.5 s away), again and again, under two working hosts
+    whose runs take steps, read them back and sleep. No child ends with a store error
+    (design §32: a blink ends no child), no step runs twice, and every invariant holds.
+
+    The hosts beat every 2 s, the engine's default, and declare one another dead after
+    8 s: a host rides out an outage shorter than host_timeout_s - 2 x host_heartbeat_s
+    (4 s here) without stopping its runs. With 5 s it stopped them for the restarts
+    that began late in a beat (cut off, then a new instance: legitimate, and the soak
+    counted its 'no heartbeat for too long' and the rejoin's hand-over as findings)."""
     assert own_server.restart_command is not None
     soak = ["--url", own_server.url, "--hosts", "2", "--seconds", "12", "--json"]
-    soak += ["--heartbeat", "2", "--host-timeout", "5"]
+    soak += ["--heartbeat", "2", "--host-timeout", "8"]
     report = soak_on_postgres(
-        [*soak, "--db-restart-command", own_server.restart_command(1.0)], tmp_path, clean=False
+        [*soak, "--db-restart-command", own_server.restart_command(1.0)], tmp_path
     )
-    found = report["violation_samples"]
-    assert len(found) == report["violations"], report["violations_by_kind"]
-    assert [v for v in found if not v.startswith(KNOWN_FINDINGS)] == [], found
     assert report["db_server_restarts"] >= 2, report
     assert report["db_server_restart_failures"] == 0, report
     assert report["ops"] > 200 and report["acked"]["events"] > 0
     assert report["errors_by_reason"].get("store_unavailable", 0) > 0, "no call met a restart"
     assert hosts_left(tmp_path) == []
-    if found:
-        pytest.xfail(f"the engine's known findings under restarts (see KNOWN_FINDINGS): {found}")
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from delegation import errors
+from delegation import EngineConfig, errors
 from delegation.usecases import maintenance, service
 from tools.soak import liveness
 from tools.soak.journal import Acks
@@ -55,6 +55,9 @@ ACTIVE = ("prepared", "admitted", "running")
 TERMINAL = ("done", "cancelled")
 # How long past its deadline a live host may leave a lease unexpired (a timer's slack).
 EXPIRY_GRACE_S = 3.0
+# The soak's hosts keep the engine's default: a runner's extension keeps its newest 1,024
+# tombstones (design §18), and a soak revokes more than that within retention.
+TOMBSTONE_CAP = EngineConfig().max_tombstones_per_extension
 # For comparing an engine timestamp with a host's acknowledgement: on PostgreSQL each
 # host's engine stamps the server's time as it measured it, so the soak widens this by
 # how far the measurements differed (``Acks.clock_spread``).
@@ -440,6 +443,11 @@ def _releases(
     by then, and its tombstone kept and fencing starts until it may be purged
     (``retention`` after the revocation; ``tombstones``: every revocation seen)."""
     keep = float("inf") if retention is None else retention
+    # Each runner's revocations as seen (the soak's runners have one extension each): a
+    # tombstone with TOMBSTONE_CAP newer ones beside it is trimmed by the cap (design §18).
+    revoked_of: dict[str, list[float]] = defaultdict(list)
+    for (runner, _), times in tombstones.items():
+        revoked_of[runner].append(max(times))
     under: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for c in snap.children:
         if c["lease_id"]:
@@ -453,7 +461,9 @@ def _releases(
             yield f"lost_tombstone: released lease {name} was not revoked"
         revoked = max((r for r in tombstones.get(key, ()) if r <= at + slack), default=None)
         if lease is None and revoked is not None and now < revoked + keep - slack:
-            yield f"lost_tombstone: lease {name} lost its tombstone within retention"
+            newer = sum(1 for r in revoked_of[key[0]] if r > revoked)
+            if newer < TOMBSTONE_CAP:
+                yield f"lost_tombstone: lease {name} lost its tombstone within retention"
         for c in under[key]:
             if c["created_at"] <= at - slack:
                 if c["finished_at"] is None or c["finished_at"] > at + slack:
