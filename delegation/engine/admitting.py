@@ -96,6 +96,8 @@ class Admitting:
             return
 
     def _spawn(self, turn: admission.Dequeued) -> None:
+        if self._supervisor.closing:  # admitted here: the takeover after the close settles them
+            return
         for run_id in turn.unreadable:
             log.error(
                 "child ended: %s",

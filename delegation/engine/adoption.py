@@ -22,6 +22,8 @@ from delegation.usecases import orphans
 
 log = logging.getLogger("delegation.engine")
 
+ADOPT_TRIES, ADOPT_PAUSE_S = 5, 1.0  # an adoption the database refused is tried again
+
 
 class Adoption:
     """The children of one engine that a lost commit answer left with no run here."""
@@ -42,7 +44,7 @@ class Adoption:
 
     async def _adopt(self) -> None:
         rt, supervisor = self._rt, self._supervisor
-        again = True
+        again, tries = True, 0
         while again:
             self._again = False
             me = rt.instance_id
@@ -52,9 +54,14 @@ class Adoption:
                 if unrun:
                     supervisor.adopt(await rt.write(Use(orphans.adopt, me, unrun)))
             except (errors.DatabaseBusy, errors.StoreUnavailable) as exc:
-                # Away again: the next commit after it tells the store's on_back anew.
+                # Busy, or away again (whose end tells the store's on_back anew): looked
+                # at again a few times, a second apart.
+                tries += 1
                 log.warning("children not adopted yet: %s", exc, extra={"action": "adopt_delayed"})
-                return
+                if tries >= ADOPT_TRIES:
+                    return
+                await asyncio.sleep(ADOPT_PAUSE_S)
+                continue
             except (errors.HostClosing, errors.HostFenced):
                 return
             again = self._again

@@ -44,6 +44,7 @@ class Membership:
         self.open = False  # a closing host only beats: it takes nothing over
         self._given_up = asyncio.Event()  # a replaced database was let go (see lost)
         self._deferred = 0  # heartbeats in a row whose takeover met a held row
+        self._clock_read = False  # the server's clock was read once (see _correct_clock)
 
     # --- boot ---------------------------------------------------------------------------
 
@@ -218,7 +219,7 @@ class Membership:
                 self._deferred,
                 extra={"action": "takeover_held_back", "instance": rt.instance_id},
             )
-        if self._rt.cut_off:
+        if self._rt.cut_off and self.open:  # a closing host hands nothing over to itself
             await self._back_from_cut()
         self._supervisor.ended(takeover.ended)
         if isinstance(rt.clock, ServerClock):
@@ -246,11 +247,13 @@ class Membership:
 
     async def _correct_clock(self, clock: ServerClock) -> None:
         """Read the server's clock on the reader (not behind queued writes), so the
-        round trip that brackets it is one statement's. A round trip longer than
-        ``CLOCK_TRUSTED_S`` (the reader connecting again after an outage) could put the
-        clock off by half of it, and a host ahead purges what retention still keeps: it
-        is read once more, and else the offset is kept as it was."""
-        for _ in range(2):
+        round trip that brackets it is one statement's. The reading is off by up to half
+        its round trip, and a host ahead purges what retention still keeps: after an
+        outage the first reading reconnects the reader, so the shortest of up to three is
+        used once within ``CLOCK_TRUSTED_S``, or when the clock was never corrected; else
+        the offset is kept as it was (logged)."""
+        best: tuple[float, float, float, float] | None = None  # trip, server_now, sent, answered
+        for _ in range(3):
             sent = time.time()
             try:
                 server_now = await self._rt.db.read_now(maintenance.server_time)
@@ -258,9 +261,20 @@ class Membership:
                 log.warning("server clock not read: %s", exc, extra={"action": "clock_unread"})
                 return
             answered = time.time()
-            if answered - sent <= CLOCK_TRUSTED_S:
-                clock.correct(server_now, sent, answered)
-                return
+            if best is None or answered - sent < best[0]:
+                best = (answered - sent, server_now, sent, answered)
+            if best[0] <= CLOCK_TRUSTED_S:
+                break
+        assert best is not None
+        if best[0] <= CLOCK_TRUSTED_S or not self._clock_read:
+            clock.correct(*best[1:])
+            self._clock_read = True
+            return
+        log.warning(
+            "server clock kept: its readings took %.2f s at best",
+            best[0],
+            extra={"action": "clock_untrusted"},
+        )
 
     def _alive_since(self, beat: float) -> None:
         """A heartbeat sent at ``beat`` (``boot_clock``) committed: no host declares this

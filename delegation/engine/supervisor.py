@@ -217,6 +217,12 @@ class Supervisor:
         self._resuming.update(item.child.id for item in takeover.resumable)
 
     def resume(self, takeover: maintenance.Takeover) -> None:
+        """Run the children a takeover committed here, unless the host closes meanwhile
+        (a hand-over at the end of a close through a cut-off): they stay this instance's,
+        closed with it, and the next boot or another host's takeover resumes them."""
+        if self.closing:
+            self._resuming.difference_update(item.child.id for item in takeover.resumable)
+            return
         for run_id in takeover.unreadable:
             log.error(
                 "child ended: %s",
@@ -237,7 +243,10 @@ class Supervisor:
             )
 
     def wake(self, woken: Sequence[Resumable]) -> None:
-        """Run again the children a wake-up committed ``running`` here (design §21)."""
+        """Run again the children a wake-up committed ``running`` here (design §21);
+        none once the host closes (as :meth:`resume`)."""
+        if self.closing:
+            return
         for item in woken:
             recovery = Recovery(item.attempt, item.last_sequence, item.delivered, item.steps)
             plan = reservation.plan_of(item.child, item.policy)
