@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 
 from delegation import errors
 from delegation.engine.notices import keep_running
-from delegation.engine.runtime import Runtime, Use
+from delegation.engine.runtime import Runtime, Use, unreadable
 from delegation.engine.supervisor import Supervisor
 from delegation.store import admission as store
 from delegation.store.sql import Connection
-from delegation.usecases import admission, maintenance, reservation
+from delegation.usecases import admission, reservation
 
 log = logging.getLogger("delegation.engine")
 
@@ -98,12 +98,7 @@ class Admitting:
     def _spawn(self, turn: admission.Dequeued) -> None:
         if self._supervisor.closing:  # admitted here: the takeover after the close settles them
             return
-        for run_id in turn.unreadable:
-            log.error(
-                "child ended: %s",
-                maintenance.UNREADABLE,
-                extra={"action": "child_unreadable", "run_id": run_id},
-            )
+        unreadable(turn.unreadable)
         supervisor = self._supervisor
         for child, policy in turn.fresh:
             plan = reservation.plan_of(child, policy)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from delegation import errors
@@ -215,6 +215,16 @@ class Runtime:
 
     async def stop_background(self) -> None:
         await cancelled(self._background)
+
+
+def unreadable(run_ids: Sequence[str]) -> None:
+    """Say so of children ended because their stored record no longer decodes."""
+    for run_id in run_ids:
+        log.error(
+            "child ended: %s",
+            errors.ChildUnreadable.default_message(),
+            extra={"action": "child_unreadable", "run_id": run_id},
+        )
 
 
 async def cancelled(tasks: Any) -> None:

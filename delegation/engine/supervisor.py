@@ -22,7 +22,7 @@ from delegation.backlog import UNBOUNDED, Room
 from delegation.engine.answers import Answers
 from delegation.engine.ends import Ends
 from delegation.engine.local_run import LocalRun, LocalRuns
-from delegation.engine.runtime import Runtime, Use
+from delegation.engine.runtime import Runtime, Use, unreadable
 from delegation.engine.timers import Timers
 from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, Resumable, RunnerConnection
@@ -223,12 +223,7 @@ class Supervisor:
         if self.closing:
             self._resuming.difference_update(item.child.id for item in takeover.resumable)
             return
-        for run_id in takeover.unreadable:
-            log.error(
-                "child ended: %s",
-                maintenance.UNREADABLE,
-                extra={"action": "child_unreadable", "run_id": run_id},
-            )
+        unreadable(takeover.unreadable)
         for item in takeover.resumable:
             recovery = Recovery(item.attempt, item.last_sequence, item.delivered, item.steps)
             plan = reservation.plan_of(item.child, item.policy)
@@ -277,12 +272,7 @@ class Supervisor:
             return
         if adopted.ended:
             self.ended({machine.Outcome.CANCELLED: len(adopted.ended)})
-        for run_id in adopted.unreadable:
-            log.error(
-                "child ended: %s",
-                maintenance.UNREADABLE,
-                extra={"action": "child_unreadable", "run_id": run_id},
-            )
+        unreadable(adopted.unreadable)
         for child, policy in adopted.fresh:
             if not self.unrun([child.id]):
                 continue

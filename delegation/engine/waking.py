@@ -18,11 +18,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from delegation import errors
-from delegation.engine.runtime import OWED_PAUSE_MAX_S, Runtime, Use
+from delegation.engine.runtime import OWED_PAUSE_MAX_S, Runtime, Use, unreadable
 from delegation.engine.supervisor import Supervisor
 from delegation.engine.timers import WAKE_JOB, Timers
 from delegation.store.controls import ControlRecord
-from delegation.usecases import maintenance, waiting
+from delegation.usecases import waiting
 from delegation.wire import Result
 
 log = logging.getLogger("delegation.engine")
@@ -56,12 +56,7 @@ class Waking:
         rt = self._rt
         while True:
             woken = await rt.write(Use(waiting.wake_due, rt.instance_id, BATCH))
-            for run_id in woken.unreadable:
-                log.error(
-                    "child ended: %s",
-                    maintenance.UNREADABLE,
-                    extra={"action": "child_unreadable", "run_id": run_id},
-                )
+            unreadable(woken.unreadable)
             self._supervisor.wake(woken.resumable)
             if len(woken.resumable) + len(woken.unreadable) < BATCH:
                 break
