@@ -42,11 +42,14 @@ async def test_a_reservation_whose_answer_was_lost_runs(postgres_db: str, worksp
     assert found == [("done", True)]
 
 
-async def test_a_start_whose_commit_answer_was_lost_runs_when_replayed(
-    postgres_db: str, workspace: Path
+@pytest.mark.parametrize("replayed", [True, False])
+async def test_a_start_whose_commit_answer_was_lost_runs(
+    postgres_db: str, workspace: Path, replayed: bool
 ) -> None:
     """A start under a lease is a transaction: its COMMIT committed, its answer was lost.
-    The caller is told the store was away; its replay finds the child and runs it."""
+    The caller is told the store was away; its replay finds the child and runs it. Not
+    replayed (its caller went away), the host runs the child it holds once the database
+    answers again (design §32). Either way it runs once."""
     runner = ScriptRunner(script=said_hello)
     with proxied(postgres_db) as (url, proxy):
         async with Engine(url, runner=runner) as engine:
@@ -55,27 +58,12 @@ async def test_a_start_whose_commit_answer_was_lost_runs_when_replayed(
             with pytest.raises(errors.StoreError):
                 await h.start("q1", lease_id="lease-1")
             assert proxy.cuts == 1
-            again = await asyncio.wait_for(h.start("q1", lease_id="lease-1"), 20)
-            record = await wait_terminal(engine, again.conversation_id, timeout=20)
-    assert (record.state, record.error) == ("done", "")
-    assert runner.started == 1
-
-
-async def test_a_start_whose_commit_answer_was_lost_runs_unreplayed(
-    postgres_db: str, workspace: Path
-) -> None:
-    """The same, and nobody replays it (its caller went away): once the database
-    answers again the host runs the child it holds (design §32), and only once."""
-    runner = ScriptRunner(script=said_hello)
-    with proxied(postgres_db) as (url, proxy):
-        async with Engine(url, runner=runner) as engine:
-            h = await open_harness(engine, runner, workspace)
-            proxy.cut_answer("INSERT INTO children", then="COMMIT")
-            with pytest.raises(errors.StoreError):
-                await h.start("q1", lease_id="lease-1")
-            (cid,) = rows.rows(postgres_db, "SELECT conversation_id FROM children")[0]
+            if replayed:
+                again = await asyncio.wait_for(h.start("q1", lease_id="lease-1"), 20)
+                cid = again.conversation_id
+            else:
+                (cid,) = rows.rows(postgres_db, "SELECT conversation_id FROM children")[0]
             record = await wait_terminal(engine, cid, timeout=20)
-            assert proxy.cuts == 1
     assert (record.state, record.error) == ("done", "")
     assert runner.started == 1
 
