@@ -7,10 +7,11 @@ from __future__ import annotations
 _BUSY = frozenset({"40001", "40P01", "55P03", "57014"})
 # The server went away or cannot take us now: shut down (57P01-3), out of connections
 # (53300), a primary that turned read-only while it hands over to another (25006: but
-# on a reader, whose transactions are read-only, that is the read's own fault); class
+# on a reader, whose transactions are read-only, that is the read's own fault), this
+# session ended for idling in its transaction (25P03: a host paused inside one); class
 # 08 below.
 READ_ONLY_SERVER = "25006"
-_GONE = frozenset({"57P01", "57P02", "57P03", "53300", READ_ONLY_SERVER})
+_GONE = frozenset({"57P01", "57P02", "57P03", "53300", "25P03", READ_ONLY_SERVER})
 _CONNECTION_ERRORS = frozenset({"OperationalError", "InterfaceError"})
 # What a server says when it refuses who connects, not that it is away (libpq's words).
 _CONNECT_REFUSALS = (
