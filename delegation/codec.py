@@ -8,6 +8,9 @@ builds a new value, so a failed decode leaves every earlier value untouched.
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import uuid
 from collections.abc import Iterable
 from functools import cache
 from typing import Any, TypeVar
@@ -48,8 +51,52 @@ def decode(
         value: T = _decoder(type).decode(data)
     except (msgspec.MsgspecError, ValueError, TypeError, RecursionError) as exc:
         raise errors.MalformedInput(f"malformed child input: {exc}") from exc
-    _check(value, "$", tuple(providers))
+    _check(value, "$", tuple(providers), "malformed child input")
     return value
+
+
+# What ``to_builtins`` would turn into text (bytes into base64, a UUID into its string):
+# kept as they are, so a field typed ``str`` refuses them as no JSON could carry them.
+_AS_IS = (
+    bytes,
+    bytearray,
+    memoryview,
+    datetime.datetime,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    uuid.UUID,
+    decimal.Decimal,
+)
+
+
+def checked(
+    value: object,
+    kind: type[T],
+    *,
+    providers: Iterable[str] | None = PROVIDERS,
+    label: str = "malformed child input",
+) -> T:
+    """``value``, a wire value built in Python, checked as :func:`decode` checks its JSON.
+
+    msgspec checks no type when a Struct is constructed (``Request(message=123)`` is
+    built), so a typed value is converted once more into ``kind``, field by field: the
+    same refusal as on the wire, with the same words (``Expected `str`, got `int` - at
+    `$.request.message```). Returns the value as decoding would have built it. With
+    ``providers`` None, nested ExecutionOptions are checked for their types only (a
+    client does not know its host's providers).
+
+    Raises:
+        errors.MalformedInput: ``value`` is not a ``kind`` of the wire's shape; its
+            message starts with ``label``.
+        errors.InvalidOptions: a nested ExecutionOptions value is invalid.
+    """
+    try:
+        built: T = msgspec.convert(msgspec.to_builtins(value, builtin_types=_AS_IS), kind)
+    except (msgspec.MsgspecError, ValueError, TypeError, RecursionError) as exc:
+        raise errors.MalformedInput(f"{label}: {exc}") from exc
+    _check(built, "$", None if providers is None else tuple(providers), label)
+    return built
 
 
 def encode(value: WireStruct) -> bytes:
@@ -57,25 +104,45 @@ def encode(value: WireStruct) -> bytes:
     return _encoder.encode(value)
 
 
-def _check(value: WireStruct, path: str, providers: tuple[str, ...]) -> None:
+def _check(value: WireStruct, path: str, providers: tuple[str, ...] | None, label: str) -> None:
     """What msgspec cannot say in a type: uint64's upper bound, options validity."""
     if isinstance(value, ExecutionOptions):
-        value.validate(providers)
+        if providers is not None:
+            value.validate(providers)
         return
-    for name, encode_name in _fields(type(value)):
+    for name, encode_name, uint64 in _plan(type(value)):
         item = getattr(value, name)
-        if name in UINT64_FIELDS and isinstance(item, int) and item > U64_MAX:
-            where = f"{path}.{encode_name}"
-            raise errors.MalformedInput(f"malformed child input: {where} exceeds uint64")
-        if isinstance(item, WireStruct):
-            _check(item, f"{path}.{encode_name}", providers)
+        if uint64:
+            if isinstance(item, int) and item > U64_MAX:
+                where = f"{path}.{encode_name}"
+                raise errors.MalformedInput(f"{label}: {where} exceeds uint64")
+        elif isinstance(item, WireStruct):
+            _check(item, f"{path}.{encode_name}", providers, label)
         elif isinstance(item, list):
             for index, element in enumerate(item):
                 if isinstance(element, WireStruct):
-                    _check(element, f"{path}.{encode_name}[{index}]", providers)
+                    _check(element, f"{path}.{encode_name}[{index}]", providers, label)
 
 
 @cache
-def _fields(kind: type[WireStruct]) -> tuple[tuple[str, str], ...]:
-    """(attribute, JSON name) of a wire type; msgspec re-reads annotations on every call."""
-    return tuple((f.name, f.encode_name) for f in msgspec.structs.fields(kind))
+def _plan(kind: type[WireStruct]) -> tuple[tuple[str, str, bool], ...]:
+    """(attribute, JSON name, uint64?) of the fields of a wire type :func:`_check` looks
+    at: the uint64s and those that may hold wire values (every call checks a start's)."""
+    info = msgspec.inspect.type_info(kind)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return tuple(
+        (f.name, f.encode_name, f.name in UINT64_FIELDS)
+        for f in info.fields
+        if f.name in UINT64_FIELDS or _nests(f.type)
+    )
+
+
+def _nests(kind: msgspec.inspect.Type) -> bool:
+    """Whether a value of this type may be, or be a list of, wire values."""
+    if isinstance(kind, msgspec.inspect.StructType):
+        return True
+    if isinstance(kind, msgspec.inspect.UnionType):
+        return any(_nests(member) for member in kind.types)
+    if isinstance(kind, msgspec.inspect.ListType):
+        return _nests(kind.item_type)
+    return False

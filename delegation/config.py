@@ -5,7 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypedDict
 
+import msgspec
+
+from delegation import errors
 from delegation.options import PROVIDERS
 
 # The kinds of admission scope (design §22) and how many IDs each names, "/"-separated.
@@ -33,6 +37,15 @@ def parse_scope(scope: str) -> tuple[str, tuple[str, ...]]:
     return kind, parts
 
 
+class _PolicyTypes(TypedDict):
+    """The types of an AdmissionPolicy's fields, as msgspec checks them."""
+
+    concurrency: int | None
+    rate: tuple[int, float] | None
+    max_queued: int
+    queue_timeout_s: float | None
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionPolicy:
     """How many children of a scope run at once and how fast they start (design §22).
@@ -42,6 +55,10 @@ class AdmissionPolicy:
     ``max_queued``: children waiting their turn at most; a start past it is refused
     (``queue_full``). ``queue_timeout_s``: a child waiting longer ends cancelled
     ("cancelled: admission wait timed out"; None: it waits as long as it takes).
+
+    A value of the wrong type (``concurrency="3"``, ``rate="5/s"``) raises
+    :class:`errors.MalformedInput` naming the field, as the wire words it; a value out of
+    range raises ``ValueError``.
     """
 
     concurrency: int | None = None
@@ -50,6 +67,11 @@ class AdmissionPolicy:
     queue_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
+        values = {name: getattr(self, name) for name in _PolicyTypes.__annotations__}
+        try:
+            msgspec.convert(values, _PolicyTypes)
+        except msgspec.ValidationError as exc:
+            raise errors.MalformedInput(f"malformed admission policy: {exc}") from None
         c = self.concurrency
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or not 1 <= c < 2**31):
             raise ValueError("admission concurrency must be a positive whole number, or None")

@@ -329,9 +329,11 @@ def test_scopes_and_policies_are_checked() -> None:
         with pytest.raises(ValueError, match="admission scope"):
             EngineConfig(admission={bad: AdmissionPolicy()})
     for values in ({"concurrency": 0}, {"rate": (0, 1.0)}, {"rate": (1, 0)}, {"max_queued": -1},
-                   {"queue_timeout_s": 0}, {"rate": "5/s"}):  # fmt: skip
+                   {"queue_timeout_s": 0}):  # fmt: skip
         with pytest.raises(ValueError, match="admission"):
             AdmissionPolicy(**values)  # type: ignore[arg-type]
+    with pytest.raises(errors.MalformedInput, match=r"admission policy: .* at `\$\.rate`"):
+        AdmissionPolicy(rate="5/s")  # type: ignore[arg-type]  # a type: tests/test_typed_inputs.py
 
 
 async def test_a_cancel_recorded_before_its_turn_ends_the_child_unprepared(

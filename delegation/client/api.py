@@ -52,7 +52,7 @@ from delegation.client.wire import (
     unreadable,
     wire_params,
 )
-from delegation.codec import decode
+from delegation.codec import checked, decode
 from delegation.options import ExecutionOptions
 from delegation.protocol import (
     CANCEL,
@@ -207,6 +207,7 @@ class Client:
             run_id, conversation_id, tool_call_id, extension_id, list(presets), workspace,
             msgspec.UNSET if policy is None else policy,
         )  # fmt: skip
+        params = checked(params, ToolBegin, providers=None, label="malformed params")
         await self._ask(TOOL_BEGIN, params)
 
     async def end_tool(self, run_id: str, tool_call_id: str) -> None:

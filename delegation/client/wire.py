@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from delegation import errors
+from delegation.codec import checked
 from delegation.wire import Event, Params, ParamsLike
 
 # How much one read of the host's answers takes at most. An answer is one line of any
@@ -94,9 +95,11 @@ def params_after(wire: Params | Mapping[str, Any] | msgspec.Raw, after: int) -> 
 
 
 def wire_params(params: ParamsLike) -> Params | Mapping[str, Any] | msgspec.Raw:
-    """What a child method sends; the host decodes it strictly (with its own providers)."""
+    """What a child method sends; the host decodes it strictly (with its own providers).
+    Typed Params are checked here as their JSON would be (msgspec checks no type, and
+    bytes or a UUID would cross as text)."""
     if isinstance(params, Params):
-        return params
+        return checked(params, Params, providers=None)
     if isinstance(params, Mapping):
         return dict(params)
     if isinstance(params, bytes | bytearray | memoryview | str):

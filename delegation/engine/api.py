@@ -25,6 +25,7 @@ import msgspec
 from delegation import errors
 from delegation.backlog import UNBOUNDED, Room
 from delegation.clock import Clock, ServerClock, SystemClock
+from delegation.codec import checked
 from delegation.config import AdmissionPolicy, EngineConfig, parse_scope
 from delegation.engine import telemetry
 from delegation.engine.admitting import Admitting
@@ -362,6 +363,7 @@ class Engine(EngineReads):
     async def begin_tool(self, conn: RunnerConnection, begin: ToolBegin) -> ToolHandle:
         """:meth:`open_tool` with its input as ``tool.begin`` carries it, whole."""
         self._require_open()
+        begin = checked(begin, ToolBegin, providers=None, label="malformed params")
         grant = await self._rt.write(
             Use(service.open_tool, self.config, self.instance_id, conn, begin)
         )

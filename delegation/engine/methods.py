@@ -18,7 +18,7 @@ import msgspec
 
 from delegation import errors
 from delegation.backlog import Room
-from delegation.codec import decode
+from delegation.codec import checked, decode
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
 from delegation.machine import State
@@ -90,9 +90,10 @@ class ChildMethods:
         )
 
     def params(self, params: ParamsLike) -> Params:
-        """``Params`` from Params, its JSON, or a dict of wire names (strictly decoded)."""
+        """``Params`` from Params, its JSON, or a dict of wire names (strictly decoded;
+        typed Params are checked as their JSON would be: msgspec checks no type)."""
         if isinstance(params, Params):
-            return params
+            return checked(params, Params, providers=self._rt.config.providers)
         if isinstance(params, Mapping):
             try:
                 params = _json.encode(dict(params))

@@ -436,6 +436,9 @@ def stored_policy(conn: Connection, now: float, scope: str, policy: object | Non
             _unconstrained_first(conn)
         return removed
     if not isinstance(policy, AdmissionPolicy):
-        raise TypeError("an admission policy is an AdmissionPolicy, or None to remove it")
+        raise errors.MalformedInput(
+            f"malformed admission policy: expected an AdmissionPolicy or None, got"
+            f" {type(policy).__name__}"
+        )
     admission.put(conn, scope, policy, now)
     return True
