@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import inspect
-import re
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
@@ -98,40 +97,6 @@ def truncate(text: str, limit: int) -> str:
     while encoded[end] & 0xC0 == 0x80:  # a continuation byte: its character is cut
         end -= 1
     return _string.decode(encoded[: _escape_start(encoded, end)] + b'"')
-
-
-# What a provider's exception may carry that must not reach a peer (design §20): a
-# URL's query string (``?key=...``), an authorization header's value, a named secret
-# (``api_key=...``, ``"token": "..."``), and tokens shaped like keys.
-_QUERY = re.compile(r"((?:https?|wss?)://[^\s?#'\"<>]+)\?[^\s#'\"<>]*")
-_NAMED = re.compile(
-    r"(?i)((?:api[_-]?key|access[_-]?token|auth[_-]?token|token|secret|password|passwd"
-    r"|client[_-]?secret|x-api-key|x-goog-api-key)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&}]+"
-)
-_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
-_KEYLIKE = re.compile(
-    r"\b(?:sk-(?:ant-|proj-)?[A-Za-z0-9_-]{8,}|gh[pousr]_[A-Za-z0-9]{16,}|github_pat_\w{16,}"
-    r"|xox[abprs]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{20,}|AKIA[0-9A-Z]{16}|hf_[A-Za-z0-9]{16,})"
-)
-# A long run of letters and digits with upper, lower and digit alike: a key, not a word
-# or an id of ours (those are lower-case hex).
-_OPAQUE = re.compile(
-    r"\b(?=[A-Za-z0-9_-]*[a-z])(?=[A-Za-z0-9_-]*[A-Z])(?=[A-Za-z0-9_-]*\d)"
-    r"[A-Za-z0-9_-]{32,}\b"
-)
-REDACTED = "[redacted]"
-
-
-def redact_secrets(text: str) -> str:
-    """``text`` with what looks like a credential replaced by ``[redacted]``: the query
-    string of every URL, the value of a named secret or an authorization header, and
-    tokens shaped like API keys. For the error a child ends with, which every page of
-    the child carries to its peer (a provider's exception text may quote its request)."""
-    text = _QUERY.sub(rf"\1?{REDACTED}", text)
-    text = _NAMED.sub(rf"\1{REDACTED}", text)
-    text = _BEARER.sub(rf"\1 {REDACTED}", text)
-    text = _KEYLIKE.sub(REDACTED, text)
-    return _OPAQUE.sub(REDACTED, text)
 
 
 def _escape_start(encoded: bytes, end: int) -> int:

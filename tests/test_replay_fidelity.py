@@ -17,7 +17,7 @@ import pytest
 
 from delegation import ChildContext, EngineConfig, Event
 from delegation.clock import ManualClock
-from delegation.runs import redact_secrets
+from delegation.usecases.redaction import redact_secrets
 from tests.support import Harness, ScriptRunner
 from tests.test_recovery import LEASE, restarted, until_event
 

@@ -31,12 +31,12 @@ from delegation.runs import (
     NotResumable,
     Recovery,
     Runner,
-    redact_secrets,
     truncate,
 )
 from delegation.usecases import admission, maintenance, orphans, queries, reservation, service
 from delegation.usecases.journal import Journal
 from delegation.usecases.protection import Protected
+from delegation.usecases.redaction import redact_secrets
 from delegation.wire import Params, Result
 
 # The error of a child cancelled for running past its deadline (design §22), or past

@@ -73,6 +73,7 @@ from pydantic_core import to_json, to_jsonable_python
 
 from delegation.options import ExecutionOptions
 from delegation.runs import ChildContext, Recovery, Run
+from delegation.usecases.redaction import redact_secrets
 from delegation.wire import Event, Identity, Preset, Request
 
 AgentSource = Agent[Any, Any] | Callable[[], Agent[Any, Any]]
@@ -310,7 +311,7 @@ class Journaled(AbstractCapability[Any]):
             try:
                 result = await handler(args)
             except Exception as exc:
-                self._emit_result(call, str(exc), success=False)
+                self._emit_result(call, redact_secrets(str(exc)), success=False)
                 raise
             value = to_jsonable_python(result, fallback=str)
             size = len(to_json(value))

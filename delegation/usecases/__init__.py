@@ -10,6 +10,8 @@ Each is a function ``fn(conn, now, ...)`` the engine's runtime runs in one trans
 * :mod:`~delegation.usecases.queries` - the read models (pages, records, lists);
 * :mod:`~delegation.usecases.followups` - a follow-up's frozen configuration;
 * :mod:`~delegation.usecases.protection` - what no child process may reach;
+* :mod:`~delegation.usecases.redaction` - the credentials a run's error may quote, redacted
+  before anyone reads it (SPEC §26);
 * :mod:`~delegation.usecases.journal` - a run's step journal;
 * :mod:`~delegation.usecases.waiting` - a child that waits (design §21): its waits
   opened, suspended, woken, answered, and events sent; :mod:`~delegation.usecases.waits`
