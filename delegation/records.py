@@ -12,6 +12,14 @@ from typing import NamedTuple
 from delegation.options import ExecutionOptions
 from delegation.wire import Preset
 
+# The event kinds the engine writes into a child's stream on its behalf (design §26): a
+# resume's ``recovery``, an input request's ``input-required``, a rewind's ``rewind``. A
+# run may not emit them, and a resumed run's emits are matched with the others only.
+RECOVERY_KIND = "recovery"
+INPUT_REQUIRED_KIND = "input-required"
+REWIND_KIND = "rewind"
+ENGINE_KINDS = frozenset({RECOVERY_KIND, INPUT_REQUIRED_KIND, REWIND_KIND})
+
 
 @dataclass(frozen=True, slots=True)
 class RunnerConnection:

@@ -25,7 +25,8 @@ import msgspec
 
 from delegation import errors
 from delegation.codec import encode
-from delegation.usecases.journal import Journal
+from delegation.usecases.emits import Committed, is_engine_kind
+from delegation.usecases.journal import Journal, in_step
 from delegation.usecases.protection import NOTHING, Protected
 from delegation.usecases.waits import WaitHooks, Waits
 from delegation.wire import Event, Identity, Preset, Request
@@ -178,6 +179,7 @@ class ChildContext:
         previous_run_id: str | None = None,
         wait_hooks: WaitHooks | None = None,
         hold_s: float = 30.0,
+        committed: Committed | None = None,
     ) -> None:
         self.identity = identity
         self.request = request
@@ -185,6 +187,8 @@ class ChildContext:
         self.cwd = cwd
         self.recovery = recovery
         self._sequence = last_sequence
+        # A resumed run's own events already committed, matched with its emits (§26).
+        self._committed = committed
         self._limit = max_field_bytes
         self._hooks = hooks
         self._protected = protected
@@ -362,22 +366,33 @@ class ChildContext:
         character boundary to ``max_event_field_bytes``, and ``kind``, ``toolName`` and
         ``toolCallId`` to 1 KiB, each measured as JSON encodes it (a control character
         takes six bytes, a quote two); the child's ``output`` keeps a ``result`` text whole.
-        Raises ``TypeError`` for anything but a well-formed Event (nothing is appended and
-        no sequence is used) and ``RuntimeError`` once the run has ended.
+        A resumed run's emits are matched, in order, with the events of its own kinds
+        its execution committed before (design §26): one that is the next of them is not
+        written again and its sequence is returned; the first that differs, and every
+        later one, is written (logged ``emits_diverged``). Emits between steps are
+        deterministic, as step names are; what a step's function emits is never matched
+        (a step run again emits again, at least once, as its effects).
+
+        Raises ``TypeError`` for anything but a well-formed Event and ``ValueError`` for
+        one of the engine's kinds (``recovery``, ``input-required``, ``rewind``): nothing
+        is appended and no sequence is used. Raises ``RuntimeError`` once the run has ended.
         """
-        sequence, body, output = self._prepare(event)
-        self._hooks.append(sequence, body, output)
+        sequence, body, output = self._prepare(event, own=True)
+        if body:  # else committed before this resume
+            self._hooks.append(sequence, body, output)
         return sequence
 
     def _numbered(self, event: Event) -> tuple[int, bytes]:
         """``event`` given the next sequence and encoded as :meth:`emit` does, for the
         engine to write in a transaction of its own (an input request's)."""
-        sequence, body, _ = self._prepare(event)
+        sequence, body, _ = self._prepare(event, own=False)
         return sequence, body
 
-    def _prepare(self, event: Event) -> tuple[int, bytes, str | None]:
+    def _prepare(self, event: Event, *, own: bool) -> tuple[int, bytes, str | None]:
         """The next sequence, the event's stored body (cut and checked) and a result's
-        whole text: the sequence is used from now on."""
+        whole text: the sequence is used from now on. For the run's ``own`` emit, one
+        of the engine's kinds is refused, and the sequence of the committed event it
+        matches comes with an empty body instead (see :meth:`emit`)."""
         if self._closed:
             raise RuntimeError("the child run has ended; its context no longer accepts events")
         if not isinstance(event, Event):
@@ -397,6 +412,17 @@ class ChildContext:
                 output.encode()  # kept whole: no lone surrogate past the cut either
         except (msgspec.MsgspecError, TypeError, ValueError) as exc:
             raise TypeError(f"emit() takes a well-formed Event: {exc}") from None
+        if own:
+            if is_engine_kind(event.kind):
+                raise ValueError(f"a run may not emit the engine's event kind {event.kind!r}")
+            if self._committed is not None:
+                # A step's function runs on a resume only if it was not recorded: what
+                # it emits is at least once, as its effects are, and never matched.
+                committed = None if in_step() else self._committed.match(event)
+                if committed is not None:
+                    return committed, b"", None
+                if in_step() or not len(self._committed):  # matched them all, or diverged
+                    self._committed = None
         self._sequence = sequence
         return sequence, body, output
 

@@ -40,11 +40,11 @@ from delegation.store.events import EventRow
 from delegation.store.sql import Connection
 from delegation.store.steers import mark_delivered
 from delegation.store.waits import WaitRow
-from delegation.usecases import queries, service, waiting
+from delegation.usecases import emits, queries, service, waiting
 from delegation.wire import Result
 
 if TYPE_CHECKING:
-    from delegation.runs import ChildContext
+    from delegation.runs import ChildContext, Recovery
 
 T = TypeVar("T")
 
@@ -256,6 +256,21 @@ class LocalRun:
 
     async def step_names(self) -> list[str]:
         return await self._read(lambda c: steps.names(c, self.child_id))
+
+    async def committed(self, run_id: str, recovery: Recovery | None) -> emits.Committed | None:
+        """A resumed run's own events, committed before this attempt: what its emits are
+        matched with (design §26). None for a first run, or none committed."""
+        if recovery is None:
+            return None
+        config = self.rt.config
+        return await emits.committed(
+            self._read,
+            self.child_id,
+            run_id,
+            recovery.last_sequence,
+            config.events_per_read,
+            config.max_page_bytes,
+        )
 
     async def _read(self, fn: Callable[[Connection], T]) -> T:
         """A read the run makes: it waits through an outage, as its writes do (design

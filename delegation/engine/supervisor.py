@@ -344,6 +344,7 @@ class Supervisor:
                     max_steps=self._rt.config.max_steps,
                 ),
                 previous_run_id=previous,
+                committed=await local.committed(child.run_id, recovery),
             )
             ctx.admitted = recovery is not None
             if ctx.admitted:

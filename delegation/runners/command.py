@@ -20,7 +20,8 @@ Every run guarantees:
   applies instead).
 * **stdout**: a JSON object line that decodes as an :class:`Event` is that event (the
   engine assigns its sequence; a ``result`` event is the output); any other non-blank
-  line is a ``text`` event.
+  line is a ``text`` event. A line of one of the engine's kinds (``recovery``,
+  ``input-required``, ``rewind``) is dropped, logged ``event_kind_refused``.
 * **A non-zero exit** is the run's error, with the code and stderr's tail.
 * **Cancellation** sends SIGTERM to the group, SIGKILL after ``grace_s``, and
   re-raises once the process is reaped.
@@ -38,7 +39,9 @@ Every run guarantees:
 A resume after a host restart runs the command again from the start, with its message,
 the steers it had been given and ``DELEGATION_RECOVERY_ATTEMPT`` and
 ``DELEGATION_LAST_SEQUENCE`` in its environment: a CLI agent that can resume its own
-session (keyed, say, by ``DELEGATION_RUN_ID``) does so. Hazard:
+session (keyed, say, by ``DELEGATION_RUN_ID``) does so. Its lines are emits (design
+§26): those that are, in order, the events its execution committed are not written
+again; from the first that differs, every line is. Hazard:
 ``{message}`` is caller input; a template should put it after ``--``.
 """
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import Mapping
@@ -15,7 +16,10 @@ from delegation import errors
 from delegation.codec import decode
 from delegation.runners.limits import ChildLimits
 from delegation.runs import ChildContext
+from delegation.usecases.emits import is_engine_kind
 from delegation.wire import Event
+
+log = logging.getLogger("delegation.runners.command")
 
 STDERR_TAIL_BYTES = 64 * 1024
 ERROR_TAIL_CHARS = 4096
@@ -139,21 +143,39 @@ async def _exited(process: asyncio.subprocess.Process) -> None:
 
 
 async def _read_events(stdout: asyncio.StreamReader, ctx: ChildContext) -> None:
-    emitted = 0
-    while True:
-        try:
-            line = await stdout.readline()
-        except ValueError as exc:  # asyncio's LimitOverrunError, re-raised by readline
-            raise CommandFailed(f"command wrote a line over {MAX_LINE_BYTES} bytes") from exc
-        if not line:
-            return
-        event = parse_line(line)
-        if event is None:
-            continue
-        ctx.emit(event)
-        emitted += 1
-        if emitted % FLUSH_EVERY == 0:
-            await ctx.flush()
+    emitted = forged = 0
+    try:
+        while True:
+            try:
+                line = await stdout.readline()
+            except ValueError as exc:  # asyncio's LimitOverrunError, re-raised by readline
+                raise CommandFailed(f"command wrote a line over {MAX_LINE_BYTES} bytes") from exc
+            if not line:
+                return
+            event = parse_line(line)
+            if event is None:
+                continue
+            if is_engine_kind(event.kind):  # a run may not forge the engine's (design §26)
+                forged += 1
+                if forged == 1:  # one note a run, however many: a flood is one line
+                    _dropped(ctx, f"an event of the engine's kind {event.kind!r}")
+                continue
+            ctx.emit(event)
+            emitted += 1
+            if emitted % FLUSH_EVERY == 0:
+                await ctx.flush()
+    finally:
+        if forged > 1:
+            _dropped(ctx, f"{forged} events of the engine's kinds in all")
+
+
+def _dropped(ctx: ChildContext, what: str) -> None:
+    log.warning(
+        "command child %s wrote %s: dropped",
+        ctx.identity.conversation_id,
+        what,
+        extra={"action": "event_kind_refused", "run_id": ctx.identity.run_id},
+    )
 
 
 def parse_line(line: bytes) -> Event | None:

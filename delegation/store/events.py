@@ -22,6 +22,11 @@ _UP_TO = (
     " ORDER BY sequence"
 )
 
+_NUMBERED = (
+    "SELECT sequence, body FROM events WHERE child_id = ? AND sequence > ? AND sequence <= ?"
+    " ORDER BY sequence"
+)
+
 
 class EventRow(NamedTuple):
     child_id: int
@@ -69,3 +74,21 @@ def page_within(
         return [], False
     bodies = [body for (body,) in run(conn, _UP_TO, (child_id, after, last)).fetchall()]
     return bodies, count < len(found)
+
+
+def numbered_within(
+    conn: Connection, child_id: int, after: int, last: int, limit: int, max_bytes: int
+) -> list[tuple[int, bytes]]:
+    """The sequence and body of up to ``limit`` events after ``after``, up to ``last``,
+    oldest first, stopped as :func:`page_within` stops (before the body that would take
+    them past ``max_bytes``; the first always comes)."""
+    after = min(after, I64_MAX)
+    total, end = 0, after
+    for sequence, size in sizes(conn, child_id, after, limit):
+        if sequence > last or (end > after and total + size > max_bytes):
+            break
+        end, total = sequence, total + size
+    if end == after:
+        return []
+    rows = run(conn, _NUMBERED, (child_id, after, end)).fetchall()
+    return [(int(sequence), bytes(body)) for sequence, body in rows]

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, TextClause, text
 
 from delegation import errors
 from delegation.machine import TERMINAL, Outcome, State, Trigger, sources, target
-from delegation.records import Resumable
+from delegation.records import RECOVERY_KIND, Resumable
 from delegation.store import children, events
 from delegation.store.children import ACTIVE_TERM
 from delegation.store.sql import Spelling, chunks, spelling_of
@@ -38,7 +38,7 @@ def _statement(spelling: Spelling, sql: str) -> TextClause:
 
 
 def _recovery_event(sequence: int, message: str) -> bytes:
-    return _encoder.encode({"sequence": sequence, "kind": "recovery", "text": message})
+    return _encoder.encode({"sequence": sequence, "kind": RECOVERY_KIND, "text": message})
 
 
 PREPARED, ADMITTED, RUNNING = State.PREPARED.value, State.ADMITTED.value, State.RUNNING.value

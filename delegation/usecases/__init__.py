@@ -13,6 +13,8 @@ Each is a function ``fn(conn, now, ...)`` the engine's runtime runs in one trans
 * :mod:`~delegation.usecases.redaction` - the credentials a run's error may quote, redacted
   before anyone reads it (SPEC §26);
 * :mod:`~delegation.usecases.journal` - a run's step journal;
+* :mod:`~delegation.usecases.emits` - a resumed run's emits matched with the events its
+  execution committed (design §26);
 * :mod:`~delegation.usecases.waiting` - a child that waits (design §21): its waits
   opened, suspended, woken, answered, and events sent; :mod:`~delegation.usecases.waits`
   - the run's side of it (``ctx.ask``, ``sleep``, ``wait_event``);

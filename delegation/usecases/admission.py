@@ -32,7 +32,7 @@ from delegation import errors
 from delegation.config import AdmissionPolicy
 from delegation.machine import State, Trigger
 from delegation.options import ExecutionOptions
-from delegation.records import ChildRecord, Resumable
+from delegation.records import RECOVERY_KIND, ChildRecord, Resumable
 from delegation.store import admission, children, events, lifecycle
 from delegation.store.admission import PolicyRow
 from delegation.store.events import EventRow
@@ -255,7 +255,7 @@ def count_wake(conn: Connection, child_id: int) -> None:
     ).fetchone()
     wakes, sequence = int(row[0]), int(row[1])
     body = _json.encode(
-        {"sequence": sequence, "kind": "recovery", "text": f"{WOKEN_TEXT} (wake {wakes})"}
+        {"sequence": sequence, "kind": RECOVERY_KIND, "text": f"{WOKEN_TEXT} (wake {wakes})"}
     )
     events.insert_events(conn, [EventRow(child_id, sequence, body, None)])
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, Protocol, TypeVar, overload
 
 import msgspec
@@ -24,6 +25,14 @@ from delegation.records import RecordedStep
 T = TypeVar("T")
 
 MAX_NAME_BYTES = 1024
+# Set while a step's function runs (and in the tasks it starts): what it emits is part of
+# a step that runs, at least once, not an emit between steps (design §26).
+_in_step: ContextVar[bool] = ContextVar("delegation_in_step", default=False)
+
+
+def in_step() -> bool:
+    """Whether the caller runs inside a step's function."""
+    return _in_step.get()
 
 
 class JournalHooks(Protocol):
@@ -78,9 +87,15 @@ class Journal:
         done: asyncio.Future[RecordedStep] = asyncio.get_running_loop().create_future()
         self._running[name] = done
         try:
-            result = fn(*args)
-            if inspect.isawaitable(result):  # a coroutine function's; a plain one's is its value
-                result = await result
+            inside = _in_step.set(True)
+            try:
+                result = fn(*args)
+                if inspect.isawaitable(
+                    result
+                ):  # a coroutine function's; a plain one's is its value
+                    result = await result
+            finally:
+                _in_step.reset(inside)
             step = _encode(result, self._max_bytes)
             # What a replay will see, seen now (design §20): a value that does not come
             # back as ``type`` is refused here, before anything is recorded.

@@ -23,12 +23,12 @@ import msgspec
 
 from delegation import errors
 from delegation._struct import utf8_len
+from delegation.records import INPUT_REQUIRED_KIND
 from delegation.store.waits import WaitRow
 from delegation.usecases.journal import Journal
 from delegation.usecases.waiting import APPROVAL_OPTIONS, MAX_KEY_BYTES, WaitSpec
 from delegation.wire import MAX_MESSAGE_BYTES, Event
 
-INPUT_REQUIRED = "input-required"  # the event kind of an input request (A2A's state)
 MAX_OPTIONS = 32
 _json = msgspec.json.Encoder()
 _outcome = msgspec.json.Decoder(dict[str, Any])
@@ -91,7 +91,7 @@ class Waits:
         if row is None:
             expires = None if seconds is None else self._hooks.now() + seconds
             event = Event(
-                kind=INPUT_REQUIRED,
+                kind=INPUT_REQUIRED_KIND,  # A2A's state
                 text=spec.prompt,
                 tool_name=spec.tool_name,
                 tool_call_id=spec.tool_call_id,
