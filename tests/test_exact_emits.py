@@ -211,3 +211,30 @@ def test_a_committed_event_is_matched_as_stored_but_for_its_sequence() -> None:
     assert digest(stored) == digest(Event(sequence=99, kind="progress", text="a"))
     assert committed.match(Event(sequence=12, kind="progress", text="a")) == 7
     assert committed.match(Event(sequence=12, kind="progress", text="a")) is None  # past them
+
+
+async def test_what_a_step_s_function_emits_is_never_taken_for_an_earlier_step_s(
+    db_url: str, workspace: Path
+) -> None:
+    def ticking(ctx: ChildContext) -> Callable[[], int]:
+        def fn() -> int:
+            ctx.emit(Event(kind="progress", text="tick"))  # the same event in every step
+            return 1
+
+        return fn
+
+    async def first(ctx: ChildContext) -> None:
+        await ctx.admit()
+        for name in ("s1", "s2"):
+            await ctx.step(name, ticking(ctx))
+        await ctx.flush()
+
+    async def then(ctx: ChildContext) -> None:
+        for name in ("s1", "s2", "s3"):  # s1 and s2 replay without emitting; s3 runs
+            await ctx.step(name, ticking(ctx))
+        ctx.emit(Event(kind="result", text="done"))
+
+    await resumed(db_url, workspace, first, then)
+    assert [t for _, k, t in own_events(db_url) if k != "recovery"] == [
+        "tick", "tick", "tick", "done",
+    ]  # fmt: skip
