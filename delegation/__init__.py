@@ -25,6 +25,7 @@ from delegation.errors import (
     BadResume,
     BadSteer,
     CancelUnconfirmed,
+    ChildEnded,
     ChildNotFound,
     ChildNotOwned,
     ChildPurged,
@@ -39,6 +40,7 @@ from delegation.errors import (
     DeadlineWidened,
     DelegationError,
     EventBufferFull,
+    EventClosed,
     EventTimeout,
     EventTooLarge,
     FollowLimit,
@@ -109,6 +111,7 @@ if TYPE_CHECKING:
     from delegation.codec import decode, encode
     from delegation.config import AdmissionPolicy, EngineConfig
     from delegation.engine import Engine
+    from delegation.operator import Operator
     from delegation.options import ExecutionOptions, effective_options
     from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
     from delegation.runs import ChildContext, NotResumable, Recovery, Run, Runner, admit
@@ -138,6 +141,7 @@ _LAZY: dict[str, str] = {
     "EngineConfig": "delegation.config",
     "AdmissionPolicy": "delegation.config",
     "Engine": "delegation.engine",
+    "Operator": "delegation.operator",
     "ExecutionOptions": "delegation.options",
     "effective_options": "delegation.options",
     "ChildRecord": "delegation.records",
@@ -204,6 +208,7 @@ __all__ = [
     "BadSteer",
     "CancelUnconfirmed",
     "ChildContext",
+    "ChildEnded",
     "ChildNotFound",
     "ChildNotOwned",
     "ChildPurged",
@@ -222,6 +227,7 @@ __all__ = [
     "EngineConfig",
     "Event",
     "EventBufferFull",
+    "EventClosed",
     "EventTimeout",
     "EventTooLarge",
     "ExecutionOptions",
@@ -261,6 +267,7 @@ __all__ = [
     "NoToolsRelaxed",
     "NotOwned",
     "NotResumable",
+    "Operator",
     "OptionsWidened",
     "Params",
     "ParseError",

@@ -7,8 +7,8 @@ again.
   ``run.finish``) take effect in the order they arrived, before anything sent after
   them; their params decode strictly into the types below.
 * **Child methods** (``child.start`` … ``child.lease.release``, :data:`~delegation.wire.
-  CHILD_METHODS`, and ``child.input`` of design §21) run concurrently; their params are
-  :class:`~delegation.wire.Params`,
+  CHILD_METHODS`, ``child.input`` of design §21 and ``child.send`` of §33) run
+  concurrently; their params are :class:`~delegation.wire.Params`,
   decoded with the host's providers, and they answer a :class:`~delegation.wire.Result`
   (``child.steer``: a :class:`~delegation.wire.SteerResult`).
 * **Follows** (``child.follow``, :data:`FOLLOW`): ``child.read`` pushed. Its params are
@@ -46,6 +46,7 @@ from delegation.wire import (
     INPUT_METHOD,
     READ_METHOD,
     RELEASE_METHOD,
+    SEND_METHOD,
     START_METHOD,
     STEER_METHOD,
     Event,
@@ -139,6 +140,7 @@ CANCEL = Method(CANCEL_METHOD, Params, Result)
 STEER = Method(STEER_METHOD, Params, SteerResult)
 RELEASE = Method(RELEASE_METHOD, Params, Result)
 INPUT = Method(INPUT_METHOD, Params, Result)  # design §21
+SEND = Method(SEND_METHOD, Params, Result)  # design §33
 
 FOLLOW = Method("child.follow", Params, Followed)
 FOLLOW_STOP = Method("child.follow.stop", FollowStop, Empty)
@@ -146,4 +148,4 @@ FOLLOW_STOP = Method("child.follow.stop", FollowStop, Empty)
 EVENTS = Method("child.events", FollowEvents, Empty)
 
 LIFECYCLE: tuple[Method[Any, Any], ...] = (REGISTER, TOOL_BEGIN, TOOL_END, RUN_FINISH)
-CHILD: tuple[Method[Params, Any], ...] = (START, READ, CANCEL, STEER, RELEASE, INPUT)
+CHILD: tuple[Method[Params, Any], ...] = (START, READ, CANCEL, STEER, RELEASE, INPUT, SEND)

@@ -25,6 +25,8 @@ STEER_METHOD = "child.steer"
 RELEASE_METHOD = "child.lease.release"
 # design §21: the answer to a child's input request (a person's, an approval's).
 INPUT_METHOD = "child.input"
+# design §33: an event for a child's conversation, from the extension that holds it.
+SEND_METHOD = "child.send"
 # The five child methods' wire names (design §2), in the seed's order.
 CHILD_METHODS: tuple[str, ...] = (
     START_METHOD,
@@ -171,6 +173,9 @@ class Params(WireStruct, frozen=True):
     # approval's ``approve`` or ``deny``); ``message`` is a text answer.
     input_id: str = ""
     decision: str = ""
+    # child.send (design §33): the event's key and its payload (any JSON).
+    key: str = ""
+    data: Any = None
 
 
 class Identity(WireStruct, frozen=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 from delegation import ChildContext, Event, Identity, Preset, Recovery, Request
@@ -114,3 +115,17 @@ class LargeAnswers:
 
 
 OUTPUT_CHARS = 6 * 1024 * 1024
+
+
+class Waiter:
+    """Each child waits for the event ``go`` and ends with its payload as JSON."""
+
+    async def prepare(
+        self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
+    ) -> Run:
+        async def run(ctx: ChildContext) -> None:
+            await ctx.admit()
+            sent = await ctx.wait_event("go", "go")
+            ctx.emit(Event(kind="result", text=json.dumps(sent)))
+
+        return run

@@ -454,7 +454,9 @@ async def test_delegation_input_and_send_from_another_process(db_url: str, works
         code, out, err = await operator("send", cid, "go", "--data", '{"n": 1}', "--id", "s1",
                                         db=db_url)  # fmt: skip
         assert code == 0 and out.strip() == f"event go to {cid}: sent", (out, err)
-        code, out, err = await operator("send", cid, "go", "--data", "2", "--id", "s1", db=db_url)
-        assert "already sent" in out, (out, err)
         done = await h.wait_done(cid)
+        # Ended, the conversation takes no event (design §33): refused, nothing kept.
+        code, out, err = await operator("send", cid, "go", "--data", "2", "--id", "s2", db=db_url)
+        assert (code, out) == (1, ""), (out, err)
+        assert err == "delegation: child conversation has no live execution\n"
     assert done.output == 'blue hello {"n": 1}'

@@ -3,7 +3,9 @@ call).
 
 * :mod:`~delegation.cli.commands` - the parser, and each command run;
 * :mod:`~delegation.cli.show` - ``children``, ``show``, ``events``, ``leases``, ``steps``;
-* :mod:`~delegation.cli.operate` - ``cancel`` and ``steer`` of a live host's child;
+* :mod:`~delegation.cli.arguments` - the arguments several commands share;
+* :mod:`~delegation.cli.operate` - ``cancel``, ``steer``, ``input``, ``send`` and
+  ``controls``: an operator's controls (on :class:`delegation.operator.Operator`);
 * :mod:`~delegation.cli.demo` - ``demo``, the guided tour;
 * :mod:`~delegation.cli.completion` - ``completion SHELL``;
 * :mod:`~delegation.cli.listing`, :mod:`~delegation.cli.terminal`,

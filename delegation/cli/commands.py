@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -17,7 +16,19 @@ from pathlib import Path
 
 from delegation import errors
 from delegation.about import DISTRIBUTION
-from delegation.cli import completion
+from delegation.cli import completion, operate
+from delegation.cli.arguments import (
+    CHILD_HELP,
+    DEFAULT_DB,
+    PASSWORD_ON_COMMAND_LINE,
+    RUN_HELP,
+    positive_int,
+    positive_seconds,
+    user_id,
+)
+from delegation.cli.arguments import add_db as _add_db
+from delegation.cli.arguments import add_json as _add_json
+from delegation.cli.arguments import add_wide as _add_wide
 from delegation.store import passwords
 
 # Each command imports what it needs when it runs: `delegation --version` and `--help`
@@ -41,68 +52,6 @@ def db_url(where: str) -> str:
     return f"sqlite:///{Path(where).expanduser().resolve()}"
 
 
-# What a number given on the command line may be at most: past this a lifetime
-# overflows the scheduler's datetimes and a count the platform's sizes.
-MAX_SECONDS = 10**9  # about 31 years
-MAX_COUNT = 10**9
-
-
-def positive_seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds above zero, at most ``MAX_SECONDS``."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    if value > MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_SECONDS} seconds")
-    return value
-
-
-def user_id(text: str) -> int:
-    """An argparse type: a user id (0 to 2**32 - 2; -1 is no user's)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < 2**32 - 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a user id (0 to {2**32 - 2})")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number above zero, at most ``MAX_COUNT``."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-    if value > MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_COUNT}")
-    return value
-
-
-DEFAULT_DB = "./delegation.db"
-# Every local user reads every process's command line (ps, /proc/PID/cmdline); the
-# environment and a 0600 password file are the owner's alone (design §17).
-PASSWORD_ON_COMMAND_LINE = (
-    "a database password on the command line is visible to every local process:"
-    " use DELEGATION_DB or a libpq password file"
-)
-
-
-def _add_db(parser: argparse.ArgumentParser) -> None:
-    # Before the command or after it; unset, DELEGATION_DB, then ./delegation.db.
-    parser.add_argument(
-        "--db",
-        default=argparse.SUPPRESS,
-        help="database file, or a URL such as postgresql+psycopg://user@host/db, without a"
-        f" password (default $DELEGATION_DB, else {DEFAULT_DB})",
-    )
-
-
 def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
@@ -111,21 +60,6 @@ def version() -> str:
         return installed(DISTRIBUTION)
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown"
-
-
-# Every id argument takes a unique prefix of the id too (delegation.cli.show.resolve_ids).
-CHILD_HELP = "the child's conversationId, or a unique prefix of it"
-RUN_HELP = "one execution (runId, or a unique prefix of it); default the newest"
-
-
-def _add_json(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="one JSON document for scripts")
-
-
-def _add_wide(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--wide", action="store_true", help="every column, ids whole, lines as long as they need"
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,46 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(steps)
     _add_wide(steps)
 
-    cancel = commands.add_parser(
-        "cancel", help="cancel a child of a live host (applied within a second)"
-    )
-    _add_db(cancel)
-    cancel.add_argument("child", help=CHILD_HELP)
-    cancel.add_argument("--run", help=RUN_HELP)
-    cancel.add_argument("--wait", action="store_true", help="until the child has stopped")
-    _add_json(cancel)
-
-    steer = commands.add_parser("steer", help="steer a running child of a live host")
-    _add_db(steer)
-    steer.add_argument("child", help=CHILD_HELP)
-    steer.add_argument("message", help="the new heading for the child")
-    steer.add_argument("--run", help=RUN_HELP)
-    _add_json(steer)
-
-    answer = commands.add_parser(
-        "input", help="answer a waiting child's input request (applied within a second)"
-    )
-    _add_db(answer)
-    answer.add_argument("child", help=CHILD_HELP)
-    answer.add_argument("input_id", metavar="INPUT_ID", help="the request's inputId")
-    given = answer.add_mutually_exclusive_group(required=True)
-    given.add_argument("--approve", action="store_true", help="approve (an approval)")
-    given.add_argument("--deny", action="store_true", help="deny (an approval)")
-    given.add_argument("--text", help="a text answer (a request without options)")
-    given.add_argument("--decision", help="one of the request's options")
-    answer.add_argument("--run", help=RUN_HELP)
-    _add_json(answer)
-
-    send = commands.add_parser(
-        "send", help="send an event to a child's conversation (ctx.wait_event takes it)"
-    )
-    _add_db(send)
-    send.add_argument("child", help=CHILD_HELP)
-    send.add_argument("key", help="the event's key")
-    send.add_argument("--data", default="null", help="its payload, as JSON (default: null)")
-    send.add_argument("--id", dest="idempotency_key", help="sent once per conversation")
-    send.set_defaults(run=None)  # to the conversation: its newest execution waits for it
-    _add_json(send)
+    operate.add_parsers(commands)
 
     leases = commands.add_parser("leases", help="leases and tombstones")
     _add_db(leases)
@@ -419,9 +314,7 @@ def _run(args: argparse.Namespace) -> int:
         return _db(args)
     if args.command == "web":
         return _web(args)
-    if args.command in ("cancel", "steer", "input", "send"):
-        from delegation.cli import operate
-
+    if args.command in operate.COMMANDS:
         return operate.command(args, args.url)
     from delegation.cli import show
 

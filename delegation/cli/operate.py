@@ -1,10 +1,11 @@
-"""``delegation cancel``, ``steer``, ``input`` and ``send``: an operator acts on a child of
-a live host from another process (design §11, §21). Parsing and printing only.
+"""``delegation cancel``, ``steer``, ``input``, ``send`` and ``controls``: an operator acts
+on a child from another process (design §11, §21, §33). Parsing and printing only: the
+work is :class:`delegation.operator.Operator`'s.
 
-The command records a control request in the database (one short write beside the
-host) and waits for the host to apply it (:mod:`delegation.engine.operators`), watching the file
-rather than re-reading tables. With no live host the request stays queued and the next
-host applies it at boot; the command says so.
+A control is judged against the database when given (refused at once, one line, exit 1,
+nothing recorded), recorded, and waited for up to ``--wait`` seconds while the host that
+owns the child applies it. With no live host it stays pending, the command says so, and
+the next host applies it at boot; ``delegation controls`` shows what became of it.
 """
 
 from __future__ import annotations
@@ -12,141 +13,223 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import secrets
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from delegation.cli.show import missing_child, resolve_ids
-from delegation.cli.terminal import printable
-from delegation.records import ChildRecord
-from delegation.store import controls
-from delegation.store.controls import ControlRecord
-from delegation.store.stores import open_watch, write_once
-from delegation.usecases.inspector import Inspector
+from delegation.cli.arguments import CHILD_HELP, RUN_HELP, add_db, add_json, wait_seconds
 
-APPLY_TIMEOUT_S = 3.0  # a live host applies within about 0.1 s
+if TYPE_CHECKING:
+    from delegation.operator import Operator, Outcome
+
+COMMANDS = ("cancel", "steer", "input", "send", "controls")
+WAIT_S = 3.0  # how long a command waits for the host by default (it applies in ~0.1 s)
+WAIT_HELP = f"seconds to wait for the host to apply it (default {WAIT_S:g}; 0: do not wait)"
+
+
+def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The operator's commands, on the ``delegation`` command's sub-parsers."""
+    cancel = commands.add_parser("cancel", help="cancel a child (applied within a second)")
+    _child(cancel)
+    cancel.add_argument(
+        "--wait", nargs="?", type=wait_seconds, const=math.inf, default=None, metavar="SECONDS",
+        help="until the child has stopped (at most SECONDS)",
+    )  # fmt: skip
+    add_json(cancel)
+
+    steer = commands.add_parser("steer", help="steer a running child")
+    _child(steer, "message", help="the new heading for the child")
+    _wait(steer)
+
+    answer = commands.add_parser(
+        "input", help="answer a waiting child's input request (applied within a second)"
+    )
+    _child(answer, "input_id", metavar="INPUT_ID", help="the request's inputId")
+    given = answer.add_mutually_exclusive_group(required=True)
+    given.add_argument("--approve", action="store_true", help="approve (an approval)")
+    given.add_argument("--deny", action="store_true", help="deny (an approval)")
+    given.add_argument("--text", help="a text answer (a request without options)")
+    given.add_argument("--decision", help="one of the request's options")
+    _wait(answer)
+
+    send = commands.add_parser(
+        "send", help="send an event to a child's conversation (ctx.wait_event takes it)"
+    )
+    _child(send, "key", help="the event's key", run=False)
+    send.add_argument("--data", default="null", help="its payload, as JSON (default: null)")
+    send.add_argument("--id", dest="idempotency_key", help="sent once per conversation")
+    send.set_defaults(run=None)  # to the conversation: its newest execution waits for it
+    _wait(send)
+
+    listing = commands.add_parser(
+        "controls", help="the controls given (cancel, steer, input, send) and their outcomes"
+    )
+    add_db(listing)
+    listing.add_argument("child", nargs="?", help=f"{CHILD_HELP} (default: every child)")
+    listing.add_argument("--limit", type=int, default=50, help="at most this many, newest first")
+    listing.add_argument(
+        "--wait", type=wait_seconds, default=0.0, metavar="SECONDS",
+        help="first wait up to SECONDS for the pending ones to be applied",
+    )  # fmt: skip
+    listing.set_defaults(run=None)
+    add_json(listing)
+
+
+def _child(parser: argparse.ArgumentParser, *more: str, run: bool = True, **more_spec: Any) -> None:
+    add_db(parser)
+    parser.add_argument("child", help=CHILD_HELP)
+    if more:
+        parser.add_argument(*more, **more_spec)
+    if run:
+        parser.add_argument("--run", help=RUN_HELP)
+
+
+def _wait(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait", type=wait_seconds, default=WAIT_S, metavar="SECONDS", help=WAIT_HELP
+    )
+    add_json(parser)
 
 
 def command(args: argparse.Namespace, url: str) -> int:
-    """Run ``cancel`` or ``steer``; returns the exit code (1: refused, 0: done or queued)."""
-    with Inspector(url) as inspector:
-        inspector.check()
-        refusal = resolve_ids(inspector, args)
+    """Run one of :data:`COMMANDS`; returns the exit code (1: refused, 0: done or pending)."""
+    from delegation import errors
+    from delegation.cli.show import missing_child, resolve_ids
+    from delegation.operator import Operator
+
+    with Operator(url) as operator:
+        operator.inspector.check()
+        refusal = resolve_ids(operator.inspector, args)
         if refusal is not None:
             return _fail(args, refusal, "ambiguous_id")
-        child = inspector.get_child(args.child, args.run)
+        if args.command == "controls":
+            return _controls(operator, args)
+        child = operator.show(args.child, args.run)
         if child is None:
-            return _fail(args, missing_child(args))
-        if child.terminal and args.command != "send":
-            return _fail(args, f"child {child.conversation_id} has already ended ({child.state})")
+            return _fail(args, missing_child(args), "child_not_found")
         try:
-            action, message, request_id = _control(args)
+            outcome = _give(operator, args, child.run_id)
+        except errors.DelegationError as exc:
+            return _fail(args, str(exc), exc.reason)
         except ValueError as exc:
-            return _fail(args, str(exc))
-        control_id = write_once(
-            url,
-            lambda c: controls.submit(
-                c, child.conversation_id, None if action == "event" else child.run_id, action,
-                message, request_id, time.time(),
-            ),
-        )  # fmt: skip
-        applied = _wait_applied(inspector, url, control_id)
-        if applied is None:
-            return _report(args, child, {"applied": False})
-        outcome: dict[str, Any] = json.loads(applied.outcome or "{}")
-        if "failure" in outcome:
-            return _fail(args, str(outcome["failure"]), outcome.get("failureReason"))
-        if args.command == "cancel" and getattr(args, "wait", False):
-            outcome.update(_wait_ended(inspector, url, child))
-        return _report(args, child, {"applied": True, **outcome})
+            return _fail(args, str(exc), "malformed_input")
+        fields = dict(outcome.fields)
+        if args.command == "cancel" and args.wait is not None and outcome.status == "applied":
+            ended = operator.wait_ended(child.conversation_id, child.run_id, args.wait)
+            if ended is not None:
+                fields.update(state=ended.state, error=ended.error)
+        return _report(args, outcome, fields, child.run_id)
 
 
-def _control(args: argparse.Namespace) -> tuple[str, str, str]:
-    """The control request a command records: its action, message and request id.
+def _give(operator: Operator, args: argparse.Namespace, run_id: str) -> Outcome:
+    """The control a command gives, given and waited for.
 
     Raises:
-        ValueError: what the command was given cannot make one.
+        ValueError: what the command was given cannot make one (``--data`` not JSON).
+        errors.DelegationError: refused.
     """
-    fresh = f"op-{secrets.token_hex(8)}"
+    child = args.child
     if args.command == "cancel":
-        return "cancel", "", ""
+        return operator.cancel(child, run_id, wait=WAIT_S)
+    request_id = f"op-{secrets.token_hex(8)}"
     if args.command == "steer":
-        if not args.message.strip():
-            raise ValueError("a steer needs a nonempty message")
-        return "steer", args.message, fresh
+        return operator.steer(child, args.message, run_id, request_id=request_id, wait=args.wait)
     if args.command == "input":
         decision = "approve" if args.approve else "deny" if args.deny else args.decision
-        fields = {"inputId": args.input_id, "decision": decision, "text": args.text}
-        return "input", json.dumps(fields), fresh
+        return operator.answer_input(
+            child, args.input_id, decision=decision, text=args.text, run_id=run_id,
+            request_id=request_id, wait=args.wait,
+        )  # fmt: skip
     try:
         payload = json.loads(args.data)
     except ValueError as exc:
         raise ValueError(f"--data is not JSON: {exc}") from None
-    return "event", json.dumps({"key": args.key, "payload": payload}), args.idempotency_key or ""
+    key = args.idempotency_key or ""
+    return operator.send_event(child, args.key, payload, idempotency_key=key, wait=args.wait)
 
 
-def _wait_applied(inspector: Inspector, url: str, control_id: int) -> ControlRecord | None:
-    """The control once a host applied it, or None after ``APPLY_TIMEOUT_S``."""
-    found: list[ControlRecord] = []
+def _report(args: argparse.Namespace, outcome: Outcome, fields: dict[str, Any], run_id: str) -> int:
+    from delegation.cli.terminal import printable
 
-    def applied() -> bool:
-        control = inspector.control(control_id)
-        if control is not None and control.applied_at is not None:
-            found.append(control)
-        return bool(found)
-
-    with contextlib.closing(open_watch(url, 0.02)) as watch:
-        watch.until(applied, APPLY_TIMEOUT_S)
-    return found[0] if found else None
-
-
-def _wait_ended(inspector: Inspector, url: str, child: ChildRecord) -> dict[str, Any]:
-    """Wait (as long as it takes) until the execution is terminal; its state and error."""
-    last: list[ChildRecord | None] = []
-
-    def ended() -> bool:
-        last[:] = [inspector.get_child(child.conversation_id, child.run_id)]
-        return last[0] is None or last[0].terminal
-
-    with contextlib.closing(open_watch(url, 0.05)) as watch:
-        watch.until(ended)
-    record = last[0]
-    return {} if record is None else {"state": record.state, "error": record.error}
-
-
-def _report(args: argparse.Namespace, child: ChildRecord, outcome: dict[str, Any]) -> int:
-    document = {
-        "action": args.command,
-        "conversationId": child.conversation_id,
-        "runId": child.run_id,
-        **outcome,
-    }
+    applied = outcome.status == "applied"
     if args.json:
-        print(json.dumps(document))
+        print(json.dumps({
+            "action": args.command, "conversationId": outcome.conversation_id,
+            "runId": run_id, "applied": applied, **fields,
+        }))  # fmt: skip
         return 0
-    who = f"{child.conversation_id} (run {child.run_id})"
-    if not outcome["applied"]:
+    who = f"{outcome.conversation_id} (run {run_id})"
+    if not applied:
+        waited = WAIT_S if args.command == "cancel" else args.wait
+        within = f" within {waited:g} s" if waited > 0 else ""
         print(
-            f"{args.command} of {who} is queued: no live host applied it within"
-            f" {APPLY_TIMEOUT_S:g} s; the next host to open the database applies it"
+            f"{args.command} of {who} is queued: no live host applied it{within}; the next"
+            f" host to open the database applies it (control {outcome.id}: `delegation"
+            f" controls {outcome.conversation_id}` shows what becomes of it)"
         )
     elif args.command == "cancel":
-        state = outcome.get("state", "cancelling")
-        error = outcome.get("error") or ""
+        state = fields.get("state", "cancelling")
+        error = fields.get("error") or ""
         print(printable(f"cancelled {who}: {state}" + (f" ({error})" if error else "")))
     elif args.command == "input":
-        print(printable(f"answered {args.input_id} of {who}: {outcome.get('state', '')}"))
+        print(printable(f"answered {args.input_id} of {who}: {fields.get('state', '')}"))
     elif args.command == "send":
-        kept = "sent" if outcome.get("accepted") else "already sent (nothing changed)"
-        print(printable(f"event {args.key} to {child.conversation_id}: {kept}"))
+        kept = "sent" if fields.get("accepted") else "already sent (nothing changed)"
+        print(printable(f"event {args.key} to {outcome.conversation_id}: {kept}"))
     else:
-        reason = f" ({outcome['reason']})" if outcome.get("reason") else ""
-        print(f"steered {who}: {outcome.get('outcome')}{reason}")
+        reason = f" ({fields['reason']})" if fields.get("reason") else ""
+        print(f"steered {who}: {fields.get('outcome')}{reason}")
     return 0
 
 
+def _controls(operator: Operator, args: argparse.Namespace) -> int:
+    from delegation import errors
+    from delegation.cli.terminal import printable
+
+    conversation = None if args.child is None else args.child
+    listed = operator.controls(conversation, max(1, args.limit))
+    deadline = time.monotonic() + args.wait
+    for pending in [o for o in listed if o.status == "pending"]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        with contextlib.suppress(errors.DelegationError):  # a refusal is listed with the rest
+            operator.wait(pending.id, left)
+    if args.wait:
+        listed = operator.controls(conversation, max(1, args.limit))
+    if args.json:
+        print(json.dumps([_control_json(outcome) for outcome in listed]))
+        return 0
+    for outcome in listed:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(outcome.created_at))
+        said = outcome.error if outcome.status == "refused" else _said(outcome.fields)
+        reason = f" [{outcome.reason}]" if outcome.reason else ""
+        print(printable(
+            f"{outcome.id:>6}  {when}  {outcome.action:<6}  {outcome.conversation_id}"
+            f"  {outcome.status}{reason}" + (f": {said}" if said else "")
+        ))  # fmt: skip
+    return 0
+
+
+def _said(fields: dict[str, Any]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in fields.items() if value not in ("", None))
+
+
+def _control_json(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "id": outcome.id, "action": outcome.action, "conversationId": outcome.conversation_id,
+        "runId": outcome.run_id, "requestId": outcome.request_id,
+        "createdAt": outcome.created_at, "appliedAt": outcome.applied_at,
+        "status": outcome.status, "reason": outcome.reason, "error": outcome.error,
+        "outcome": outcome.fields,
+    }  # fmt: skip
+
+
 def _fail(args: argparse.Namespace, message: str, reason: str | None = None) -> int:
+    from delegation.cli.terminal import printable
+
     if args.json:
         print(json.dumps({"error": message, "reason": reason or "refused"}))
     print(f"delegation: {printable(message)}", file=sys.stderr)

@@ -64,6 +64,7 @@ from delegation.protocol import (
     REGISTER,
     RELEASE,
     RUN_FINISH,
+    SEND,
     START,
     STEER,
     TOOL_BEGIN,
@@ -247,6 +248,11 @@ class Client:
         """``child.input`` (design §21): answer a waiting child's input request
         (``inputId``, and ``decision`` or a text ``message``; ``requestId``)."""
         return await self._ask(INPUT, wire_params(params))
+
+    async def send(self, params: ParamsLike) -> Result:
+        """``child.send`` (design §33): send the event ``key`` with ``data`` (any JSON)
+        to the child's conversation, for its ``ctx.wait_event``; once per ``requestId``."""
+        return await self._ask(SEND, wire_params(params))
 
     async def follow(
         self, params: ParamsLike, *, max_buffered: int = FOLLOW_BUFFER_BYTES
@@ -552,4 +558,5 @@ class SyncClient:
     steer = _blocking(Client.steer)
     release = _blocking(Client.release)
     input = _blocking(Client.input)
+    send = _blocking(Client.send)
     call = _blocking(Client.call)

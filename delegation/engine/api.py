@@ -55,6 +55,7 @@ from delegation.wire import (
     INPUT_METHOD,
     READ_METHOD,
     RELEASE_METHOD,
+    SEND_METHOD,
     START_METHOD,
     STEER_METHOD,
     ParamsLike,
@@ -570,6 +571,13 @@ class Engine(EngineReads):
         return await self._methods.answer(
             INPUT_METHOD, self._methods.input, conn, params, UNBOUNDED
         )
+
+    async def send(self, conn: RunnerConnection, params: ParamsLike) -> Result:
+        """``child.send`` (design §33): send the event ``key`` with ``data`` to the
+        child's conversation (refused ``event_closed`` once it has no live execution),
+        once per ``requestId``; the child's Result."""
+        self._require_open()
+        return await self._methods.answer(SEND_METHOD, self._methods.send, conn, params, UNBOUNDED)
 
     async def release(self, conn: RunnerConnection, params: ParamsLike) -> Result:
         """``child.lease.release``: revoke a lease and wait for its children to stop."""

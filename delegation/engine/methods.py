@@ -30,6 +30,7 @@ from delegation.wire import (
     INPUT_METHOD,
     READ_METHOD,
     RELEASE_METHOD,
+    SEND_METHOD,
     START_METHOD,
     STEER_METHOD,
     Params,
@@ -61,6 +62,7 @@ class ChildMethods:
             STEER_METHOD: self.steer,
             RELEASE_METHOD: self.release,
             INPUT_METHOD: self.input,
+            SEND_METHOD: self.send,
         }
         # An answer committed (design §21): its run here reads again, or its child wakes.
         self.on_delivered: Callable[[waiting.Delivered], None] = lambda _: None
@@ -152,6 +154,13 @@ class ChildMethods:
     async def input(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
         """``child.input`` (design §21): answer the child's input request ``inputId``."""
         delivered = await self._rt.write(Use(waiting.answer, self._rt.config, conn, params))
+        self.on_delivered(delivered)
+        return await self._supervisor.answers.page(delivered.child_id, params.after, room)
+
+    async def send(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
+        """``child.send`` (design §33): the event ``key`` with ``data`` for the child's
+        conversation, once per ``requestId``; the child's Result."""
+        delivered = await self._rt.write(Use(waiting.send, self._rt.config, conn, params))
         self.on_delivered(delivered)
         return await self._supervisor.answers.page(delivered.child_id, params.after, room)
 

@@ -28,7 +28,7 @@ from delegation import errors
 from delegation.engine.notices import keep_running
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
-from delegation.store.controls import ControlRecord
+from delegation.store.controls import Cancel, ControlRecord, EventSend, InputAnswer, Steer, decoded
 from delegation.store.watch import Watch
 from delegation.usecases import maintenance
 from delegation.wire import Result, SteerResult
@@ -41,9 +41,9 @@ class Waiting(Protocol):
     """The engine's answer and event for a waiting child (design §21), and what to do
     when another host committed something a wait here may want."""
 
-    async def answer(self, control: ControlRecord, fields: dict[str, Any]) -> Result: ...
+    async def answer(self, record: ControlRecord, answer: InputAnswer) -> Result: ...
 
-    async def send(self, control: ControlRecord, fields: dict[str, Any]) -> bool: ...
+    async def send(self, record: ControlRecord, event: EventSend) -> bool: ...
 
     async def from_other_hosts(self) -> None: ...
 
@@ -192,32 +192,28 @@ class ControlWatcher:
         finally:
             self._applying.difference_update(control.id for control in cancels)
 
-    async def _outcome(self, control: ControlRecord) -> dict[str, Any]:
+    async def _outcome(self, record: ControlRecord) -> dict[str, Any]:
+        """Apply the control as the engine's own call; a refusal is its outcome."""
         try:
-            if control.action in ("input", "event"):
-                return await self._waited(control)
-            steered = await self._steer_child(
-                control.conversation_id, control.message, control.run_id, control.request_id
-            )
-            return {"outcome": steered.outcome, "reason": steered.reason}
+            control = decoded(record.action, record.message)  # decoded once, matched by type
+            match control:
+                case Steer(message=message):
+                    steered = await self._steer_child(
+                        record.conversation_id, message, record.run_id, record.request_id
+                    )
+                    return {"outcome": steered.outcome, "reason": steered.reason}
+                case InputAnswer() | EventSend() if self._waiting is None:
+                    raise errors.InternalError()
+                case InputAnswer():
+                    assert self._waiting is not None
+                    return {"state": _state_of(await self._waiting.answer(record, control))}
+                case EventSend():
+                    assert self._waiting is not None
+                    return {"accepted": await self._waiting.send(record, control)}
+                case Cancel():  # applied together with the other cancels
+                    raise errors.InternalError()
         except errors.DelegationError as exc:
             return {"failure": str(exc), "failureReason": exc.reason}
-
-    async def _waited(self, control: ControlRecord) -> dict[str, Any]:
-        """An operator's answer (``delegation input``) or event (``delegation send``):
-        its fields travel as JSON in the control's message."""
-        if self._waiting is None:
-            raise errors.InternalError()
-        try:
-            fields = json.loads(control.message)
-        except ValueError:
-            fields = None
-        if not isinstance(fields, dict):
-            raise errors.MalformedInput("malformed control request")
-        if control.action == "input":
-            result = await self._waiting.answer(control, fields)
-            return {"state": _state_of(result)}
-        return {"accepted": await self._waiting.send(control, fields)}
 
 
 def _state_of(result: Result) -> str:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from delegation import errors
 from delegation.engine.runtime import OWED_PAUSE_MAX_S, Runtime, Use, unreadable
 from delegation.engine.supervisor import Supervisor
 from delegation.engine.timers import WAKE_JOB, Timers
-from delegation.store.controls import ControlRecord
+from delegation.store.controls import ControlRecord, EventSend, InputAnswer
 from delegation.usecases import waiting
 from delegation.wire import Result
 
@@ -107,27 +106,23 @@ class OperatorWaits:
         self._send_event = send_event
         self._waking = waking
 
-    async def answer(self, control: ControlRecord, fields: dict[str, Any]) -> Result:
+    async def answer(self, record: ControlRecord, answer: InputAnswer) -> Result:
         return await self._answer_input(
-            control.conversation_id,
-            str(fields.get("inputId", "")),
-            decision=_text(fields.get("decision")),
-            text=_text(fields.get("text")),
-            run_id=control.run_id,
-            request_id=control.request_id or None,
+            record.conversation_id,
+            answer.input_id,
+            decision=answer.decision,
+            text=answer.text,
+            run_id=record.run_id,
+            request_id=record.request_id or None,
         )
 
-    async def send(self, control: ControlRecord, fields: dict[str, Any]) -> bool:
+    async def send(self, record: ControlRecord, event: EventSend) -> bool:
         return await self._send_event(
-            control.conversation_id,
-            str(fields.get("key", "")),
-            fields.get("payload"),
-            idempotency_key=control.request_id or None,
+            record.conversation_id,
+            event.key,
+            event.payload,
+            idempotency_key=record.request_id or None,
         )
 
     async def from_other_hosts(self) -> None:
         await self._waking.from_other_hosts()
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None

@@ -60,6 +60,7 @@ family lives in its module: :mod:`~delegation.errors.base` (the root),
     │   ├── ActiveSubmission
     │   ├── RequestIdReused
     │   ├── SteerRequestIdReused
+    │   ├── ChildEnded                       an operator's control to an ended child
     │   ├── AdmissionFailed
     │   ├── AdmissionPending                 not decided yet on another host; retry (§32)
     │   ├── ReleaseUnconfirmed
@@ -70,6 +71,7 @@ family lives in its module: :mod:`~delegation.errors.base` (the root),
     │   ├── InputAnswered
     │   ├── InputInvalid
     │   ├── InputClosed
+    │   ├── EventClosed                      an event to an ended conversation (§33)
     │   ├── InputTimeout                     raised at a resumed ctx.ask
     │   ├── EventTimeout                     raised at a resumed ctx.wait_event
     │   └── StepTimeout                      ctx.step(..., timeout=) (design §22)
@@ -131,6 +133,7 @@ from delegation.errors.conflict import (
     AdmissionFailed,
     AdmissionPending,
     CancelUnconfirmed,
+    ChildEnded,
     ConflictError,
     IllegalTransition,
     ReleaseUnconfirmed,
@@ -199,6 +202,7 @@ from delegation.errors.limits import (
 )
 from delegation.errors.waits import (
     EventBufferFull,
+    EventClosed,
     EventTimeout,
     EventTooLarge,
     InputAnswered,
@@ -223,6 +227,7 @@ __all__ = [
     "BadResume",
     "BadSteer",
     "CancelUnconfirmed",
+    "ChildEnded",
     "ChildNotFound",
     "ChildNotOwned",
     "ChildPurged",
@@ -237,6 +242,7 @@ __all__ = [
     "DeadlineWidened",
     "DelegationError",
     "EventBufferFull",
+    "EventClosed",
     "EventTimeout",
     "EventTooLarge",
     "FollowLimit",

@@ -29,6 +29,14 @@ class SteerRequestIdReused(ConflictError):
     reason = "steer_request_id_reused"
 
 
+class ChildEnded(ConflictError):
+    """child has already ended"""
+
+    # An operator's cancel, steer or answer given for an execution that is terminal
+    # (design §33): refused when given, nothing recorded.
+    reason = "child_ended"
+
+
 class AdmissionFailed(ConflictError):
     """child admission failed"""
 

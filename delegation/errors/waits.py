@@ -35,6 +35,14 @@ class InputClosed(ConflictError):
     reason = "input_closed"
 
 
+class EventClosed(ConflictError):
+    """child conversation has no live execution"""
+
+    # An event sent to a conversation whose newest execution has ended: nothing stored
+    # (design §33); a follow-up waits for events sent after it started.
+    reason = "event_closed"
+
+
 class InputTimeout(ConflictError):
     """child input request timed out"""
 

@@ -1,14 +1,92 @@
-"""Control requests: an operator's cancel or steer, recorded by another process and
-applied by the host that owns the database (design §11)."""
+"""Control requests: an operator's cancel, steer, answer or event, recorded by another
+process and applied by the host that owns the database (design §11, §21, §33).
+
+The controls are declared here once, as types (:data:`Control`), and decoded once from
+a row (:func:`decoded`): a control is kept as its action (the tag), a message and a
+request id, as the table has always held them: a steer's message is its text, an
+answer's and an event's are their fields as JSON (``{"inputId", "decision", "text"}``,
+``{"key", "payload"}``). Rows written by earlier versions decode the same."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import msgspec
 from sqlalchemy import Connection
 
+from delegation import errors
 from delegation.store.sql import IN_LIST_MAX, chunks, run, spelling_of
+
+
+class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
+    """Cancel the execution (its run is stopped; ``state`` ``cancelled``)."""
+
+
+class Steer(msgspec.Struct, frozen=True, tag="steer"):
+    """Give the running execution a new heading (idempotent per request id)."""
+
+    message: str
+
+
+class InputAnswer(msgspec.Struct, frozen=True, tag="input", rename="camel"):
+    """Answer the execution's open input request ``input_id``: ``decision`` one of its
+    options (an approval's ``approve`` or ``deny``), or ``text`` for one without."""
+
+    input_id: str
+    decision: str = ""
+    text: str = ""
+
+
+class EventSend(msgspec.Struct, frozen=True, tag="event"):
+    """Send the event ``key`` with ``payload`` (any JSON) to the conversation's live
+    execution, for a ``ctx.wait_event``; the request id, if any, sends it once."""
+
+    key: str
+    payload: Any = None
+
+
+Control = Cancel | Steer | InputAnswer | EventSend
+
+ACTIONS = ("cancel", "steer", "input", "event")
+_object = msgspec.json.Decoder(dict[str, Any])
+_encoder = msgspec.json.Encoder()
+
+
+def message_of(control: Control) -> tuple[str, str]:
+    """The action and message a control is kept as."""
+    match control:
+        case Cancel():
+            return "cancel", ""
+        case Steer(message=message):
+            return "steer", message
+        case InputAnswer() | EventSend():
+            fields = msgspec.to_builtins(control)
+            action = fields.pop("type")
+            return action, _encoder.encode(fields).decode()
+
+
+def decoded(action: str, message: str) -> Control:
+    """The control kept as ``action`` and ``message``.
+
+    Raises:
+        errors.MalformedInput: a row no version of this code writes.
+    """
+    if action == "cancel":
+        return Cancel()
+    if action == "steer":
+        return Steer(message)
+    if action not in ACTIONS:
+        raise errors.MalformedInput(f"malformed control request: unknown action {action!r}")
+    try:
+        fields = _object.decode(message)
+        fields["type"] = action  # the tag is kept in its own column
+        control: Control = msgspec.convert(fields, Control)
+        return control
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise errors.MalformedInput(f"malformed control request: {exc}") from None
+
 
 _FIELDS = (
     "id, conversation_id, run_id, action, message, request_id, created_at, applied_at, outcome"
@@ -85,6 +163,37 @@ def pending(conn: Connection) -> list[ControlRecord]:
         conn, f"SELECT {_FIELDS} FROM controls WHERE applied_at IS NULL ORDER BY id"
     ).fetchall()
     return [ControlRecord(*row) for row in rows]
+
+
+def listed(
+    conn: Connection, conversation_id: str | None, limit: int, *, pending_only: bool = False
+) -> list[ControlRecord]:
+    """The newest ``limit`` control requests, of one conversation or of all (through
+    ix_controls_conversation, or the primary key), newest first; ``pending_only``: those
+    not applied yet."""
+    where = ["applied_at IS NULL"] if pending_only else []
+    params: list[object] = []
+    if conversation_id is not None:
+        where.append("conversation_id = ?")
+        params.append(conversation_id)
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    rows = run(
+        conn, f"SELECT {_FIELDS} FROM controls{clause} ORDER BY id DESC LIMIT ?", (*params, limit)
+    ).fetchall()
+    return [ControlRecord(*row) for row in rows]
+
+
+def by_request(
+    conn: Connection, conversation_id: str, action: str, request_id: str
+) -> ControlRecord | None:
+    """The control request given with ``request_id`` for the conversation, if any."""
+    row = run(
+        conn,
+        f"SELECT {_FIELDS} FROM controls WHERE conversation_id = ? AND action = ?"
+        " AND request_id = ? ORDER BY id LIMIT 1",
+        (conversation_id, action, request_id),
+    ).fetchone()
+    return None if row is None else ControlRecord(*row)
 
 
 def get(conn: Connection, control_id: int) -> ControlRecord | None:

@@ -402,6 +402,7 @@ Index(
     sqlite_where=controls.c.applied_at.is_(None),
     postgresql_where=controls.c.applied_at.is_(None),
 )
+Index("ix_controls_conversation", controls.c.conversation_id, controls.c.id)
 
 # What a child's run waits for (design §21), one row per wait of an execution, named as
 # its step is: an input request (``input``, ``approval``: an inputId is this name), an

@@ -19,9 +19,10 @@ from delegation.store import steps as journal
 from delegation.store.controls import ControlRecord
 from delegation.store.prefixes import Kind
 from delegation.store.sql import Connection
-from delegation.usecases import admission, queries
+from delegation.usecases import admission, operating, queries
 from delegation.usecases.follow import WatchWake, blocking
 from delegation.usecases.follow import events as events_of
+from delegation.usecases.operating import Outcome
 from delegation.wire import Event, InputRequest
 
 MIN_PREFIX = 4  # characters an id prefix needs, so that a slip never matches everything
@@ -206,6 +207,11 @@ class Inspector:
     def control(self, control_id: int) -> ControlRecord | None:
         """An operator's control request (``delegation cancel``/``steer``), by id."""
         return self._db.read(lambda c: controls.get(c, control_id))
+
+    def controls(self, conversation_id: str | None = None, limit: int = 100) -> list[Outcome]:
+        """The newest ``limit`` control requests (of one conversation, or all) and what
+        became of each, newest first (design §33)."""
+        return self._db.read(lambda c: operating.listed(c, conversation_id, limit))
 
     def page(
         self,

@@ -236,6 +236,24 @@ def _answer(
     the same ``request_id`` again is the same answer (idempotent, as a steer is)."""
     if not valid_id(request_id):
         raise errors.BadSteer("child input requires a valid requestId")
+    found, value = answerable(conn, now, child, input_id, decision, text)
+    if found.answered:
+        if found.request_id == request_id and found.answer == value:
+            return Delivered(child.id, child.state, child.engine_instance_id, accepted=False)
+        raise errors.InputAnswered()
+    waits.answer(conn, child.id, input_id, value, request_id, now)
+    return _delivered(conn, now, child)
+
+
+def answerable(
+    conn: Connection, now: float, child: ChildRecord, input_id: str, decision: str, text: str
+) -> tuple[WaitRow, bytes]:
+    """The child's input request ``input_id`` (locking the child) and the answer as it
+    would be recorded; an answered request is the caller's to judge.
+
+    Raises:
+        errors.InputUnknown, errors.InputClosed, errors.InputInvalid: it cannot take it.
+    """
     if not isinstance(input_id, str) or not input_id or utf8_len(input_id) > MAX_KEY_BYTES:
         raise errors.InputUnknown()
     children.lock(conn, child.id)
@@ -245,14 +263,9 @@ def _answer(
     if found is None or found.kind not in INPUT_KINDS:
         raise errors.InputUnknown()
     value = _answer_value(found, decision, text)
-    if found.answered:
-        if found.request_id == request_id and found.answer == value:
-            return Delivered(child.id, child.state, child.engine_instance_id, accepted=False)
-        raise errors.InputAnswered()
-    if found.closed or found.expired(now):
+    if not found.answered and (found.closed or found.expired(now)):
         raise errors.InputClosed()
-    waits.answer(conn, child.id, input_id, value, request_id, now)
-    return _delivered(conn, now, child)
+    return found, value
 
 
 def _answer_value(found: WaitRow, decision: str, text: str) -> bytes:
@@ -284,9 +297,45 @@ def send_event(
 
     Raises:
         errors.ChildNotFound: no such conversation (events go to existing children).
+        errors.EventClosed: its newest execution has ended (nothing is stored).
         errors.EventTooLarge: a payload over ``max_step_bytes``.
         errors.EventBufferFull: ``max_buffered_events`` wait to be taken already.
     """
+    child = sendable(conn, cfg, conversation_id, key, payload, idempotency_key)
+    if waits.send(conn, conversation_id, key, payload, idempotency_key, now) is None:
+        return Delivered(child.id, child.state, child.engine_instance_id, accepted=False)
+    for name in waits.event_waits(conn, child.id, key):
+        _take(conn, now, child, name, key)
+        return _delivered(conn, now, child)
+    return Delivered(child.id, child.state, child.engine_instance_id)
+
+
+def send(
+    conn: Connection, now: float, cfg: EngineConfig, rconn: RunnerConnection, params: Params
+) -> Delivered:
+    """``child.send`` (design §33): authority as for ``child.steer``, then
+    :func:`send_event` to the child's conversation with ``key`` and ``data``, sent once
+    per ``requestId``."""
+    if not valid_id(params.request_id):
+        raise errors.BadSteer("child send requires a valid requestId")
+    child = service.locate_child(conn, rconn, params, now, steer=True)
+    try:
+        payload = _json.encode(params.data)
+    except (TypeError, msgspec.EncodeError) as exc:  # decoded from JSON: only a Python caller's
+        raise errors.MalformedInput(f"malformed child input: data: {exc}") from None
+    return send_event(conn, now, cfg, child.conversation_id, params.key, payload, params.request_id)
+
+
+def sendable(
+    conn: Connection,
+    cfg: EngineConfig,
+    conversation_id: str,
+    key: str,
+    payload: bytes,
+    idempotency_key: str | None,
+) -> ChildRecord:
+    """The live execution of the conversation an event may be sent to (see
+    :func:`send_event` for the refusals)."""
     if not isinstance(key, str) or blank(key) or utf8_len(key) > MAX_KEY_BYTES:
         raise errors.InputError("an event key must be nonempty text of at most 1 KiB")
     if idempotency_key is not None and not valid_id(idempotency_key):
@@ -294,16 +343,11 @@ def send_event(
     if len(payload) > cfg.max_step_bytes:
         raise errors.EventTooLarge()
     child = service.exact(conn, conversation_id, None)
+    if child.terminal:
+        raise errors.EventClosed()
     if waits.untaken(conn, conversation_id) >= cfg.max_buffered_events:
         raise errors.EventBufferFull()
-    if waits.send(conn, conversation_id, key, payload, idempotency_key, now) is None:
-        return Delivered(child.id, child.state, child.engine_instance_id, accepted=False)
-    if child.terminal:
-        return Delivered(child.id, child.state, child.engine_instance_id)
-    for name in waits.event_waits(conn, child.id, key):
-        _take(conn, now, child, name, key)
-        return _delivered(conn, now, child)
-    return Delivered(child.id, child.state, child.engine_instance_id)
+    return child
 
 
 def _delivered(conn: Connection, now: float, child: ChildRecord) -> Delivered:
