@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 
 from delegation import ChildContext, Engine, EngineConfig, Event, Operator, errors
+from delegation.store import controls
+from delegation.store.controls import InputAnswer, decoded
+from delegation.store.stores import write_once
 from tests.support import ScriptRunner, open_harness
 from tests.test_push_control import operator
 from tests.test_waiting import HOLD_S, hosted, state_is, until
@@ -65,7 +68,7 @@ async def test_with_no_host_every_wrong_control_is_refused_and_nothing_recorded(
     # A valid answer is recorded (queued: no host runs) ...
     code, out, err = await operator("input", cid, "pick", "--decision", "blue", "--wait", "0",
                                     db=db_url)  # fmt: skip
-    assert code == 0 and "is queued" in out, (out, err)
+    assert code == 0 and "is recorded (control 1, not waited for)" in out, (out, err)
     # ... and a second answer to the same request is refused at once, not dropped later.
     code, out, err = await operator("input", cid, "pick", "--decision", "red", db=db_url)
     assert (code, err) == (1, "delegation: child input was already answered\n")
@@ -104,7 +107,7 @@ async def test_a_control_refused_when_applied_keeps_its_refusal(
     # Given while the request is open: recorded. Applied after it timed out: refused.
     code, out, err = await operator("input", cid, "pick", "--decision", "red", "--wait", "0",
                                     db=db_url)  # fmt: skip
-    assert code == 0 and "is queued" in out, err
+    assert code == 0 and "is recorded" in out, err
     await asyncio.sleep(4.0)  # past the request's timeout
     async with hosted(db_url, workspace, timed) as h:
         await h.wait_done(cid)
@@ -228,6 +231,9 @@ async def test_child_send_from_the_extension_that_holds_the_child(
         assert again.conversation_id == cid  # idempotent: nothing changed
         done = await h.wait_done(cid)
         assert done.output == '{"n": 1}'
+        # A retry whose answer was lost, after the event ended the child: nothing changes.
+        retried = await engine.send(h.conn, h.params(**handle, key="go", data=1, request_id="s-1"))
+        assert retried.done and retried.conversation_id == cid
         with pytest.raises(errors.EventClosed):
             await engine.send(h.conn, h.params(**handle, key="go", request_id="s-2"))
         # Another extension's connection may not send to it (authority as for a steer).
@@ -253,3 +259,35 @@ async def test_child_send_over_serve(db_url: str, workspace: Any) -> None:
         assert result.output == '{"n": 1}'
         with pytest.raises(errors.EventClosed, match="child conversation has no live execution"):
             await client.send({**child, "key": "go", "requestId": "s-2"})
+
+
+async def test_an_answer_queued_by_an_earlier_version_is_applied(
+    db_url: str, workspace: Any
+) -> None:
+    """Rows of the version before the typed controls: the field not given was null."""
+    cid = await waiting_child(db_url, workspace)
+    with Operator(db_url) as op:
+        run_id = op.show(cid).run_id  # type: ignore[union-attr]
+    old = json.dumps({"inputId": "pick", "decision": "blue", "text": None})
+    write_once(db_url, lambda c: controls.submit(c, cid, run_id, "input", old, "op-old", 1.0))
+    assert decoded("input", old) == InputAnswer("pick", "blue", "")
+    async with hosted(db_url, workspace, asking) as h:
+
+        async def asked() -> bool:
+            found = await h.engine.get_child(cid)
+            return found is not None and found.inputs_open == 1 and found.state == "waiting"
+
+        await until(lambda: asked())
+        (control,) = await controls_of(db_url, cid)
+        assert (control["status"], control["outcome"]) == ("applied", {"state": "running"})
+
+
+async def test_a_python_answer_gets_a_request_id_so_applying_it_twice_changes_nothing(
+    db_url: str, workspace: Any
+) -> None:
+    cid = await waiting_child(db_url, workspace)
+    with Operator(db_url) as op:
+        given = op.answer_input(cid, "pick", decision="red", wait=0)
+        assert given.status == "pending" and given.request_id.startswith("op-")
+        steer = op.steer(cid, "hurry", wait=0)
+        assert steer.request_id.startswith("op-") and steer.request_id != given.request_id

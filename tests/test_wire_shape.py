@@ -65,6 +65,8 @@ SHAPES: dict[type[msgspec.Struct], list[tuple[str, bool]]] = {
         ("after", False),
         ("inputId", False),  # child.input (design §21)
         ("decision", False),
+        ("key", False),  # child.send (design §33)
+        ("data", False),
     ],
     Identity: [
         ("runnerId", False),

@@ -131,8 +131,8 @@ def _give(operator: Operator, args: argparse.Namespace, run_id: str) -> Outcome:
         errors.DelegationError: refused.
     """
     child = args.child
-    if args.command == "cancel":
-        return operator.cancel(child, run_id, wait=WAIT_S)
+    if args.command == "cancel":  # --wait: for the host to apply it too, if shorter
+        return operator.cancel(child, run_id, wait=_cancel_wait(args))
     request_id = f"op-{secrets.token_hex(8)}"
     if args.command == "steer":
         return operator.steer(child, args.message, run_id, request_id=request_id, wait=args.wait)
@@ -150,6 +150,11 @@ def _give(operator: Operator, args: argparse.Namespace, run_id: str) -> Outcome:
     return operator.send_event(child, args.key, payload, idempotency_key=key, wait=args.wait)
 
 
+def _cancel_wait(args: argparse.Namespace) -> float:
+    """How long a cancel waits for the host to apply it: ``--wait`` SECONDS if shorter."""
+    return WAIT_S if args.wait is None else min(WAIT_S, args.wait)
+
+
 def _report(args: argparse.Namespace, outcome: Outcome, fields: dict[str, Any], run_id: str) -> int:
     from delegation.cli.terminal import printable
 
@@ -162,12 +167,17 @@ def _report(args: argparse.Namespace, outcome: Outcome, fields: dict[str, Any], 
         return 0
     who = f"{outcome.conversation_id} (run {run_id})"
     if not applied:
-        waited = WAIT_S if args.command == "cancel" else args.wait
-        within = f" within {waited:g} s" if waited > 0 else ""
+        waited = _cancel_wait(args) if args.command == "cancel" else args.wait
+        if not waited:  # --wait 0: a live host may apply it in a moment
+            print(
+                f"{args.command} of {who} is recorded (control {outcome.id}, not waited for):"
+                f" `delegation controls {outcome.conversation_id}` shows what becomes of it"
+            )
+            return 0
         print(
-            f"{args.command} of {who} is queued: no live host applied it{within}; the next"
-            f" host to open the database applies it (control {outcome.id}: `delegation"
-            f" controls {outcome.conversation_id}` shows what becomes of it)"
+            f"{args.command} of {who} is queued: no live host applied it within {waited:g} s;"
+            f" the next host to open the database applies it (control {outcome.id}:"
+            f" `delegation controls {outcome.conversation_id}` shows what becomes of it)"
         )
     elif args.command == "cancel":
         state = fields.get("state", "cancelling")

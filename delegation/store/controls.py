@@ -80,7 +80,8 @@ def decoded(action: str, message: str) -> Control:
     if action not in ACTIONS:
         raise errors.MalformedInput(f"malformed control request: unknown action {action!r}")
     try:
-        fields = _object.decode(message)
+        # Earlier versions wrote the field not given as null ({"decision": null, ...}).
+        fields = {k: v for k, v in _object.decode(message).items() if v is not None}
         fields["type"] = action  # the tag is kept in its own column
         control: Control = msgspec.convert(fields, Control)
         return control

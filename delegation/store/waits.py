@@ -206,6 +206,18 @@ def send(
     return None if found is None else int(found[0])
 
 
+def was_sent(conn: Connection, conversation_id: str, idempotency_key: str) -> bool:
+    """Whether an event with this idempotency key was kept for the conversation."""
+    return (
+        run(
+            conn,
+            "SELECT 1 FROM signals WHERE conversation_id = ? AND idempotency_key = ?",
+            (conversation_id, idempotency_key),
+        ).fetchone()
+        is not None
+    )
+
+
 def untaken(conn: Connection, conversation_id: str) -> int:
     """How many events wait to be taken in the conversation."""
     return int(

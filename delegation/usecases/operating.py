@@ -13,6 +13,7 @@ kept as the control's outcome, which :func:`listed` shows.
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +77,13 @@ def give(
     action, message = message_of(control)
     if isinstance(control, EventSend):
         run_id = None  # an event is for the conversation's live execution
+    elif not request_id and isinstance(control, Steer | InputAnswer):
+        # Applied twice (a host died before recording it, two hosts at once), a steer or
+        # an answer with its own request id changes nothing the second time.
+        request_id = f"op-{secrets.token_hex(8)}"
     child = service.exact(conn, conversation_id, run_id)
+    children.lock(conn, child.id)  # two operators' controls of one child: one at a time
+    child = children.get(conn, child.id) or child  # as it is now that it is locked
     if request_id and not isinstance(control, EventSend):  # an event: its idempotency key
         first = controls.by_request(conn, conversation_id, action, request_id)
         if first is not None:
@@ -108,7 +115,6 @@ def _judge(
 ) -> None:
     match control:
         case Cancel() | Steer():
-            children.lock(conn, child.id)
             if child.terminal:
                 raise errors.ChildEnded(
                     f"child {child.conversation_id} has already ended ({child.state})"

@@ -302,7 +302,10 @@ def send_event(
         errors.EventBufferFull: ``max_buffered_events`` wait to be taken already.
     """
     child = sendable(conn, cfg, conversation_id, key, payload, idempotency_key)
-    if waits.send(conn, conversation_id, key, payload, idempotency_key, now) is None:
+    if (
+        child.terminal
+        or waits.send(conn, conversation_id, key, payload, idempotency_key, now) is None
+    ):
         return Delivered(child.id, child.state, child.engine_instance_id, accepted=False)
     for name in waits.event_waits(conn, child.id, key):
         _take(conn, now, child, name, key)
@@ -335,7 +338,9 @@ def sendable(
     idempotency_key: str | None,
 ) -> ChildRecord:
     """The live execution of the conversation an event may be sent to (see
-    :func:`send_event` for the refusals)."""
+    :func:`send_event` for the refusals), or its newest execution, ended or not, when
+    ``idempotency_key`` was sent already: sent again, it changes nothing (a retry of a
+    send whose answer was lost, after the event ended the child, is not refused)."""
     if not isinstance(key, str) or blank(key) or utf8_len(key) > MAX_KEY_BYTES:
         raise errors.InputError("an event key must be nonempty text of at most 1 KiB")
     if idempotency_key is not None and not valid_id(idempotency_key):
@@ -343,6 +348,8 @@ def sendable(
     if len(payload) > cfg.max_step_bytes:
         raise errors.EventTooLarge()
     child = service.exact(conn, conversation_id, None)
+    if idempotency_key is not None and waits.was_sent(conn, conversation_id, idempotency_key):
+        return child
     if child.terminal:
         raise errors.EventClosed()
     if waits.untaken(conn, conversation_id) >= cfg.max_buffered_events:
