@@ -132,6 +132,16 @@ WILD_TEXT = st.lists(st.one_of(st.characters(), st.sampled_from(LONE_SURROGATES)
 )
 
 
+ANY_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=8)  # no lone surrogate
+ANY_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(I64_MIN, I64_MAX), ANY_TEXT,
+              st.floats(allow_nan=False, allow_infinity=False)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(ANY_TEXT, inner, max_size=3)),
+    max_leaves=8,
+)  # fmt: skip
+
+
 def _of_type(t: mi.Type) -> st.SearchStrategy[Any]:
     """Values of a msgspec type, read from the wire types themselves: a new field is
     fuzzed without touching this file."""
@@ -157,6 +167,8 @@ def _of_type(t: mi.Type) -> st.SearchStrategy[Any]:
         return st.one_of(*(_of_type(member) for member in t.types))
     if isinstance(t, mi.StructType):
         return _values(t.cls)
+    if isinstance(t, mi.AnyType):  # any JSON (child.send's data)
+        return ANY_VALUES
     raise TypeError(f"no strategy for {t}")
 
 
@@ -231,6 +243,7 @@ LEAVES = st.one_of(
     WILD_TEXT,
     TOKENS,
 )
+JSON_TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=8)  # no lone surrogate
 JSON_VALUES = st.recursive(
     LEAVES,
     lambda inner: st.one_of(

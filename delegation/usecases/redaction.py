@@ -16,8 +16,9 @@ with ``[redacted]`` before the text is stored, so nothing downstream ever holds 
   so, quoted or not, with ``=`` or ``:``);
 * JSON Web Tokens (``eyJ….….…``) and vendors' key prefixes (``sk-``, ``ghp_``, ``AKIA``,
   ``AIza``, ``xox?-``, ``hf_``, ``glpat-``, ``sk_live_``…);
-* runs of 32 or more hex digits (SHA digests, hex keys), but for ids of ours: ``c-``,
-  ``r-`` or ``h-`` and exactly 32 lower-case hex digits (conversations, runs, hosts);
+* runs of 32 or more hex digits mixing digits and letters (SHA digests, hex keys), but
+  for ids of ours: ``c-``, ``r-`` or ``h-`` and exactly 32 lower-case hex digits
+  (conversations, runs, hosts);
 * base64-like runs: 24 or more letters and digits with upper case, lower case and a
   digit alike (between ``/``: a path's words are not), or 16 or more with ``+`` or
   ``=`` padding and all three.
@@ -80,6 +81,10 @@ def _hex(found: re.Match[str]) -> str:
     prefix, digits = found.group(1), found.group(2)
     if prefix and len(digits) == 32 and digits == digits.lower():
         return found.group(0)  # an id of ours: c-, r- or h- and 32 lower-case hex digits
+    if digits.isdigit() or not any(c.isdigit() for c in digits):
+        # A number, or letters a-f alone ("aaaa…", "deadbeefcafe…"): a digest or a key has
+        # both (a random 32-digit hex run lacks one with odds under 1 in 10^13).
+        return found.group(0)
     return prefix + REDACTED
 
 
