@@ -101,6 +101,31 @@ def _seconds(value: object) -> bool:
     )
 
 
+VERSION_POLICIES = ("resume", "refuse", "pin")
+MAX_VERSION_BYTES = 128
+
+
+def check_version(version: object) -> str:
+    """``version`` if it may name a runner version: nonempty text of at most 128 bytes,
+    printable, with no white space at either end.
+
+    Raises:
+        ValueError: it may not.
+    """
+    if (
+        not isinstance(version, str)
+        or not version
+        or version != version.strip()
+        or not version.isprintable()
+        or len(version.encode("utf-8", "surrogatepass")) > MAX_VERSION_BYTES
+    ):
+        raise ValueError(
+            f"a runner version must be printable text of 1 to {MAX_VERSION_BYTES} bytes"
+            f" without surrounding spaces, not {version!r}"
+        )
+    return version
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     lease_lifetime_s: float = 3600.0
@@ -148,6 +173,13 @@ class EngineConfig:
     # start waits for its child's turn before it answers ``queued: true``.
     admission: Mapping[str, AdmissionPolicy] = field(default_factory=dict)
     start_wait_s: float = 5.0
+    # Versions (design §34): the runner version this host runs (None: the runner's own
+    # ``version``, else ``$DELEGATION_RUNNER_VERSION``, else unversioned), the older
+    # versions it can continue (the runner's ``resumes`` when empty), and what a resume
+    # does with a child another version ran: ``resume``, ``refuse`` or ``pin``.
+    runner_version: str | None = None
+    runner_resumes: tuple[str, ...] = ()
+    on_version_change: str = "resume"
 
     def __post_init__(self) -> None:
         for scope, policy in self.admission.items():
@@ -185,5 +217,13 @@ class EngineConfig:
             raise ValueError("hold_s must be zero or more seconds (0: suspend at once)")
         if any(n <= 0 for n in numbers) or self.max_recovery_attempts < 0:
             raise ValueError("engine limits and timings must be positive")
+        if self.on_version_change not in VERSION_POLICIES:
+            raise ValueError(
+                f"on_version_change must be one of {', '.join(VERSION_POLICIES)},"
+                f" not {self.on_version_change!r}"
+            )
+        for version in (self.runner_version, *self.runner_resumes):
+            if version is not None:
+                check_version(version)
         if self.host_timeout_s <= 2 * self.host_heartbeat_s:
             raise ValueError("host_timeout_s must be more than two heartbeats (host_heartbeat_s)")

@@ -130,6 +130,12 @@ class ChildRecord:
     priority: int = 5
     queued_at: float | None = None
     deadline_at: float | None = None
+    # Versions (design §34): the runner version that prepared it, its newest attempt's,
+    # the version it is pinned to (None: not pinned), when an operator unpinned it.
+    version: str | None = None
+    attempt_version: str | None = None
+    pinned_version: str | None = None
+    unpinned_at: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -206,6 +212,7 @@ class Resumable:
     policy: bytes | None = None  # its grant's, as stored: the ceiling of its options
     delivered: tuple[str, ...] = ()  # steers handed to earlier attempts, oldest first
     steps: int = 0  # steps its execution recorded (design §15)
+    reason: str = "restart"  # why it resumes (design §34: Recovery.reason)
 
 
 class RecordedStep(NamedTuple):

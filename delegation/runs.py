@@ -48,6 +48,14 @@ class Recovery:
     # How many steps the resumed execution had recorded (design §15): ``ctx.step`` with
     # one of their names returns the recorded value without running it again.
     steps: int = 0
+    # Versions (design §34): the runner version this host runs (None: unversioned),
+    # whether the execution last ran another one (``previous_version``), and why it
+    # resumes: ``restart``, ``takeover``, ``input``, ``sleep``, ``event``, ``unpin``
+    # or ``rewind``.
+    runner_version: str | None = None
+    version_changed: bool = False
+    reason: str = "restart"
+    previous_version: str | None = None
 
 
 class NotResumable(Exception):

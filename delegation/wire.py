@@ -231,6 +231,9 @@ class Result(Identity, frozen=True):
     # Waiting its turn (design §22): ``queuePosition`` 1 is next. Absent otherwise.
     queued: bool = False
     queue_position: Uint64 = 0
+    # Pinned to the runner version that ran it (design §34): no host of another version
+    # runs it. Absent otherwise.
+    pinned_version: str = ""
 
 
 STEER_INJECTED = "injected"

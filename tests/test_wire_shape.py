@@ -121,6 +121,7 @@ SHAPES[Result] = SHAPES[Identity] + [
     ("inputRequests", False),  # only while a child that asked has one open (§21)
     ("queued", False),  # only while it waits its turn (§22)
     ("queuePosition", False),
+    ("pinnedVersion", False),  # design §34
 ]
 REQUIRED = {Event: {"kind": "text"}, SteerResult: {"outcome": "injected"}}
 

@@ -24,7 +24,7 @@ from delegation.cli.arguments import CHILD_HELP, RUN_HELP, add_db, add_json, wai
 if TYPE_CHECKING:
     from delegation.operator import Operator, Outcome
 
-COMMANDS = ("cancel", "steer", "input", "send", "controls")
+COMMANDS = ("cancel", "steer", "input", "send", "unpin", "controls")
 WAIT_S = 3.0  # how long a command waits for the host by default (it applies in ~0.1 s)
 WAIT_HELP = f"seconds to wait for the host to apply it (default {WAIT_S:g}; 0: do not wait)"
 
@@ -62,6 +62,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     send.add_argument("--id", dest="idempotency_key", help="sent once per conversation")
     send.set_defaults(run=None)  # to the conversation: its newest execution waits for it
     _wait(send)
+
+    unpin = commands.add_parser(
+        "unpin", help="let the current code resume a child its runner version pinned"
+    )
+    _child(unpin)
+    _wait(unpin)
 
     listing = commands.add_parser(
         "controls", help="the controls given (cancel, steer, input, send) and their outcomes"
@@ -136,6 +142,8 @@ def _give(operator: Operator, args: argparse.Namespace, run_id: str) -> Outcome:
     request_id = f"op-{secrets.token_hex(8)}"
     if args.command == "steer":
         return operator.steer(child, args.message, run_id, request_id=request_id, wait=args.wait)
+    if args.command == "unpin":
+        return operator.unpin(child, run_id, wait=args.wait)
     if args.command == "input":
         decision = "approve" if args.approve else "deny" if args.deny else args.decision
         return operator.answer_input(
@@ -185,6 +193,8 @@ def _report(args: argparse.Namespace, outcome: Outcome, fields: dict[str, Any], 
         print(printable(f"cancelled {who}: {state}" + (f" ({error})" if error else "")))
     elif args.command == "input":
         print(printable(f"answered {args.input_id} of {who}: {fields.get('state', '')}"))
+    elif args.command == "unpin":
+        print(printable(f"unpinned {who}: {fields.get('state', '')}"))
     elif args.command == "send":
         kept = "sent" if fields.get("accepted") else "already sent (nothing changed)"
         print(printable(f"event {args.key} to {outcome.conversation_id}: {kept}"))

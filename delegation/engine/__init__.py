@@ -17,6 +17,8 @@
   retention wake-ups, and what they do;
 - :mod:`~delegation.engine.waking`: waiting children woken (design §21) by their time,
   their answer or an event, and the operators' answers and events;
+- :mod:`~delegation.engine.versions`: the runner version this host runs, resolved at
+  open, and what a resumed run is told of it (design §34);
 - :mod:`~delegation.engine.admitting`: admission's pump (design §22), the queue admitted
   in order as slots free;
 - :mod:`~delegation.engine.notices`: commit notices (what wakes a follow, a wait and

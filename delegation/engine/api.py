@@ -27,7 +27,7 @@ from delegation.backlog import UNBOUNDED, Room
 from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.codec import checked
 from delegation.config import AdmissionPolicy, EngineConfig, parse_scope
-from delegation.engine import telemetry
+from delegation.engine import telemetry, versions
 from delegation.engine.admitting import Admitting
 from delegation.engine.adoption import Adoption
 from delegation.engine.membership import Membership
@@ -91,7 +91,8 @@ class Engine(EngineReads):
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        self.config = config or EngineConfig()
+        # The runner version this host runs, resolved once (design §34).
+        self.config = versions.configured(config or EngineConfig(), runner)
         self._runner = runner
         self._db: Store = open_store(
             url, synchronous=self.config.synchronous, busy_timeout_ms=self.config.busy_timeout_ms

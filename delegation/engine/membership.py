@@ -345,7 +345,9 @@ class Membership:
             new = f"h-{secrets.token_hex(16)}"
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, rt.db.claim, new)
-            await rt.write(Use(maintenance.rejoin, new), while_rejoining=True)
+            await rt.write(
+                Use(maintenance.rejoin, new, rt.config.runner_version), while_rejoining=True
+            )
             rt.instance_id = new  # once its row exists: connections name it
         finally:
             rt.rejoining = False

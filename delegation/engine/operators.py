@@ -28,7 +28,16 @@ from delegation import errors
 from delegation.engine.notices import keep_running
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
-from delegation.store.controls import Cancel, ControlRecord, EventSend, InputAnswer, Steer, decoded
+from delegation.records import ChildRecord
+from delegation.store.controls import (
+    Cancel,
+    ControlRecord,
+    EventSend,
+    InputAnswer,
+    Steer,
+    Unpin,
+    decoded,
+)
 from delegation.store.watch import Watch
 from delegation.usecases import maintenance
 from delegation.wire import Result, SteerResult
@@ -44,6 +53,8 @@ class Waiting(Protocol):
     async def answer(self, record: ControlRecord, answer: InputAnswer) -> Result: ...
 
     async def send(self, record: ControlRecord, event: EventSend) -> bool: ...
+
+    async def unpin(self, record: ControlRecord) -> ChildRecord: ...
 
     async def from_other_hosts(self) -> None: ...
 
@@ -202,7 +213,7 @@ class ControlWatcher:
                         record.conversation_id, message, record.run_id, record.request_id
                     )
                     return {"outcome": steered.outcome, "reason": steered.reason}
-                case InputAnswer() | EventSend() if self._waiting is None:
+                case InputAnswer() | EventSend() | Unpin() if self._waiting is None:
                     raise errors.InternalError()
                 case InputAnswer():
                     assert self._waiting is not None
@@ -210,6 +221,9 @@ class ControlWatcher:
                 case EventSend():
                     assert self._waiting is not None
                     return {"accepted": await self._waiting.send(record, control)}
+                case Unpin():
+                    assert self._waiting is not None
+                    return {"state": (await self._waiting.unpin(record)).state}
                 case Cancel():  # applied together with the other cancels
                     raise errors.InternalError()
         except errors.DelegationError as exc:

@@ -227,6 +227,15 @@ def unreadable(run_ids: Sequence[str]) -> None:
         )
 
 
+def refused(run_ids: Sequence[str]) -> None:
+    """Say so of children a resume refused: another runner version ran them (§34)."""
+    for run_id in run_ids:
+        log.warning(
+            "child ended: another runner version ran it (on_version_change=refuse)",
+            extra={"action": "runner_version_changed", "run_id": run_id},
+        )
+
+
 async def cancelled(tasks: Any) -> None:
     """Cancel ``tasks`` and wait for them, their exceptions retrieved (and dropped)."""
     pending = list(tasks)

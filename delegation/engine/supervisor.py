@@ -22,8 +22,9 @@ from delegation.backlog import UNBOUNDED, Room
 from delegation.engine.answers import Answers
 from delegation.engine.ends import Ends
 from delegation.engine.local_run import LocalRun, LocalRuns
-from delegation.engine.runtime import Runtime, Use, unreadable
+from delegation.engine.runtime import Runtime, Use, refused, unreadable
 from delegation.engine.timers import Timers
+from delegation.engine.versions import recovery_of
 from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, Resumable, RunnerConnection
 from delegation.runs import (
@@ -224,8 +225,9 @@ class Supervisor:
             self._resuming.difference_update(item.child.id for item in takeover.resumable)
             return
         unreadable(takeover.unreadable)
+        refused(takeover.refused)
         for item in takeover.resumable:
-            recovery = Recovery(item.attempt, item.last_sequence, item.delivered, item.steps)
+            recovery = recovery_of(item, self._rt.config)
             plan = reservation.plan_of(item.child, item.policy)
             local = self.spawn(item.child, plan, recovery, item.steers)
             self._resuming.discard(item.child.id)
@@ -243,7 +245,7 @@ class Supervisor:
         if self.closing:
             return
         for item in woken:
-            recovery = Recovery(item.attempt, item.last_sequence, item.delivered, item.steps)
+            recovery = recovery_of(item, self._rt.config)
             plan = reservation.plan_of(item.child, item.policy)
             self.spawn(item.child, plan, recovery, item.steers)
             log.info("child woken", extra={"action": "child_woken", "run_id": item.child.run_id})

@@ -17,11 +17,12 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from delegation import errors
-from delegation.engine.runtime import OWED_PAUSE_MAX_S, Runtime, Use, unreadable
+from delegation.engine.runtime import OWED_PAUSE_MAX_S, Runtime, Use, refused, unreadable
 from delegation.engine.supervisor import Supervisor
 from delegation.engine.timers import WAKE_JOB, Timers
+from delegation.records import ChildRecord
 from delegation.store.controls import ControlRecord, EventSend, InputAnswer
-from delegation.usecases import waiting
+from delegation.usecases import versions, waiting
 from delegation.wire import Result
 
 log = logging.getLogger("delegation.engine")
@@ -46,18 +47,25 @@ class Waking:
 
     async def arm(self) -> None:
         """At the next wake-up of this host's waiting children (after a boot or a
-        takeover gave it some)."""
-        at = await self._rt.db.read(lambda c: waiting.next_wake(c, self._rt.instance_id))
+        takeover gave it some); children pinned to this host's version that no live
+        host of it holds are taken first, due now (design §34)."""
+        rt = self._rt
+        host = versions.HostVersion.of(rt.config)
+        if host.version is not None:
+            await rt.write(Use(versions.claim_pinned, rt.instance_id, host))
+        at = await rt.db.read(lambda c: waiting.next_wake(c, rt.instance_id))
         self._timers.arm(at, WAKE_JOB)
 
     async def wake_due(self) -> None:
         """Wake every waiting child of this host that is due, then re-arm at the next."""
         rt = self._rt
         while True:
-            woken = await rt.write(Use(waiting.wake_due, rt.instance_id, BATCH))
+            host = versions.HostVersion.of(rt.config)
+            woken = await rt.write(Use(waiting.wake_due, rt.instance_id, BATCH, host))
             unreadable(woken.unreadable)
+            refused(woken.refused)
             self._supervisor.wake(woken.resumable)
-            if len(woken.resumable) + len(woken.unreadable) < BATCH:
+            if woken.settled < BATCH:
                 break
         self._timers.arm(woken.next_wake, WAKE_JOB)
 
@@ -70,6 +78,17 @@ class Waking:
             self._timers.arm(self._rt.clock.now() + OWED_PAUSE_MAX_S, WAKE_JOB)
         except (errors.HostClosing, errors.HostFenced):
             return
+
+    async def unpin(self, conversation_id: str, run_id: str | None) -> ChildRecord:
+        """Let the current code resume a pinned child (design §34): held here, woken now.
+
+        Raises:
+            errors.ChildNotFound, errors.ChildEnded, errors.NotPinned: it cannot be.
+        """
+        rt = self._rt
+        child = await rt.write(Use(versions.unpin_exact, conversation_id, run_id, rt.instance_id))
+        self.soon()
+        return child
 
     def soon(self) -> None:
         """Something made a child of this host due (a commit here): wake it now."""
@@ -123,6 +142,9 @@ class OperatorWaits:
             event.payload,
             idempotency_key=record.request_id or None,
         )
+
+    async def unpin(self, record: ControlRecord) -> ChildRecord:
+        return await self._waking.unpin(record.conversation_id, record.run_id)
 
     async def from_other_hosts(self) -> None:
         await self._waking.from_other_hosts()

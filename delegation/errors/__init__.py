@@ -61,6 +61,7 @@ family lives in its module: :mod:`~delegation.errors.base` (the root),
     │   ├── RequestIdReused
     │   ├── SteerRequestIdReused
     │   ├── ChildEnded                       an operator's control to an ended child
+    │   ├── NotPinned                        unpin of a child not pinned (§34)
     │   ├── AdmissionFailed
     │   ├── AdmissionPending                 not decided yet on another host; retry (§32)
     │   ├── ReleaseUnconfirmed
@@ -136,6 +137,7 @@ from delegation.errors.conflict import (
     ChildEnded,
     ConflictError,
     IllegalTransition,
+    NotPinned,
     ReleaseUnconfirmed,
     RequestIdReused,
     SteerRequestIdReused,
@@ -278,6 +280,7 @@ __all__ = [
     "NoSkillsRelaxed",
     "NoToolsRelaxed",
     "NotOwned",
+    "NotPinned",
     "OptionsWidened",
     "ParseError",
     "PresetLimit",

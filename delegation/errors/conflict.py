@@ -37,6 +37,13 @@ class ChildEnded(ConflictError):
     reason = "child_ended"
 
 
+class NotPinned(ConflictError):
+    """child is not pinned"""
+
+    # ``delegation unpin`` of a child no version policy pinned (design §34).
+    reason = "not_pinned"
+
+
 class AdmissionFailed(ConflictError):
     """child admission failed"""
 

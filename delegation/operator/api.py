@@ -21,7 +21,7 @@ from delegation import errors
 from delegation.config import EngineConfig
 from delegation.records import ChildRecord, ChildSummary
 from delegation.rpc import error_from_wire
-from delegation.store.controls import Cancel, Control, EventSend, InputAnswer, Steer
+from delegation.store.controls import Cancel, Control, EventSend, InputAnswer, Steer, Unpin
 from delegation.store.stores import open_watch, write_once
 from delegation.usecases import operating
 from delegation.usecases.inspector import Inspector
@@ -109,6 +109,13 @@ class Operator:
         ``fields["accepted"]`` is False when it changed nothing."""
         event = EventSend(key, payload)
         return self.submit(conversation_id, event, None, idempotency_key, wait=wait)
+
+    def unpin(
+        self, conversation_id: str, run_id: str | None = None, *, wait: float = APPLY_WAIT_S
+    ) -> Outcome:
+        """Let the current code resume an execution its version pinned (design §34):
+        the host that holds it resumes it within about a second."""
+        return self.submit(conversation_id, Unpin(), run_id, wait=wait)
 
     def submit(
         self,

@@ -13,7 +13,8 @@ The one writer, the same on both stores, and what it asks of a dialect:
 * :mod:`~delegation.store.sql` - the plain SQL the hot paths run, on either store;
 * ``sqlite/`` and ``postgres/`` - each dialect, exporting its record;
 * the aggregates' SQL: :mod:`~delegation.store.children`, :mod:`~delegation.store.grants`,
-  :mod:`~delegation.store.lifecycle`, :mod:`~delegation.store.events`,
+  :mod:`~delegation.store.lifecycle` (and :mod:`~delegation.store.retention`, the
+  purge of finished children), :mod:`~delegation.store.events`,
   :mod:`~delegation.store.steers`, :mod:`~delegation.store.steps`,
   :mod:`~delegation.store.processes`, :mod:`~delegation.store.registrations`,
   :mod:`~delegation.store.controls`, :mod:`~delegation.store.prefixes`,

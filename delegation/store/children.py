@@ -40,6 +40,7 @@ _TIMES = tuple(
         "finished_at",
         "queued_at",
         "deadline_at",
+        "unpinned_at",
     )
 )
 _COLUMNS = [children.c[name] for name in FIELDS]  # the same order, for Core queries
@@ -211,6 +212,10 @@ _FRESH: dict[str, Any] = {
     "priority": 5,
     "queued_at": None,
     "deadline_at": None,
+    "version": None,
+    "attempt_version": None,
+    "pinned_version": None,
+    "unpinned_at": None,
 }
 
 

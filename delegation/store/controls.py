@@ -47,9 +47,13 @@ class EventSend(msgspec.Struct, frozen=True, tag="event"):
     payload: Any = None
 
 
-Control = Cancel | Steer | InputAnswer | EventSend
+class Unpin(msgspec.Struct, frozen=True, tag="unpin"):
+    """Let the current code resume a child its version pinned (design §34)."""
 
-ACTIONS = ("cancel", "steer", "input", "event")
+
+Control = Cancel | Steer | InputAnswer | EventSend | Unpin
+
+ACTIONS = ("cancel", "steer", "input", "event", "unpin")
 _object = msgspec.json.Decoder(dict[str, Any])
 _encoder = msgspec.json.Encoder()
 
@@ -59,6 +63,8 @@ def message_of(control: Control) -> tuple[str, str]:
     match control:
         case Cancel():
             return "cancel", ""
+        case Unpin():
+            return "unpin", ""
         case Steer(message=message):
             return "steer", message
         case InputAnswer() | EventSend():
@@ -75,6 +81,8 @@ def decoded(action: str, message: str) -> Control:
     """
     if action == "cancel":
         return Cancel()
+    if action == "unpin":
+        return Unpin()
     if action == "steer":
         return Steer(message)
     if action not in ACTIONS:

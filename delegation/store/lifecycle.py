@@ -5,6 +5,7 @@ acts on every row it concerns at once, so a boot stays fast with thousands of ch
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from typing import NamedTuple
 
@@ -26,7 +27,7 @@ _encoder = msgspec.json.Encoder()
 ACTIVE = "{active}"
 
 
-def _q(conn: Connection, sql: str) -> TextClause:
+def q(conn: Connection, sql: str) -> TextClause:
     """``sql``, reading the unfinished children as ``conn``'s store spells it: compiled
     once per store and statement."""
     return _statement(spelling_of(conn), sql)
@@ -210,7 +211,7 @@ def lost_processes(conn: Connection, me: str) -> list[tuple[int, int, str]]:
     return [
         (int(pid), int(start), str(boot))
         for pid, start, boot in conn.execute(
-            _q(
+            q(
                 conn,
                 "SELECT pid, start_ticks, boot_id FROM processes"
                 f" WHERE child_id IN (SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST})",
@@ -230,12 +231,12 @@ def lock_lost(conn: Connection, me: str) -> bool:
     # (that one's order is its plan's); a heartbeat's takeover that meets one anyway
     # is undone alone (maintenance.heartbeat).
     sql = f"SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST} ORDER BY id{lock}"
-    return bool(conn.execute(_q(conn, sql), {"me": me}).all())
+    return bool(conn.execute(q(conn, sql), {"me": me}).all())
 
 
 def forget_lost_processes(conn: Connection, me: str) -> None:
     conn.execute(
-        _q(
+        q(
             conn,
             "DELETE FROM processes WHERE child_id IN"
             f" (SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND {LOST})",
@@ -271,7 +272,7 @@ def end_unadmitted(conn: Connection, me: str, error: str, now: float) -> dict[Ou
         ),
     ):
         values = {"now": now, "error": error, "me": me}
-        ended[outcome] = _count(conn.execute(_q(conn, statement), values).rowcount)
+        ended[outcome] = _count(conn.execute(q(conn, statement), values).rowcount)
     return ended
 
 
@@ -312,11 +313,11 @@ def settle_for_resume(
         statements, (Outcome.CANCELLED, None, Outcome.FAILED), strict=True
     ):
         params = {k: v for k, v in values.items() if f":{k}" in statement}
-        changed = conn.execute(_q(conn, statement), params).rowcount
+        changed = conn.execute(q(conn, statement), params).rowcount
         if outcome is not None:
             ended[outcome] = _count(changed)
     conn.execute(
-        _q(
+        q(
             conn,
             f"UPDATE {ACTIVE} SET engine_instance_id = :me, updated_at = :now"
             f" WHERE {ACTIVE_TERM} AND state IN ('{WAITING}', '{QUEUED}') AND {LOST}",
@@ -340,7 +341,7 @@ class Stored(NamedTuple):
 def stored_to_resume(conn: Connection, me: str) -> list[Stored]:
     """What each child left to resume (after :func:`settle_for_resume`) stored."""
     rows = conn.execute(
-        _q(
+        q(
             conn,
             "SELECT c.id, c.run_id, c.request, c.preset, c.options, g.policy FROM (SELECT id,"
             f" run_id, grant_id, request, preset, options FROM {ACTIVE} WHERE {ACTIVE_TERM}"
@@ -371,15 +372,30 @@ def end_lost(conn: Connection, me: str, child_ids: list[int], error: str, now: f
             f" AND state = '{ADMITTED}' AND {LOST} AND id IN ({marks})"
         )
         values = {"error": error, "now": now, "me": me, **{f"i{n}": i for n, i in enumerate(ids)}}
-        ended += _count(conn.execute(_q(conn, statement), values).rowcount)
+        ended += _count(conn.execute(q(conn, statement), values).rowcount)
     return ended
 
 
-def begin_resume(conn: Connection, me: str, recovery_text: str) -> None:
+def to_resume(conn: Connection, me: str) -> list[int]:
+    """The children left to resume (after :func:`settle_for_resume`), by id."""
+    rows = conn.execute(
+        q(
+            conn,
+            f"SELECT id FROM {ACTIVE} WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST}"
+            " ORDER BY id",
+        ),
+        {"me": me},
+    ).all()
+    return [int(row[0]) for row in rows]
+
+
+def begin_resume(
+    conn: Connection, me: str, recovery_text: str, notes: Mapping[int, str] | None = None
+) -> None:
     """Count one more recovery attempt of every child left to resume, and commit its
-    ``recovery`` event."""
+    ``recovery`` event (ended with its ``notes``, by child id: a new runner version)."""
     conn.execute(
-        _q(
+        q(
             conn,
             f"UPDATE {ACTIVE} SET recovery_attempts = recovery_attempts + 1"
             f" WHERE {ACTIVE_TERM} AND state = '{ADMITTED}' AND {LOST}",
@@ -389,7 +405,7 @@ def begin_resume(conn: Connection, me: str, recovery_text: str) -> None:
     # The recovery events are encoded here, as the engine encodes events, so that both
     # stores hold the same bytes (SQLite's json_object and PostgreSQL's differ).
     resumed = conn.execute(
-        _q(
+        q(
             conn,
             "SELECT id, recovery_attempts, COALESCE((SELECT MAX(sequence) FROM events e"
             f" WHERE e.child_id = children.id), 0) + 1 FROM {ACTIVE}"
@@ -401,7 +417,12 @@ def begin_resume(conn: Connection, me: str, recovery_text: str) -> None:
         conn,
         [
             events.EventRow(
-                child_id, seq, _recovery_event(seq, f"{recovery_text} (attempt {attempts})"), None
+                child_id,
+                seq,
+                _recovery_event(
+                    seq, f"{recovery_text} (attempt {attempts}){(notes or {}).get(child_id, '')}"
+                ),
+                None,
             )
             for child_id, attempts, seq in resumed
         ],
@@ -420,12 +441,12 @@ def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], fl
     under_due = f"grant_id IN (SELECT id FROM grants WHERE {_DUE})"
     affected = sorted(
         conn.execute(
-            _q(conn, f"SELECT id FROM children WHERE {_UNENDED} AND {under_due}"), {"now": now}
+            q(conn, f"SELECT id FROM children WHERE {_UNENDED} AND {under_due}"), {"now": now}
         ).scalars()
     )
     if affected:
         conn.execute(
-            _q(
+            q(
                 conn,
                 "UPDATE children SET cancel_requested_at = :now, cancel_reason = :reason,"
                 f" updated_at = :now, grant_id = NULL WHERE {_UNENDED}"
@@ -435,8 +456,8 @@ def expire_due(conn: Connection, reason: str, now: float) -> tuple[list[int], fl
         )
     # What the leases' removal does to their children (ON DELETE SET NULL), set-based:
     # PostgreSQL's foreign key would run one UPDATE per lease (0.3 s of 5,000).
-    conn.execute(_q(conn, f"UPDATE children SET grant_id = NULL WHERE {under_due}"), {"now": now})
-    conn.execute(_q(conn, f"DELETE FROM grants WHERE {_DUE}"), {"now": now})
+    conn.execute(q(conn, f"UPDATE children SET grant_id = NULL WHERE {under_due}"), {"now": now})
+    conn.execute(q(conn, f"DELETE FROM grants WHERE {_DUE}"), {"now": now})
     return affected, next_deadline(conn)
 
 
@@ -444,7 +465,7 @@ def next_deadline(conn: Connection) -> float | None:
     """The earliest expiry of a live lease (None: none). SQLite orders every number
     before any text, so a text here means no lease has an expiry that is a number."""
     value = conn.execute(
-        _q(conn, "SELECT MIN(expires_at) FROM grants WHERE kind = 'lease' AND revoked_at IS NULL")
+        q(conn, "SELECT MIN(expires_at) FROM grants WHERE kind = 'lease' AND revoked_at IS NULL")
     ).scalar()
     return None if value is None or isinstance(value, str | bytes) else float(value)
 
@@ -483,7 +504,7 @@ def _resumables(
     event, its steers, its grant's policy, its steps), set running under this instance.
     Their attempt is their recovery attempts and wakes (design §21) together."""
     rows = conn.execute(
-        _q(
+        q(
             conn,
             "SELECT id, recovery_attempts + wakes, (SELECT MAX(sequence) FROM events e"
             " WHERE e.child_id = children.id) AS last, (SELECT count(*) FROM steps s"
@@ -500,7 +521,7 @@ def _resumables(
     queued: dict[int, list[tuple[int, str]]] = {}
     delivered: dict[int, list[str]] = {}
     for child_id, steer_id, message, handed in conn.execute(
-        _q(
+        q(
             conn,
             "SELECT s.child_id, s.id, s.message, s.delivered_at IS NOT NULL FROM steers s"
             f" WHERE s.child_id IN (SELECT id FROM {source} WHERE {where})"
@@ -515,7 +536,7 @@ def _resumables(
     policies: dict[int, bytes] = {
         child_id: bytes(raw)
         for child_id, raw in conn.execute(
-            _q(
+            q(
                 conn,
                 "SELECT c.id, g.policy FROM grants g JOIN"
                 f" (SELECT id, grant_id FROM {source} WHERE {where}) c ON g.id = c.grant_id"
@@ -525,7 +546,7 @@ def _resumables(
         )
     }
     conn.execute(
-        _q(
+        q(
             conn,
             f"UPDATE {source} SET {_fire(Trigger.RUN, [ADMITTED])}, engine_instance_id = :me,"
             f" updated_at = :now WHERE {where}",
@@ -544,49 +565,3 @@ def _resumables(
         )
         for child_id, attempt, last, steps in rows
     ]
-
-
-def purge(conn: Connection, retention_s: float, now: float, batch: int = 1000) -> int:
-    """Delete up to ``batch`` finished children older than the retention period, with
-    their events and steers, and the tombstones, grants and connections nothing needs.
-
-    Purged children are remembered (ids only) for one more period. Returns how many
-    children were purged; call again while it returns ``batch``.
-    """
-    if not first_to(conn, PURGE_LOCK):
-        return 0  # another host purges right now; the next sweep finds what is left
-    p = {"cutoff": now - retention_s, "now": now, "batch": batch}
-    # Only a finished child has finished_at (CHECK finished_iff_terminal). Naming the
-    # states too made SQLite pick the state index and sort every finished child, each
-    # batch: quadratic in a large purge. This walks ix_children_finished in order.
-    chosen = "SELECT id FROM children WHERE finished_at < :cutoff ORDER BY finished_at LIMIT :batch"
-    conn.execute(
-        _q(
-            conn,
-            "INSERT INTO purged (run_id, conversation_id, grant_id, lease_id, purged_at)"
-            " SELECT run_id, conversation_id, grant_id, lease_id, :now FROM children"
-            f" WHERE id IN ({chosen}) ON CONFLICT (run_id) DO UPDATE SET"
-            " conversation_id = excluded.conversation_id, grant_id = excluded.grant_id,"
-            " lease_id = excluded.lease_id, purged_at = excluded.purged_at",
-        ),
-        p,
-    )
-    count = conn.execute(_q(conn, f"DELETE FROM children WHERE id IN ({chosen})"), p).rowcount
-    for statement in (
-        "DELETE FROM purged WHERE purged_at < :cutoff",
-        "DELETE FROM grants WHERE ((kind = 'lease' AND revoked_at < :cutoff)"
-        " OR (kind = 'tool' AND closed_at < :cutoff))"
-        " AND NOT EXISTS (SELECT 1 FROM children c WHERE c.grant_id = grants.id)",
-        "DELETE FROM connections WHERE closed_at < :cutoff"
-        " AND NOT EXISTS (SELECT 1 FROM grants g WHERE g.connection_id = connections.id)",
-        "DELETE FROM engine_instances AS h WHERE closed_at < :cutoff"
-        " AND NOT EXISTS (SELECT 1 FROM connections c WHERE c.engine_instance_id = h.id)"
-        " AND NOT EXISTS (SELECT 1 FROM grants g WHERE g.engine_instance_id = h.id)"
-        " AND NOT EXISTS (SELECT 1 FROM children c WHERE c.engine_instance_id = h.id)",
-        # Events sent to a conversation (design §21): taken, or nothing left to take them.
-        "DELETE FROM signals WHERE sent_at < :cutoff AND (taken_at IS NOT NULL OR NOT EXISTS"
-        " (SELECT 1 FROM children c WHERE c.conversation_id = signals.conversation_id"
-        " AND c.finished_at IS NULL))",
-    ):
-        conn.execute(_q(conn, statement), {"cutoff": p["cutoff"]})
-    return int(count)

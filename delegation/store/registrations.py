@@ -14,8 +14,14 @@ from delegation.store.sql import chunks, run
 from delegation.store.tables import connections, engine_instances, runners
 
 
-def insert_instance(conn: Connection, instance_id: str, now: float) -> None:
-    conn.execute(insert(engine_instances).values(id=instance_id, started_at=now))
+def insert_instance(
+    conn: Connection, instance_id: str, now: float, runner_version: str | None = None
+) -> None:
+    conn.execute(
+        insert(engine_instances).values(
+            id=instance_id, started_at=now, runner_version=runner_version
+        )
+    )
 
 
 def close_instance(conn: Connection, instance_id: str, now: float) -> None:

@@ -62,6 +62,7 @@ engine_instances = Table(
     Column("heartbeat_at", TIME),
     # The live instance that took this one's work over once it was dead or closed.
     Column("taken_by", Text),
+    Column("runner_version", Text),  # the runner version it ran (design §34)
     PrimaryKeyConstraint("id", name="pk_host_instances"),
 )
 
@@ -215,6 +216,13 @@ children = Table(
     Column("queue_tag", TIME),
     Column("queue_expires_at", TIME),
     Column("deadline_at", TIME),
+    # Versions (design §34): the runner version that prepared the execution and its
+    # newest attempt's; the version a pinned child waits for (NULL: not pinned); when an
+    # operator unpinned it (the current code may resume it). NULL: unversioned.
+    Column("version", Text),
+    Column("attempt_version", Text),
+    Column("pinned_version", Text),
+    Column("unpinned_at", TIME),
     CheckConstraint(f"state IN {STATES}", name="state"),
     CheckConstraint(
         "(state IN ('done', 'cancelled')) = (finished_at IS NOT NULL)", name="finished_iff_terminal"
@@ -304,6 +312,12 @@ Index(
     sqlite_where=text(ADMISSION),
     postgresql_where=text(ADMISSION),
 )
+Index(
+    "ix_children_pinned",
+    children.c.pinned_version,
+    sqlite_where=text("pinned_version IS NOT NULL"),
+    postgresql_where=text("pinned_version IS NOT NULL"),
+)
 # What nothing runs yet must end on time: a queued child's wait, a deadline that
 # passes while it waits or waits its turn again.
 _DEADLINE = "deadline_at IS NOT NULL AND state IN ('queued', 'waiting')"
@@ -344,6 +358,8 @@ steps = Table(
     Column("raw", Integer, nullable=False, server_default=text("0")),
     Column("value", LargeBinary, nullable=False),
     Column("recorded_at", TIME, nullable=False),
+    Column("version", Text),  # the runner version that recorded it (design §34)
+    Column("asked_attempt", Integer),  # the newest attempt that asked for it
     CheckConstraint("ordinal >= 1", name="ordinal_positive"),
     CheckConstraint("raw IN (0, 1)", name="raw_bool"),
     sqlite_with_rowid=False,
@@ -393,7 +409,7 @@ controls = Table(
     Column("created_at", TIME, nullable=False),
     Column("applied_at", TIME),
     Column("outcome", Text),  # JSON: what applying it did
-    CheckConstraint("action IN ('cancel', 'steer', 'input', 'event')", name="action"),
+    CheckConstraint("action IN ('cancel', 'steer', 'input', 'event', 'unpin')", name="action"),
     CheckConstraint("(applied_at IS NULL) = (outcome IS NULL)", name="applied_has_outcome"),
 )
 Index(

@@ -279,3 +279,16 @@ def next_wake(conn: Connection, instance_id: str) -> float | None:
         (instance_id,),
     ).fetchone()[0]
     return None if value is None or isinstance(value, str | bytes) else float(value)
+
+
+def woken_by(conn: Connection, child_id: int) -> str:
+    """Why a waiting execution wakes: ``input`` (an answer, or an input's timeout),
+    ``event`` (an event, or its timeout) or ``sleep``: an answered wait first."""
+    rows = run(
+        conn,
+        "SELECT kind, answer IS NOT NULL FROM waits WHERE child_id = ? AND closed_at IS NULL"
+        " ORDER BY answer IS NULL, name",
+        (child_id,),
+    ).fetchall()
+    kind = str(rows[0][0]) if rows else "sleep"
+    return "input" if kind in INPUT_KINDS else kind if kind in ("event", "sleep") else "sleep"

@@ -22,6 +22,8 @@ Each is a function ``fn(conn, now, ...)`` the engine's runtime runs in one trans
   child's slots taken or its place queued, the queue admitted, policies stored;
 * :mod:`~delegation.usecases.operating` - an operator's control judged when given and
   recorded, and every control listed with its outcome (design §33);
+* :mod:`~delegation.usecases.versions` - a child knows which code ran it (design §34):
+  the runner version judged at every resume (resume, refuse, pin), pins and unpins;
 * :mod:`~delegation.usecases.orphans` - children a lost commit answer left with no run
   on their live host, adopted once the database is back (design §32);
 * :mod:`~delegation.usecases.stored` - stored request and preset blobs, decoded;

@@ -245,8 +245,9 @@ def wake_or_queue(conn: Connection, now: float, gate: Gate | None, child: ChildR
     return False
 
 
-def count_wake(conn: Connection, child_id: int) -> None:
-    """Count a wake and commit its ``recovery`` event (a resume, as at boot)."""
+def count_wake(conn: Connection, child_id: int, note: str = "") -> None:
+    """Count a wake and commit its ``recovery`` event (a resume, as at boot); ``note``
+    ends its text (a change of runner version, design §34)."""
     row = run(
         conn,
         "UPDATE children SET wakes = wakes + 1 WHERE id = ? RETURNING wakes,"
@@ -255,7 +256,7 @@ def count_wake(conn: Connection, child_id: int) -> None:
     ).fetchone()
     wakes, sequence = int(row[0]), int(row[1])
     body = _json.encode(
-        {"sequence": sequence, "kind": RECOVERY_KIND, "text": f"{WOKEN_TEXT} (wake {wakes})"}
+        {"sequence": sequence, "kind": RECOVERY_KIND, "text": f"{WOKEN_TEXT} (wake {wakes}){note}"}
     )
     events.insert_events(conn, [EventRow(child_id, sequence, body, None)])
 

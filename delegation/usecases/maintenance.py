@@ -20,12 +20,12 @@ from delegation.config import EngineConfig
 from delegation.machine import Outcome
 from delegation.os_processes import ProcessId
 from delegation.records import ChildRecord, Resumable
-from delegation.store import children, controls, grants, lifecycle, steers
+from delegation.store import children, controls, grants, lifecycle, retention, steers
 from delegation.store import registrations as runners
 from delegation.store.controls import ControlRecord
 from delegation.store.failures import undone_if_busy, waits_briefly
 from delegation.store.sql import Connection
-from delegation.usecases import service, stored
+from delegation.usecases import service, stored, versions
 
 log = logging.getLogger("delegation.engine")
 
@@ -129,7 +129,7 @@ def next_deadline(conn: Connection) -> float | None:
 
 def purge(conn: Connection, now: float, retention_s: float, batch: int = 1000) -> int:
     """Delete up to ``batch`` finished children past retention (see the store's purge)."""
-    return lifecycle.purge(conn, retention_s, now, batch)
+    return retention.purge(conn, retention_s, now, batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +146,8 @@ class Takeover:
     # The run ids of the children it ended because what they stored no longer decodes.
     unreadable: list[str] = dataclasses.field(default_factory=list)
     deferred: bool = False  # a heartbeat's takeover met a held row: the next beat tries
+    # The run ids of the children it ended: another runner version ran them (§34).
+    refused: list[str] = dataclasses.field(default_factory=list)
 
 
 NOTHING = Takeover([], [], [], [])
@@ -157,14 +159,14 @@ def reconcile(
     """Boot: record this host instance and take over from the previous ones (design §7):
     from every other one on SQLite (one host per file), and from the dead or closed
     ones only on a database several hosts share (design §12)."""
-    service.boot(conn, instance_id, now)
+    service.boot(conn, instance_id, now, cfg.runner_version)
     lifecycle.heartbeat(conn, instance_id)
-    return take_over(conn, cfg, instance_id, now, everyone=not shared)
+    return take_over(conn, cfg, instance_id, now, everyone=not shared, reason="restart")
 
 
-def rejoin(conn: Connection, now: float, instance_id: str) -> None:
+def rejoin(conn: Connection, now: float, instance_id: str, version: str | None = None) -> None:
     """A fenced host goes on as a new instance (``Membership.fenced``)."""
-    service.boot(conn, instance_id, now)
+    service.boot(conn, instance_id, now, version)
     lifecycle.heartbeat(conn, instance_id)
 
 
@@ -227,6 +229,7 @@ def take_over(
     *,
     everyone: bool,
     locks: bool = True,
+    reason: str = "takeover",
 ) -> Takeover:
     """Take over the work of dead host instances, as a boot does for one host.
 
@@ -235,7 +238,8 @@ def take_over(
     children never admitted; finishes those whose cancellation was requested; suspends
     their running children; ends those whose stored record no longer decodes; and for
     every other admitted child of a live lease, within the attempt limit, commits a
-    ``recovery`` event and sets it running under this instance.
+    ``recovery`` event and sets it running under this instance, as the host's version
+    policy judges it (design §34; ``reason``: ``restart`` at a boot, else ``takeover``).
     """
     if not everyone and not lifecycle.first_to(conn, lifecycle.TAKEOVER_LOCK):
         return NOTHING  # another host is taking over right now; the next beat looks again
@@ -282,13 +286,46 @@ def take_over(
     if unreadable:
         ids = [row.id for row in unreadable]
         ended[Outcome.FAILED] += lifecycle.end_lost(conn, instance_id, ids, UNREADABLE, now)
-    lifecycle.begin_resume(conn, instance_id, RECOVERY_TEXT)
+    host = versions.HostVersion.of(cfg)
+    notes, refused = _judge_versions(conn, now, instance_id, host)
+    ended[Outcome.FAILED] += len(refused)
+    lifecycle.begin_resume(conn, instance_id, RECOVERY_TEXT, notes)
     for control_id, child_id in cancelled:  # what the cancels came to
         if (child := children.get(conn, child_id)) is not None:
             controls.set_outcome(conn, control_id, json.dumps(_cancel_outcome(child)))
-    resumable = lifecycle.resumables(conn, instance_id, now)
+    resumable = [
+        dataclasses.replace(item, reason=reason)
+        for item in lifecycle.resumables(conn, instance_id, now)
+    ]
+    versions.attempted(conn, [item.child.id for item in resumable], host)
     unread = [row.run_id for row in unreadable]
-    return Takeover(taken, stopping, resumable, lost, ended=dict(ended), unreadable=unread)
+    return Takeover(
+        taken, stopping, resumable, lost, ended=dict(ended), unreadable=unread, refused=refused
+    )
+
+
+def _judge_versions(
+    conn: Connection, now: float, instance_id: str, host: versions.HostVersion
+) -> tuple[dict[int, str], list[str]]:
+    """The host's version policy on the children left to resume (design §34): those
+    refused end, those pinned wait; the rest resume. Returns the notes of the recovery
+    events of those whose version changed, and the run ids of those refused."""
+    if host.version is None:  # unversioned: every child resumes, as before versions
+        return {}, []
+    notes: dict[int, str] = {}
+    refused: list[str] = []
+    for child in children.of_ids(conn, lifecycle.to_resume(conn, instance_id)):
+        match versions.verdict(child, host):
+            case versions.Verdict.REFUSE:
+                error = versions.refusal(child, host)
+                lifecycle.end_lost(conn, instance_id, [child.id], error, now)
+                refused.append(child.run_id)
+            case versions.Verdict.PIN:
+                versions.pin(conn, now, child, instance_id)
+            case _:
+                if note := versions.note(child, host):
+                    notes[child.id] = note
+    return notes, refused
 
 
 def _unreadable(row: lifecycle.Stored) -> bool:

@@ -31,6 +31,7 @@ from delegation.store.controls import (
     EventSend,
     InputAnswer,
     Steer,
+    Unpin,
     decoded,
     message_of,
 )
@@ -114,7 +115,7 @@ def _judge(
     request_id: str,
 ) -> None:
     match control:
-        case Cancel() | Steer():
+        case Cancel() | Steer() | Unpin():
             if child.terminal:
                 raise errors.ChildEnded(
                     f"child {child.conversation_id} has already ended ({child.state})"
@@ -123,6 +124,8 @@ def _judge(
                 blank(control.message) or len(control.message) > cfg.max_steer_chars
             ):
                 raise errors.BadSteer("a steer needs a nonempty message within its bound")
+            if isinstance(control, Unpin) and child.pinned_version is None:
+                raise errors.NotPinned()
         case InputAnswer(input_id=input_id, decision=decision, text=text):
             found, _ = waiting.answerable(conn, now, child, input_id, decision, text)
             if found.answered or _pending_answer(conn, child, input_id):

@@ -79,10 +79,12 @@ def result_of(
         events=[],
         queued=queue_position > 0,
         queue_position=queue_position,
+        pinned_version=child.pinned_version or "",
     )
     if max_bytes is not None and bodies:
         # Most pages are far below the bound: measure only where it may be passed.
         texts = sum(len(text) for text in identity.values()) + len(child.output + child.error)
+        texts += len(child.pinned_version or "")
         if _MOST_BESIDES + 6 * texts + sum(map(len, bodies)) + len(bodies) > max_bytes:
             bodies = fit(result, bodies, max_bytes)
     return msgspec.structs.replace(result, events=decode_events(bodies)) if bodies else result

@@ -338,6 +338,8 @@ def _child_values(start: _Start, checked: _Checked, tool_owned: bool) -> dict[st
         "trace_context": start.trace_context,
         "options": encode(checked.options),
         "priority": priority_of(request, checked.preset),
+        "version": start.cfg.runner_version,  # design §34: the version that prepared it
+        "attempt_version": start.cfg.runner_version,
     }
 
 

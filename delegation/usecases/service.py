@@ -571,9 +571,9 @@ def _revoke(
 HOST_CLOSED = "cancelled: host closed"
 
 
-def boot(conn: Connection, instance_id: str, now: float) -> None:
-    """Record this engine's host instance."""
-    runners.insert_instance(conn, instance_id, now)
+def boot(conn: Connection, instance_id: str, now: float, version: str | None = None) -> None:
+    """Record this engine's host instance, and the runner version it runs."""
+    runners.insert_instance(conn, instance_id, now, version)
 
 
 def shutdown(conn: Connection, now: float, instance_id: str) -> list[int]:

@@ -13,8 +13,9 @@ event, as a boot resumes a child.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -27,7 +28,7 @@ from delegation.store import children, controls, events, lifecycle, waits
 from delegation.store.events import EventRow
 from delegation.store.sql import Connection
 from delegation.store.waits import INPUT_KINDS, WaitRow
-from delegation.usecases import admission, service, stored
+from delegation.usecases import admission, service, stored, versions
 from delegation.wire import MAX_MESSAGE_BYTES, Params, valid_id
 
 WOKEN_TEXT = admission.WOKEN_TEXT
@@ -145,15 +146,34 @@ class Woken:
     resumable: list[Resumable]
     unreadable: list[str]
     next_wake: float | None
+    refused: list[str] = field(default_factory=list)  # ended: another runner version
+    pinned: int = 0  # left waiting for a host of the version they ran
+
+    @property
+    def settled(self) -> int:
+        """How many due children this wake-up settled (woken, ended or pinned)."""
+        return len(self.resumable) + len(self.unreadable) + len(self.refused) + self.pinned
 
 
-def wake_due(conn: Connection, now: float, instance_id: str, limit: int = 500) -> Woken:
-    """Wake this instance's waiting children that are due (at most ``limit``)."""
+def wake_due(
+    conn: Connection,
+    now: float,
+    instance_id: str,
+    limit: int = 500,
+    host: versions.HostVersion = versions.UNVERSIONED,
+) -> Woken:
+    """Wake this instance's waiting children that are due (at most ``limit``), each as
+    the host's version policy judges it (design §34): children pinned to this host's
+    version that no live host of it holds are taken first."""
+    versions.claim_pinned(conn, now, instance_id, host)
     due = waits.due(conn, instance_id, now, limit)
     # The policies' lock (design §22) before any child's row, as the pump takes it.
     gate = admission.Gate.open(conn, now) if due else None
     unreadable: list[str] = []
+    refused: list[str] = []
     wake: list[int] = []
+    judged: dict[int, ChildRecord] = {}
+    pinned = 0
     for child in children.of_ids(conn, due):
         if child.state != State.WAITING.value:
             continue
@@ -165,7 +185,18 @@ def wake_due(conn: Connection, now: float, instance_id: str, limit: int = 500) -
             children.transition(conn, child.id, Trigger.FINISH, now, error=_UNREADABLE)
             unreadable.append(child.run_id)
             continue
+        match versions.verdict(child, host):
+            case versions.Verdict.REFUSE:
+                error = versions.refusal(child, host)
+                children.transition(conn, child.id, Trigger.FINISH, now, error=error)
+                refused.append(child.run_id)
+                continue
+            case versions.Verdict.PIN:
+                versions.pin(conn, now, child, instance_id)
+                pinned += 1
+                continue
         wake.append(child.id)
+        judged[child.id] = child
     # A child some policy applies to takes its slots again, or waits its turn (§22).
     woken: list[int] = []
     for child in children.of_ids(conn, wake) if gate is not None else ():
@@ -173,11 +204,27 @@ def wake_due(conn: Connection, now: float, instance_id: str, limit: int = 500) -
             woken.append(child.id)
     if gate is not None:
         wake = woken
+    why: dict[int, str] = {}
     for child_id in wake:
+        child = judged[child_id]
+        why[child_id] = "unpin" if child.unpinned_at is not None else _woken_by(conn, child)
         children.transition(conn, child_id, Trigger.WAKE, now, wake_at=None)
-        admission.count_wake(conn, child_id)
-    resumable = lifecycle.woken(conn, wake, instance_id, now)
-    return Woken(resumable, unreadable, waits.next_wake(conn, instance_id))
+        admission.count_wake(conn, child_id, versions.note(child, host))
+    resumable = [
+        dataclasses.replace(item, reason=why[item.child.id])
+        for item in lifecycle.woken(conn, wake, instance_id, now)
+    ]
+    versions.attempted(conn, wake, host)
+    return Woken(resumable, unreadable, waits.next_wake(conn, instance_id), refused, pinned)
+
+
+def _woken_by(conn: Connection, child: ChildRecord) -> str:
+    """Why a waiting child wakes (``Recovery.reason``): an answer (``input``), an event
+    (``event``), its time (``sleep``), or a timeout of what it waits for; a child taken
+    by a host of the version it is pinned to: ``takeover``."""
+    if child.pinned_version is not None:
+        return "takeover"
+    return waits.woken_by(conn, child.id)
 
 
 def next_wake(conn: Connection, instance_id: str) -> float | None:
