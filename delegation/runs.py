@@ -298,6 +298,23 @@ class ChildContext:
             fn = _bounded(name, fn, timeout)
         return await self._journal.step(name, fn, args, type)
 
+    async def patched(self, name: str) -> bool:
+        """Whether this execution runs the new code of the patch ``name`` (design §34):
+        ``if await ctx.patched("x"): new else: old``.
+
+        True when nothing this execution recorded lies ahead (a first run, or a resumed
+        one that has replayed every step it had recorded when this attempt began: its
+        live frontier); False for an execution that went past this point on older code.
+        Recorded the first time, as a step of a reserved kind that no ``step`` name can
+        take: every later attempt gets the same value back. Removing the call later is
+        safe: a marker no code asks for replays nothing. Names as ``step``'s (non-empty,
+        at most 1 KiB); ``delegation children --patch NAME`` lists the live executions'
+        values.
+        """
+        if self._journal is None:
+            raise RuntimeError("this run has no step journal")
+        return await self._journal.patched(name)
+
     async def recorded(
         self,
         name: str,
@@ -509,6 +526,12 @@ class ChildContext:
 
     def close(self) -> None:
         self._closed = True
+
+    def asked_steps(self) -> list[str]:
+        """The steps recorded before this attempt that the run asked for again since
+        its last record, handed over once (design §34: marked when the attempt ends or
+        waits)."""
+        return [] if self._journal is None else self._journal.asked()
 
     def bind(self) -> object:
         """Make this the context of the current task for :func:`admit`."""

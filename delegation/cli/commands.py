@@ -138,6 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
     children.add_argument("--lease", help="only children under this leaseId (or its prefix)")
     children.add_argument("--parent", help="only children of this parent runId (or its prefix)")
     children.add_argument("--limit", type=positive_int, default=50)
+    versions = children.add_mutually_exclusive_group()
+    versions.add_argument(
+        "--patch",
+        metavar="NAME",
+        help="the live children and the value each recorded for ctx.patched(NAME)",
+    )
+    versions.add_argument(
+        "--pinned", action="store_true", help="only children pinned to a runner version"
+    )
     _add_json(children)
     _add_wide(children)
 

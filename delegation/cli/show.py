@@ -35,6 +35,7 @@ from delegation.machine import State
 from delegation.records import ChildRecord, LeaseRecord, StepRow
 from delegation.store import migrate
 from delegation.store.prefixes import Kind
+from delegation.store.steps import PATCH_PREFIX
 from delegation.store.stores import write_once
 from delegation.usecases.admission import ScopeUse, stored_policy
 from delegation.usecases.inspector import MAX_STEPS_LISTED, MIN_PREFIX, AmbiguousId, Inspector
@@ -43,6 +44,7 @@ from delegation.usecases.views import (
     child_json,
     json_safe,
     lease_status,
+    patch_name,
     step_json,
     wire_names,
 )
@@ -121,6 +123,8 @@ def missing_child(args: argparse.Namespace) -> str:
 def _children(inspector: Inspector, args: argparse.Namespace) -> int:
     if args.state is not None and args.state not in set(State):
         return _fail(f"unknown state {args.state!r}; use one of {', '.join(State)}")
+    if args.patch is not None or args.pinned:
+        return _versioned(inspector, args)
     records = inspector.list_children(
         state=args.state, lease_id=args.lease, parent_run_id=args.parent, limit=args.limit
     )
@@ -137,6 +141,39 @@ def _children(inspector: Inspector, args: argparse.Namespace) -> int:
     width = None if args.wide else console.width
     console.print(table(records, child_columns(time.time(), places), inspector, width))
     return 0
+
+
+def _versioned(inspector: Inspector, args: argparse.Namespace) -> int:
+    """``children --patch NAME``: the live executions and the value each recorded for
+    the patch; ``children --pinned``: the children pinned to a runner version (§34)."""
+    if args.state is not None or args.lease is not None or args.parent is not None:
+        return _fail("--patch and --pinned take no --state, --lease or --parent")
+    now = time.time()
+    if args.pinned:
+        records = inspector.pinned(args.limit)
+        extra = Column[ChildRecord]("pinned", lambda r: r.pinned_version or "")
+        if args.json:
+            _print_json([child_json(record) for record in records])
+            return 0
+    else:
+        if not args.patch or args.patch.startswith(PATCH_PREFIX[0]):
+            return _fail("--patch takes the name given to ctx.patched")
+        found = inspector.patch_values(args.patch, args.limit)
+        if args.json:
+            _print_json([{**child_json(record), "patch": value} for record, value in found])
+            return 0
+        values = {record.id: value for record, value in found}
+        records = [record for record, _ in found]
+        extra = Column[ChildRecord](f"patch {args.patch}", lambda r: _patch_cell(values[r.id]))
+    console = table_console(wide=args.wide)
+    columns = child_columns(now)
+    columns.insert(3, extra)
+    console.print(table(records, columns, inspector, None if args.wide else console.width))
+    return 0
+
+
+def _patch_cell(value: bool | None) -> str:
+    return "not asked" if value is None else str(value).lower()
 
 
 def child_columns(now: float, places: dict[int, int] | None = None) -> list[Column[ChildRecord]]:
@@ -173,6 +210,8 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         recent.append(event)
     steps = inspector.steps(record.conversation_id, record.run_id, RECENT_STEPS, latest=True)
     asks = inspector.input_requests(record)
+    drift = inspector.drift(record)  # None while its newest attempt runs
+    versioned = record.version is not None or record.attempt_version is not None
     if args.json:
         document = child_json(record)
         if asks:  # as the child's Result carries them (design §21)
@@ -180,7 +219,11 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         document["eventCount"] = count
         document["recentEvents"] = [json.loads(encode(event)) for event in recent]
         document["stepCount"] = steps.count
-        document["recentSteps"] = [step_json(step) for step in steps.steps]
+        document["recentSteps"] = [
+            step_json(step, steps.versions.get(step.ordinal)) for step in steps.steps
+        ]
+        if drift or (drift is not None and versioned):  # design §34
+            document["drift"] = drift
         _print_json(document)
         return 0
     grid = Table("field", "value", show_header=False, box=None, pad_edge=False)
@@ -199,12 +242,17 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         choices = f" ({' / '.join(ask.options)})" if ask.options else ""
         said = f"{ask.kind}: {ask.prompt}{choices}"
         grid.add_row(*cells(f"input {key}", said))
+    if drift:  # recorded steps the newest attempt never asked for (design §34)
+        grid.add_row(*cells("drift", ", ".join(drift)))
+    elif drift is None and versioned:
+        grid.add_row(*cells("drift", "(its newest attempt runs)"))
     console = table_console()
     console.print(grid)
     for event in recent:
         console.print(event_line(event))
     if steps.steps:
-        console.print(table(steps.steps, step_columns(), inspector, console.width))
+        columns = step_columns(steps.versions)
+        console.print(table(steps.steps, columns, inspector, console.width))
     if steps.more:
         said = f"{steps.more} earlier: delegation steps {record.conversation_id}"
         console.print(Text(printable(said), style="dim"))
@@ -286,7 +334,7 @@ def _steps(inspector: Inspector, args: argparse.Namespace) -> int:
             "conversationId": record.conversation_id,
             "runId": record.run_id,
             "stepCount": found.count,
-            "steps": [step_json(step) for step in found.steps],
+            "steps": [step_json(step, found.versions.get(step.ordinal)) for step in found.steps],
         }
         _print_json(document)
         return 0
@@ -296,7 +344,12 @@ def _steps(inspector: Inspector, args: argparse.Namespace) -> int:
         return 0
     console = table_console(wide=args.wide)
     console.print(
-        table(found.steps, step_columns(), inspector, None if args.wide else console.width)
+        table(
+            found.steps,
+            step_columns(found.versions),
+            inspector,
+            None if args.wide else console.width,
+        )
     )
     if found.more:  # only past a host's max_steps above the default
         said = f"{found.more} more not listed (a listing stops at {MAX_STEPS_LISTED})"
@@ -304,15 +357,24 @@ def _steps(inspector: Inspector, args: argparse.Namespace) -> int:
     return 0
 
 
-def step_columns() -> list[Column[StepRow]]:
+def step_columns(versions: dict[int, str] | None = None) -> list[Column[StepRow]]:
     """The columns of ``steps``: the name takes what the line has left (cut with ``…``
-    unless ``--wide``); a step's value is never shown."""
-    return [
+    unless ``--wide``; a patch marker shown ``patched NAME``); a step's value is never
+    shown. The runner version that recorded each, when one of them has one (§34)."""
+    columns = [
         Column("#", lambda r: str(r.ordinal)),
-        Column("name", lambda r: r.name, fill=True),
+        Column("name", _step_name, fill=True),
         Column("size", lambda r: byte_size(r.size)),
         Column("recorded", lambda r: local_time(r.recorded_at)),
     ]
+    if versions:
+        columns.append(Column("version", lambda r: versions.get(r.ordinal, ""), most=16))
+    return columns
+
+
+def _step_name(step: StepRow) -> str:
+    patch = patch_name(step.name)
+    return step.name if patch is None else f"patched {patch}"
 
 
 def byte_size(size: int) -> str:

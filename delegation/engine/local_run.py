@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from delegation import authority, errors
 from delegation import os_processes as processes
@@ -142,6 +142,7 @@ class LocalRun:
 
     def finishing(self) -> None:
         self.phase = Phase.FINISHING
+        self._mark_asked()
 
     def end(self) -> None:
         self.phase = Phase.ENDED
@@ -237,11 +238,13 @@ class LocalRun:
     # --- hooks of the run's journal (journal.JournalHooks, design §15) -------------------
 
     async def record_step(
-        self, name: str, ordinal: int, step: RecordedStep, closes_wait: bool
+        self, name: str, ordinal: int, step: RecordedStep, closes_wait: bool, asked: list[str]
     ) -> RecordedStep:
         # Queued behind every event the run appended before it: one commit holds them
         # all (or they were committed earlier). Owed like an admission (design §19).
-        use = Use(_record_step, self.child_id, name, ordinal, step, closes_wait)
+        # The step keeps the runner version and attempt that recorded it (design §34).
+        journaled = _Journaled(self.rt.config.runner_version, self._attempt(), asked)
+        use = Use(_record_step, self.child_id, name, ordinal, step, closes_wait, journaled)
         recorded = await self.rt.owed(self.stopped, use)
         if recorded is None:
             raise errors.HostClosing("this run was stopped with its host: its step is not recorded")
@@ -256,6 +259,24 @@ class LocalRun:
 
     async def step_names(self) -> list[str]:
         return await self._read(lambda c: steps.names(c, self.child_id))
+
+    def _attempt(self) -> int:
+        """This attempt: 0 for a first run, else its ``Recovery.attempt``."""
+        recovery = None if self.ctx is None else self.ctx.recovery
+        return 0 if recovery is None else recovery.attempt
+
+    def _asked(self) -> list[str]:
+        """The recorded steps the run replayed since its last record (design §34)."""
+        return [] if self.ctx is None else self.ctx.asked_steps()
+
+    def _mark_asked(self) -> None:
+        """The attempt ends: what it replayed since its last record is marked asked,
+        queued before its end (a commit nobody waits for; lost with a crash, when the
+        next attempt asks again)."""
+        asked = self._asked()
+        if asked:
+            use = Use(_marked, self.child_id, asked, self._attempt())
+            self.rt.owe_later(self.stopped, use)
 
     async def committed(self, run_id: str, recovery: Recovery | None) -> emits.Committed | None:
         """A resumed run's own events, committed before this attempt: what its emits are
@@ -307,7 +328,9 @@ class LocalRun:
         """Suspend the child (``waiting``) unless something it waits for can end now; once
         committed its task is cancelled, and it is this host's to wake (the supervisor's
         ``parked`` callback: its timer)."""
-        use = Use(waiting.suspend, self.child_id, self.rt.instance_id)
+        # What it replayed is marked in the same commit: a waiting child's drift is whole.
+        asked = self._asked()
+        use = Use(_suspend, self.child_id, self.rt.instance_id, asked, self._attempt())
         suspended = await self.rt.owed(self.stopped, use)
         if suspended is None:
             return False
@@ -354,6 +377,15 @@ def _delivered(conn: Connection, now: float, steer_ids: list[int]) -> None:
     mark_delivered(conn, steer_ids, now)
 
 
+class _Journaled(NamedTuple):
+    """Who records a step (design §34): the runner version, the attempt, and the
+    recorded steps the attempt replayed since its last record."""
+
+    version: str | None
+    attempt: int
+    asked: list[str]
+
+
 def _record_step(
     conn: Connection,
     now: float,
@@ -362,11 +394,28 @@ def _record_step(
     ordinal: int,
     step: RecordedStep,
     closes_wait: bool,
+    by: _Journaled,
 ) -> RecordedStep:
-    recorded = steps.record(conn, child_id, name, ordinal, step, now)
+    if by.asked:
+        steps.mark_asked(conn, child_id, by.asked, by.attempt)
+    recorded = steps.record(
+        conn, child_id, name, ordinal, step, now, version=by.version, attempt=by.attempt
+    )
     if closes_wait:
         store_waits.close(conn, child_id, name, now)
     return recorded
+
+
+def _marked(conn: Connection, now: float, child_id: int, asked: list[str], attempt: int) -> None:
+    steps.mark_asked(conn, child_id, asked, attempt)
+
+
+def _suspend(
+    conn: Connection, now: float, child_id: int, instance_id: str, asked: list[str], attempt: int
+) -> waiting.Suspended | None:
+    if asked:
+        steps.mark_asked(conn, child_id, asked, attempt)
+    return waiting.suspend(conn, now, child_id, instance_id)
 
 
 def _barrier(conn: Connection, now: float) -> bool:

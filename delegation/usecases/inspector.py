@@ -64,6 +64,9 @@ class ChildSteps:
     child: ChildSummary | None
     steps: list[StepRow] = field(default_factory=list)
     count: int = 0  # steps the execution recorded: more than ``steps`` when cut
+    # The runner version that recorded each of ``steps``, by ordinal (design §34; an
+    # unversioned step is left out).
+    versions: dict[int, str] = field(default_factory=dict)
 
     @property
     def more(self) -> int:
@@ -156,6 +159,20 @@ class Inspector:
     ) -> list[ChildRecord]:
         wanted = ChildFilter(state, lease_id, parent_run_id, parent_conversation_id, limit)
         return self._db.read(lambda c: queries.list_children(c, wanted))
+
+    def patch_values(self, name: str, limit: int = 100) -> list[tuple[ChildRecord, bool | None]]:
+        """The live executions, newest first, with the value each recorded for the patch
+        ``name`` (``ctx.patched``, design §34; None: not asked yet)."""
+        return self._db.read(lambda c: queries.patch_values(c, name, limit))
+
+    def pinned(self, limit: int = 100) -> list[ChildRecord]:
+        """The children pinned to a runner version (design §34), newest first."""
+        return self._db.read(lambda c: queries.pinned(c, limit))
+
+    def drift(self, record: ChildRecord) -> list[str] | None:
+        """The recorded steps the execution's newest attempt never asked for, oldest
+        first; None while it runs (design §34)."""
+        return self._db.read(lambda c: queries.drift(c, record))
 
     def summaries(
         self,
@@ -290,7 +307,9 @@ def _steps(
     if child is None:
         return ChildSteps(None)
     read = journal.latest if latest else journal.listing
-    return ChildSteps(child, read(conn, child.id, limit), journal.count(conn, child.id))
+    found = read(conn, child.id, limit)
+    versions = journal.versions(conn, child.id, [step.ordinal for step in found])
+    return ChildSteps(child, found, journal.count(conn, child.id), versions)
 
 
 def _matching(conn: Connection, kind: Kind, text: str) -> list[str]:

@@ -7,6 +7,19 @@ gets the recorded value too, decoded as a replay decodes it (design §20): a run
 replay see equal values. What the
 function did outside the database is at-least-once: a host that dies inside a step runs
 it again when the child resumes.
+
+A patch (``ctx.patched``, design §34) is a step of a reserved kind (a marker, see
+:mod:`delegation.store.steps`): True when the attempt has replayed every step its
+execution recorded before it began (nothing recorded lies ahead: the live frontier),
+else False, recorded the first time and replayed after. Markers take no part in the
+frontier: a marker no code asks for any more (its call removed) keeps no later patch
+from its frontier, and nothing in a replay reads a step's ordinal.
+
+The journal also keeps which recorded steps this attempt asked for (replayed): written
+with the next step it records, or by :meth:`Journal.asked` when the attempt ends or
+waits, never one write a replayed step. A host that dies loses the marks since its last
+record: the next attempt asks again, and ``show`` lists drift only for an attempt
+that ended or waits.
 """
 
 from __future__ import annotations
@@ -21,6 +34,7 @@ import msgspec
 
 from delegation import errors
 from delegation.records import RecordedStep
+from delegation.store.steps import PATCH_PREFIX
 
 T = TypeVar("T")
 
@@ -39,8 +53,11 @@ class JournalHooks(Protocol):
     """What the engine does for the journal: committed writes and reads of steps."""
 
     async def record_step(
-        self, name: str, ordinal: int, step: RecordedStep, closes_wait: bool
-    ) -> RecordedStep: ...
+        self, name: str, ordinal: int, step: RecordedStep, closes_wait: bool, asked: list[str]
+    ) -> RecordedStep:
+        """Commit the step, and in the same transaction the marks of the recorded steps
+        this attempt replayed since its last record (``asked``)."""
+        ...
 
     async def read_step(self, name: str, run_id: str | None) -> RecordedStep | None: ...
 
@@ -51,7 +68,17 @@ class Journal:
     """One execution's steps: the names recorded (loaded once, on a resumed execution)
     and the steps in flight, so that one name runs once even when called concurrently."""
 
-    __slots__ = ("_hooks", "_max_bytes", "_max_steps", "_names", "_recorded", "_running")
+    __slots__ = (
+        "_ahead",
+        "_asked",
+        "_hooks",
+        "_markers",
+        "_max_bytes",
+        "_max_steps",
+        "_names",
+        "_recorded",
+        "_running",
+    )
 
     def __init__(self, hooks: JournalHooks, *, recorded: int, max_bytes: int, max_steps: int):
         self._hooks = hooks
@@ -61,6 +88,12 @@ class Journal:
         # Made when first needed: a run that takes no step costs the collector nothing.
         self._names: set[str] | None = None
         self._running: dict[str, asyncio.Future[RecordedStep]] | None = None
+        # The steps recorded before this attempt not replayed yet, markers left out
+        # (none: at the live frontier), the markers recorded before it not asked yet,
+        # and the recorded steps replayed since the last record (all made when needed).
+        self._ahead: set[str] | None = None
+        self._markers: set[str] | None = None
+        self._asked: list[str] | None = None
 
     async def step(
         self,
@@ -74,9 +107,35 @@ class Journal:
         """See ``ChildContext.step``; ``closes_wait``: the step is a wait's outcome, and
         the wait of that name closes in the same commit (design §21)."""
         _check_name(name)
+        return await self._step(name, fn, args, as_type, closes_wait)
+
+    async def patched(self, name: str) -> bool:
+        """See ``ChildContext.patched``."""
+        _check_name(name)
+        await self._known()
+        at_frontier = not self._ahead
+        marker = PATCH_PREFIX + name
+        return bool(await self._step(marker, lambda: at_frontier, (), bool, False))
+
+    def asked(self) -> list[str]:
+        """The recorded steps this attempt replayed since its last record, handed over
+        (to be marked when the attempt ends or waits)."""
+        asked, self._asked = self._asked or [], None
+        return asked
+
+    async def _step(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[Any] | Any],
+        args: tuple[Any, ...],
+        as_type: Any,
+        closes_wait: bool,
+    ) -> Any:
         names = await self._known()
         if name in names:
-            return _decode(await self._stored(name), as_type)
+            stored = await self._stored(name)
+            self._replayed(name)
+            return _decode(stored, as_type)
         if self._running is None:
             self._running = {}
         running = self._running.get(name)
@@ -100,7 +159,14 @@ class Journal:
             # What a replay will see, seen now (design §20): a value that does not come
             # back as ``type`` is refused here, before anything is recorded.
             seen = _decoded_first(step, as_type)
-            stored = await self._hooks.record_step(name, len(names) + 1, step, closes_wait)
+            asked = self.asked()
+            try:
+                stored = await self._hooks.record_step(
+                    name, len(names) + 1, step, closes_wait, asked
+                )
+            except BaseException:
+                self._asked = asked + (self._asked or [])  # marked with a later commit
+                raise
             names.add(name)
         except BaseException as exc:
             done.set_exception(exc)
@@ -133,7 +199,20 @@ class Journal:
     async def _known(self) -> set[str]:
         if self._names is None:
             self._names = set(await self._hooks.step_names()) if self._recorded else set()
+            if self._names:
+                self._ahead = {n for n in self._names if not n.startswith(PATCH_PREFIX)}
+                self._markers = self._names - self._ahead
         return self._names
+
+    def _replayed(self, name: str) -> None:
+        """A step was asked for again: one recorded before this attempt is marked once."""
+        for before in (self._ahead, self._markers):
+            if before is not None and name in before:
+                before.discard(name)
+                if self._asked is None:
+                    self._asked = []
+                self._asked.append(name)
+                return
 
     async def _stored(self, name: str) -> RecordedStep:
         stored = await self._hooks.read_step(name, None)
@@ -145,6 +224,8 @@ class Journal:
 def _check_name(name: object) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError("a step name must be a non-empty string")
+    if name.startswith(PATCH_PREFIX[0]):  # a patch marker's kind (see the module)
+        raise ValueError("a step name may not begin with U+001F (reserved for patches)")
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:  # a lone surrogate: no database stores it as text

@@ -15,8 +15,8 @@ import msgspec
 from delegation import errors
 from delegation.codec import encode
 from delegation.records import ChildFilter, ChildRecord, LeaseRecord
-from delegation.store import admission, children, events, grants, waits
-from delegation.store.sql import Connection
+from delegation.store import admission, children, events, grants, steps, waits
+from delegation.store.sql import Connection, run
 from delegation.wire import Event, InputRequest, Result
 
 _events = msgspec.json.Decoder(list[Event])
@@ -180,6 +180,29 @@ def find_child(conn: Connection, conversation_id: str, run_id: str | None) -> Ch
 
 def list_children(conn: Connection, wanted: ChildFilter) -> list[ChildRecord]:
     return children.listing(conn, wanted)
+
+
+def patch_values(conn: Connection, name: str, limit: int) -> list[tuple[ChildRecord, bool | None]]:
+    """The live (unfinished) executions, newest first, each with the value it recorded
+    for the patch ``name`` (design §34; None: not asked yet)."""
+    found = steps.patch_values(conn, name, limit)
+    records = {child.id: child for child in children.of_ids(conn, [i for i, _ in found])}
+    return [(records[i], value) for i, value in found if i in records]
+
+
+def pinned(conn: Connection, limit: int) -> list[ChildRecord]:
+    """The children pinned to a runner version (design §34), newest first."""
+    sql = "SELECT id FROM children WHERE pinned_version IS NOT NULL ORDER BY id DESC LIMIT ?"
+    ids = [int(row[0]) for row in run(conn, sql, (limit,), planned_each_time=True).fetchall()]
+    return sorted(children.of_ids(conn, ids), key=lambda c: c.id, reverse=True)
+
+
+def drift(conn: Connection, child: ChildRecord) -> list[str] | None:
+    """The recorded steps the execution's newest attempt never asked for (design §34);
+    None while an attempt may still ask (only an attempt that ended or waits is whole)."""
+    if not child.terminal and child.state != "waiting":
+        return None
+    return steps.drift(conn, child.id)
 
 
 def child_events(

@@ -10,6 +10,7 @@ import math
 from typing import Any, TypeVar, cast
 
 from delegation.records import ChildRecord, LeaseRecord, StepRow
+from delegation.store.steps import PATCH_PREFIX
 
 T = TypeVar("T")
 
@@ -21,6 +22,10 @@ def child_json(record: ChildRecord) -> dict[str, Any]:
     ``runner_host_instance_id`` is the wire's ``hostInstanceId``), request, preset and
     options decoded."""
     values = wire_names(dataclasses.asdict(record))
+    # Versions (design §34) only when set: an unversioned child shows what it always did.
+    for name in _VERSION_FIELDS:
+        if values.get(name) is None:
+            values.pop(name, None)
     values["request"] = _decoded(record.request)
     values["preset"] = _decoded(record.preset)
     # The effective options at its start (design §14); None for a child from before them.
@@ -28,6 +33,7 @@ def child_json(record: ChildRecord) -> dict[str, Any]:
     return values
 
 
+_VERSION_FIELDS = ("version", "attemptVersion", "pinnedVersion", "unpinnedAt")
 # A record's field whose wire name is not its camelCase form.
 _WIRE_NAMES = {"runner_host_instance_id": "hostInstanceId"}
 
@@ -51,14 +57,27 @@ def _decoded(raw: bytes) -> Any:
         return raw.decode("utf-8", "replace")
 
 
-def step_json(step: StepRow) -> dict[str, Any]:
-    """A recorded step for scripts: name, place, size in bytes and time, never its value."""
-    return {
+def step_json(step: StepRow, version: str | None = None) -> dict[str, Any]:
+    """A recorded step for scripts: name, place, size in bytes and time, never its value;
+    the runner ``version`` that recorded it when known, and a patch marker's ``patch``
+    (its name in ``ctx.patched``: design §34)."""
+    shown: dict[str, Any] = {
         "name": step.name,
         "ordinal": step.ordinal,
         "size": step.size,
         "recordedAt": json_safe(step.recorded_at),
     }
+    if version is not None:
+        shown["version"] = version
+    patch = patch_name(step.name)
+    if patch is not None:
+        shown["patch"] = patch
+    return shown
+
+
+def patch_name(name: str) -> str | None:
+    """The patch a step's name marks (``ctx.patched``), or None for a step."""
+    return name.removeprefix(PATCH_PREFIX) if name.startswith(PATCH_PREFIX) else None
 
 
 def lease_status(lease: LeaseRecord, now: float) -> str:
