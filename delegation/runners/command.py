@@ -70,6 +70,8 @@ from delegation.runners.command_config import (
     check_grace,
     check_id,
     check_profile,
+    check_resumes,
+    check_runner_version,
     settings,
 )
 from delegation.runners.command_process import (
@@ -137,7 +139,9 @@ class CommandRunner:
     ``listen`` lets a child listen (on an ephemeral port: Landlock still refuses it
     every bind); ``max_processes`` (256) and ``max_memory`` (2 GiB; bytes, or text as
     ``"2 GiB"``) bound each child (:mod:`delegation.runners.limits`); ``child_uid`` and
-    ``child_gid`` (65534) are the user a root host's children run as (0: root).
+    ``child_gid`` (65534) are the user a root host's children run as (0: root);
+    ``version`` names the code its profiles run and ``resumes`` the older versions it
+    can continue (design §34: the engine records it on every child; None: unversioned).
     Everything is checked and frozen here: a bad template, name, option or grace, or a
     ``read_write`` path that holds or lies in the host's code (or holds a directory it
     imports from), raises :class:`CommandConfigError` now, never at run time.
@@ -157,6 +161,8 @@ class CommandRunner:
         max_memory: int | str = limits.DEFAULT_MAX_MEMORY,
         child_uid: int = DEFAULT_CHILD_USER[0],
         child_gid: int = DEFAULT_CHILD_USER[1],
+        version: str | None = None,
+        resumes: Sequence[str] = (),
     ) -> None:
         if not isinstance(profiles, Mapping) or not profiles:
             raise CommandConfigError("the command runner needs at least one profile")
@@ -171,6 +177,8 @@ class CommandRunner:
             dict.fromkeys([*DEFAULT_ENV_ALLOW, *check_env_names(env_allow)])
         )
         self.grace_s = check_grace(grace_s)
+        self.version = check_runner_version(version)
+        self.resumes = check_resumes(resumes)
         try:
             extra_ro, extra_rw, ports = (
                 check_paths(read_only, "read_only"),

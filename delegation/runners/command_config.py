@@ -8,6 +8,10 @@ here with :class:`CommandConfigError`, in one line naming the setting: never at 
   "cancelled: child deadline exceeded", as with ``EngineConfig.max_run_s``; the smaller applies.
 * ``close_stdin``: the command's stdin ends after the message, for a command that reads
   it to its end (``cat``, ``wc``, many CLIs); steers cannot reach such a command.
+
+Beside the profiles, ``version`` names the code the profiles run (design §34: never a
+hash of the source; 1 to 128 printable bytes) and ``resumes`` the older versions it can
+continue: the engine records the version of every child the runner runs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from delegation.config import check_version
 
 PLACEHOLDERS = frozenset({"message", "profile", "conversation_id", "run_id", "cwd"})
 # Where the host's database URL or its password may be: never a child's (design §17).
@@ -50,6 +56,8 @@ _SETTINGS = frozenset(
         "max_memory",
         "child_uid",
         "child_gid",
+        "version",
+        "resumes",
     }
 )
 _PROFILE_KEYS = frozenset({"argv", "timeout_s", "close_stdin"})
@@ -141,6 +149,26 @@ def check_id(name: str, value: object) -> int:
             f"{name} must be a user or group id (0 to 4294967294), not {value!r}"
         )
     return value
+
+
+def check_runner_version(version: object) -> str | None:
+    """The runner's ``version`` (None: unversioned), refused in one line naming it."""
+    if version is None:
+        return None
+    try:
+        return check_version(version)
+    except ValueError as exc:
+        raise CommandConfigError(f"version: {exc}") from None
+
+
+def check_resumes(resumes: object) -> tuple[str, ...]:
+    """The older versions the runner can continue: a list of versions."""
+    if isinstance(resumes, str | bytes) or not isinstance(resumes, Iterable):
+        raise CommandConfigError(f"resumes must be a list of runner versions, not {resumes!r}")
+    try:
+        return tuple(dict.fromkeys(check_version(version) for version in resumes))
+    except ValueError as exc:
+        raise CommandConfigError(f"resumes: {exc}") from None
 
 
 def check_grace(grace_s: object) -> float:

@@ -1,7 +1,10 @@
 """The ``pydantic-ai`` runner (design §16): a preset is a pydantic-ai ``Agent``.
 
-``PydanticAIRunner(agents)`` maps a preset name to an ``Agent`` (or a zero-argument
-factory of one). The host keeps its models and credentials; a request carries neither.
+``PydanticAIRunner(agents, version=None, resumes=())`` maps a preset name to an ``Agent``
+(or a zero-argument factory of one). The host keeps its models and credentials; a
+request carries neither. ``version`` names the code of the agents (design §34: never a
+hash of the source), ``resumes`` the older versions it can continue; the engine records
+the version of every child it runs (None: unversioned).
 
 * **Mapping**: the request's message is the user prompt; the frozen system prompt (the
   request's, else the preset's) the run's instructions; ``allowedTools`` filters the
@@ -40,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic_ai import Agent
@@ -71,6 +74,7 @@ from pydantic_ai.tools import (
 from pydantic_ai.usage import UsageLimits
 from pydantic_core import to_json, to_jsonable_python
 
+from delegation.config import check_version
 from delegation.options import ExecutionOptions
 from delegation.runs import ChildContext, Recovery, Run
 from delegation.usecases.redaction import redact_secrets
@@ -90,13 +94,25 @@ class UnknownAgent(LookupError):
 class PydanticAIRunner:
     """Runs each preset's pydantic-ai agent as a child (see the module docstring)."""
 
-    def __init__(self, agents: Mapping[str, AgentSource]) -> None:
+    def __init__(
+        self,
+        agents: Mapping[str, AgentSource],
+        *,
+        version: str | None = None,
+        resumes: Iterable[str] = (),
+    ) -> None:
+        """Raises ``ValueError``: no agent, one that is neither an Agent nor a factory,
+        or a version that may name none (1 to 128 printable bytes)."""
         if not isinstance(agents, Mapping) or not agents:
             raise ValueError("the pydantic-ai runner needs at least one agent")
         for name, agent in agents.items():
             if not isinstance(agent, Agent) and not callable(agent):
                 raise ValueError(f"preset {name!r}: not an Agent nor a factory of one")
         self.agents: Mapping[str, AgentSource] = dict(agents)
+        self.version = None if version is None else check_version(version)
+        if isinstance(resumes, str | bytes) or not isinstance(resumes, Iterable):
+            raise ValueError(f"resumes must be a sequence of runner versions, not {resumes!r}")
+        self.resumes = tuple(dict.fromkeys(check_version(older) for older in resumes))
 
     async def prepare(
         self, request: Request, preset: Preset, identity: Identity, recovery: Recovery | None
@@ -391,11 +407,14 @@ def _json(value: object) -> str:
     return to_json(value, fallback=str).decode()
 
 
-def from_module(spec: str | None = None) -> PydanticAIRunner:
+def from_module(
+    spec: str | None = None, *, version: str | None = None, resumes: Iterable[str] = ()
+) -> PydanticAIRunner:
     """The runner ``delegation serve --runner delegation.runners.pydantic_ai:from_module``
     loads: ``spec`` (default: the environment variable ``DELEGATION_PYDANTIC_AI_AGENTS``)
     is ``module:attr`` naming a mapping of preset names to agents (or factories), or a
-    zero-argument function returning one.
+    zero-argument function returning one. ``version`` and ``resumes`` as the runner's
+    (``serve`` loads it without: ``$DELEGATION_RUNNER_VERSION`` names the host's).
 
     Raises ``ValueError`` when nothing is named or what is named is no such mapping.
     """
@@ -407,4 +426,4 @@ def from_module(spec: str | None = None) -> PydanticAIRunner:
     agents = found() if callable(found) and not isinstance(found, Mapping) else found
     if not isinstance(agents, Mapping):
         raise ValueError(f"{target} names no mapping of preset names to agents")
-    return PydanticAIRunner(agents)
+    return PydanticAIRunner(agents, version=version, resumes=resumes)
