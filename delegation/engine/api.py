@@ -206,6 +206,8 @@ class Engine(EngineReads):
         takeover = await self._membership.boot()
         deadline = await self._db.read(maintenance.next_deadline)
         self._open = self._membership.open = True
+        if self._telemetry is not None:  # its gauges read the database from now on
+            self._telemetry.watch(self._db, loop)
         self.timers.start(loop)
         self.timers.arm(deadline)
         await self._admitting.boot()  # the configured policies, before any start (§22)

@@ -39,17 +39,32 @@ Metrics, each recorded after the commit it reports:
 * ``delegation.store.commit.duration`` (histogram, seconds): one write transaction of
   the store, from its ``BEGIN`` to its ``COMMIT`` returning (a batch of jobs and
   events, or a lone statement).
+
+Gauges, read when the metrics are collected:
+
+* ``delegation.children.pinned`` (gauge): the children of the database pinned to a
+  runner version (design §34: left waiting for a host of the version that ran them, or
+  ``delegation unpin``). Every host of a shared database reports the same count. It is
+  one indexed count (``ix_children_pinned``), read on the engine's loop as its other
+  reads are: a collection from another thread (a periodic reader, an exporter's server)
+  waits for it up to ``GAUGE_WAIT_S``; one on the loop's own thread, which cannot wait
+  for the loop, reports the last count read and reads it again for the next. Nothing is
+  reported while the engine is not open.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import importlib.metadata
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from delegation import errors, machine
 from delegation.about import DISTRIBUTION
 from delegation.records import ChildRecord
+from delegation.store.sql import Connection, run
 from delegation.wire import Params, Request, Result, SteerResult
 
 try:
@@ -67,10 +82,13 @@ else:
 if TYPE_CHECKING:  # re-exported for the engine's signature
     from contextvars import Token
 
+    from opentelemetry.metrics import CallbackOptions, Observation
     from opentelemetry.metrics import MeterProvider as MeterProvider
     from opentelemetry.trace import Span, SpanContext
     from opentelemetry.trace import TracerProvider as TracerProvider
     from opentelemetry.util.types import AttributeValue
+
+    from delegation.store.interface import Store
 
     # An attempt's span and the token that made it the task's current one.
     Executing = tuple[Span, Token[Context]]
@@ -97,6 +115,11 @@ FINISHED = "delegation.children.finished"
 ACTIVE = "delegation.children.active"
 EVENTS = "delegation.events.appended"
 COMMIT_DURATION = "delegation.store.commit.duration"
+PINNED = "delegation.children.pinned"
+
+# How long a collection on another thread waits for the loop to count the pinned children.
+GAUGE_WAIT_S = 2.0
+_PINNED_SQL = "SELECT count(*) FROM children WHERE pinned_version IS NOT NULL"
 
 RUNNING = "running"  # a method's outcome while the child is not terminal yet
 SUSPENDED = "suspended"  # an attempt this process stopped without an end
@@ -144,6 +167,17 @@ class Telemetry:
             description="Duration of one write transaction, BEGIN to COMMIT",
             explicit_bucket_boundaries_advisory=_COMMIT_BUCKETS,
         )
+        pinned = Gauge()
+        gauge = meter.create_observable_gauge(
+            PINNED,
+            callbacks=[pinned.observe],
+            unit="{child}",
+            description="Children pinned to a runner version, waiting for a host of it",
+        )
+        # A meter gives the instrument it made first to whoever asks for it again (the
+        # global provider of a process that opens another engine): then its callback is
+        # the first engine's, and this engine joins what it reads.
+        self._pinned = _GAUGES.setdefault(gauge, pinned)
 
     # --- child methods ----------------------------------------------------------------
 
@@ -238,6 +272,12 @@ class Telemetry:
             if count:
                 self._finished.add(count, {OUTCOME: outcome.value})
 
+    # --- gauges -----------------------------------------------------------------------
+
+    def watch(self, store: Store, loop: asyncio.AbstractEventLoop) -> None:
+        """The engine opened ``store`` on ``loop``: its gauges read it from now on."""
+        self._pinned.read(self, Counted(lambda: store.read_now(pinned_count), loop))
+
     # --- the store --------------------------------------------------------------------
 
     def committed(self, seconds: float, events: int) -> None:
@@ -246,6 +286,76 @@ class Telemetry:
         self._commits.record(seconds)
         if events:
             self._events.add(events)
+
+
+def pinned_count(conn: Connection) -> int:
+    """How many children are pinned to a runner version (an indexed count)."""
+    return int(run(conn, _PINNED_SQL).fetchone()[0])
+
+
+class Gauge:
+    """What one gauge instrument reports: the count of the engine that opened last with
+    it and still answers (an engine closed, or on a closed loop, answers nothing)."""
+
+    def __init__(self) -> None:
+        # Replaced whole, never changed in place: a collection on another thread reads it.
+        self._counts: tuple[tuple[weakref.ref[Telemetry], Counted], ...] = ()
+
+    def read(self, telemetry: Telemetry, counted: Counted) -> None:
+        kept = tuple((ref, c) for ref, c in self._counts if ref() not in (None, telemetry))
+        self._counts = (*kept, (weakref.ref(telemetry), counted))  # the newest last
+
+    def observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for ref, counted in reversed(self._counts):
+            count = None if ref() is None else counted.count()
+            if count is not None:
+                return [metrics.Observation(count)]
+        return []
+
+
+# Each pinned gauge instrument's sources (see Telemetry.__init__).
+_GAUGES: weakref.WeakKeyDictionary[object, Gauge] = weakref.WeakKeyDictionary()
+
+
+class Counted:
+    """A count the engine's loop reads (``read``), asked from any thread: see the
+    module's docstring for what a collection on the loop's own thread gets."""
+
+    def __init__(
+        self, read: Callable[[], Coroutine[Any, Any, int]], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self._read = read
+        self._loop = loop
+        self._last: int | None = None
+        self._refreshing: asyncio.Task[None] | None = None
+
+    def count(self) -> int | None:
+        """The count, or None when it cannot be read (the engine is closed)."""
+        loop = self._loop
+        if loop.is_closed() or not loop.is_running():
+            return None
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            if self._refreshing is None or self._refreshing.done():
+                self._refreshing = loop.create_task(self._refresh())
+            return self._last
+        future = asyncio.run_coroutine_threadsafe(self._read(), loop)
+        try:
+            self._last = future.result(GAUGE_WAIT_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # a loop too busy to answer: the last count read
+        except Exception:
+            return None  # closed, or the database away: nothing to report
+        return self._last
+
+    async def _refresh(self) -> None:
+        try:
+            self._last = await self._read()
+        except Exception:
+            self._last = None
 
 
 def _version() -> str:
