@@ -175,6 +175,7 @@ class ChildSummary:
     finished_at: float | None
     cancel_reason: str | None
     recovery_attempts: int
+    pinned_version: str | None  # pinned to the runner version that ran it (design §34)
     error: str
     output: str
 

@@ -1,12 +1,12 @@
 """``delegation web``: a live, read-only page of a delegation database (design §13).
 
 One small HTML page with plain JavaScript (``delegation/web/page/``, no build step,
-nothing fetched from elsewhere) shows the children (state, profile, parent, age; filters
-by state and lease), one child's events streaming live over Server-Sent Events beside
-the steps it recorded (design §15: name, size, when; never a value), and the leases. The
-server is a Starlette app run by uvicorn; it reads through an :class:`Inspector`, the
-read API of ``delegation children``/``events --follow``, so it is safe beside a live
-host and never writes.
+nothing fetched from elsewhere) shows the children (state, profile, parent, age, a
+badge on one pinned to a runner version; filters by state and lease), one child's
+events streaming live over Server-Sent Events beside the steps it recorded (design §15:
+name, size, when; never a value), and the leases. The server is a Starlette app run by
+uvicorn; it reads through an :class:`Inspector`, the read API of ``delegation
+children``/``events --follow``, so it is safe beside a live host and never writes.
 
 * **Live, not polled by the page.** One watch on the database for the whole server
   (:func:`stores.open_watch`: SQLite's ``PRAGMA data_version``, PostgreSQL's
@@ -160,8 +160,11 @@ class CommitVersion:
 
 def child_json(record: ChildSummary) -> dict[str, Any]:
     """What the page shows of a child: camelCase names; error and output as read (cut
-    to ``CLIP`` characters by the list's query, whole for one child)."""
+    to ``CLIP`` characters by the list's query, whole for one child); ``pinnedVersion``
+    only for a child pinned to the runner version that ran it (design §34)."""
     values: dict[str, Any] = {camel(name): getattr(record, name) for name in _CHILD_FIELDS}
+    if record.pinned_version is not None:
+        values["pinnedVersion"] = record.pinned_version
     values["error"] = record.error
     values["output"] = record.output
     return json_safe(values)  # a time stored unreadable (NaN) is null

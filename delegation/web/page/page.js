@@ -48,6 +48,17 @@ function link(text, onClick) {
   return a;
 }
 
+// A child pinned to the runner version that ran it (design §34): it waits for a host of
+// that version, or for `delegation unpin`.
+function pinnedBadge(version) {
+  const badge = document.createElement("span");
+  badge.className = "badge pinned";
+  badge.textContent = "pinned " + version;
+  badge.title = "pinned to runner version " + version
+    + ": a host of it runs it, or `delegation unpin` lets the current code";
+  return badge;
+}
+
 function ageCell(row, createdAt) {
   const td = cell(row, since(createdAt), "age");
   td.dataset.created = String(createdAt);
@@ -102,7 +113,8 @@ async function loadChildren() {
     cell(row, child.runId, "id");
     // A queued child shows its place in the queue (1: next).
     const state = child.queuePosition ? child.state + " #" + child.queuePosition : child.state;
-    cell(row, state, "state " + child.state);
+    const stateCell = cell(row, state, "state " + child.state);
+    if (child.pinnedVersion) stateCell.append(pinnedBadge(child.pinnedVersion));
     cell(row, child.profile);
     cell(row, child.parentRunId, "id");
     cell(row, child.leaseId, "id");
@@ -254,6 +266,13 @@ function showChild(child) {
     const text = document.createElement("dd");
     text.textContent = value;
     text.className = name;
+    detail.append(term, text);
+  }
+  if (child.pinnedVersion) {
+    const term = document.createElement("dt");
+    term.textContent = "version";
+    const text = document.createElement("dd");
+    text.append(pinnedBadge(child.pinnedVersion));
     detail.append(term, text);
   }
 }
