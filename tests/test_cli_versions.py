@@ -116,7 +116,9 @@ async def test_children_pinned_lists_only_pinned_children_and_their_version(
     await harness.engine.close()
     write(
         db_url,
-        "UPDATE children SET pinned_version = 'v0.9' WHERE conversation_id = :c",
+        # As a pin leaves it: waiting (a pinned child that ended is no longer listed).
+        "UPDATE children SET pinned_version = 'v0.9', state = 'waiting', finished_at = NULL"
+        " WHERE conversation_id = :c",
         {"c": second.conversation_id},
     )
     code, out, err = cli("children", "--pinned", "--json")

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from delegation import ChildContext, Engine, EngineConfig, Event, Operator, errors
+from delegation import AdmissionPolicy, ChildContext, Engine, EngineConfig, Event, Operator, errors
 from delegation.codec import encode
 from delegation.usecases.queries import result_of
-from tests.support import ScriptRunner, open_harness
+from tests.support import PRESET, ScriptRunner, open_harness
 from tests.test_waiting import HOLD_S, until
 
 
@@ -249,3 +249,79 @@ async def test_a_restart_on_another_version_follows_the_policy(
         assert runner.prepared == []
     else:
         assert child.attempt_version == "v2" and child.version == "v1"
+
+
+async def test_a_woken_child_that_waited_its_turn_is_judged_when_its_turn_comes(
+    db_url: str, workspace: Path
+) -> None:
+    """Woken on v1 under a full concurrency policy, it waits its turn; the v2 host's
+    pump that gives it its turn judges its version (refuse: nothing of v2 runs it)."""
+    gate = asyncio.Event()
+
+    async def script(ctx: ChildContext) -> None:
+        await ctx.admit()
+        if ctx.request.message == "block":
+            await gate.wait()
+            return
+        await asks(ctx)
+
+    scope = f"preset:runner-1/{PRESET.extension_id}/{PRESET.name}"
+    v1 = Versioned("v1", script=script)
+    async with engine(db_url, v1, admission={scope: AdmissionPolicy(concurrency=1)}) as e:
+        h = await open_harness(e, v1, workspace)
+        asked = (await h.start("q1", message="ask", lease_id="lease-1")).conversation_id
+        await until(lambda: state_of(e, asked, "waiting"))
+        blocker = (await h.start("q2", message="block", lease_id="lease-1")).conversation_id
+        await until(lambda: state_of(e, blocker, "running"))
+        await e.answer_input(asked, "word", text="hello")
+        await until(lambda: state_of(e, asked, "queued"))
+    v2 = Versioned("v2", script=script)
+    async with engine(db_url, v2, on_version_change="refuse") as e:
+        done = await until_done(e, asked)
+    assert done.error == "runner_version_changed: ran v1, this host runs v2"
+    assert [p.request.message for p in v2.prepared] == []
+
+
+async def test_a_child_queued_fresh_is_the_version_of_the_host_that_prepares_it(
+    db_url: str, workspace: Path
+) -> None:
+    scope = f"preset:runner-1/{PRESET.extension_id}/{PRESET.name}"
+    v1 = Versioned("v1", script=runs_forever)
+    async with engine(db_url, v1, admission={scope: AdmissionPolicy(concurrency=1)}) as e:
+        h = await open_harness(e, v1, workspace)
+        await h.start("q1", lease_id="lease-1")
+        queued = await h.start("q2", lease_id="lease-1")
+        await until(lambda: state_of(e, queued.conversation_id, "queued"))
+    v2 = Versioned("v2", script=runs_forever)
+    async with engine(db_url, v2, admission={scope: AdmissionPolicy(concurrency=2)}) as e:
+        await until(lambda: step_recorded(e, db_url, queued.conversation_id))
+        child = await e.get_child(queued.conversation_id)
+    assert child is not None and (child.version, child.attempt_version) == ("v2", "v2")
+    fresh = [p for p in v2.prepared if p.recovery is None]
+    assert len(fresh) == 1  # prepared fresh by v2: v2 is its version
+
+
+async def test_a_pinned_child_that_ends_is_no_longer_pinned_and_resumes_honours_a_pin(
+    db_url: str, workspace: Path
+) -> None:
+    cid = await waiting_on(db_url, workspace, "v1")
+    await answered_on(db_url, workspace, cid, Versioned("v2", script=asks), on_version_change="pin")
+    # A v3 that resumes v1 takes a child pinned to v1.
+    v3 = Versioned("v3", resumes=("v1",), script=asks)
+    async with engine(db_url, v3, on_version_change="pin") as e:
+        done = await until_done(e, cid)
+    assert (done.output, done.attempt_version) == ("heard hello", "v3")
+    cid = await waiting_on(db_url, workspace, "v1", "q2")
+    v2 = Versioned("v2", script=asks)
+    pinned = await answered_on(db_url, workspace, cid, v2, on_version_change="pin")
+    assert pinned.pinned_version == "v1"
+    async with engine(db_url, v2, on_version_change="pin") as e:
+        await e.cancel_child(cid)
+        ended = await e.get_child(cid)
+    assert ended is not None and ended.state == "cancelled"
+    assert result_of(ended, [], strict=False).pinned_version == ""
+
+
+async def state_of(e: Engine, cid: str, state: str) -> bool:
+    found = await e.get_child(cid)
+    return found is not None and found.state == state

@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 
 from delegation import errors
 from delegation.engine.notices import keep_running
-from delegation.engine.runtime import Runtime, Use, unreadable
+from delegation.engine.runtime import Runtime, Use, refused, unreadable
 from delegation.engine.supervisor import Supervisor
 from delegation.store import admission as store
 from delegation.store.sql import Connection
-from delegation.usecases import admission, reservation
+from delegation.usecases import admission, reservation, versions
 
 log = logging.getLogger("delegation.engine")
 
@@ -83,7 +83,9 @@ class Admitting:
         try:
             while True:
                 self._again = False
-                turn = await rt.write(Use(admission.dequeue, rt.instance_id, BATCH))
+                host = versions.HostVersion.of(rt.config)
+                turn = await rt.write(Use(admission.dequeue, rt.instance_id, BATCH, host))
+                refused(turn.refused)
                 self._spawn(turn)
                 for at in (turn.next_token_at, turn.next_due):
                     if at is not None:

@@ -119,7 +119,8 @@ PINNED = "delegation.children.pinned"
 
 # How long a collection on another thread waits for the loop to count the pinned children.
 GAUGE_WAIT_S = 2.0
-_PINNED_SQL = "SELECT count(*) FROM children WHERE pinned_version IS NOT NULL"
+# Pinned and still waiting (one that ended keeps the column as history).
+_PINNED_SQL = "SELECT count(*) FROM children WHERE pinned_version IS NOT NULL AND state = 'waiting'"
 
 RUNNING = "running"  # a method's outcome while the child is not terminal yet
 SUSPENDED = "suspended"  # an attempt this process stopped without an end

@@ -22,6 +22,7 @@ takes the head turn, ahead of newer work.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,11 +34,11 @@ from delegation.config import AdmissionPolicy
 from delegation.machine import State, Trigger
 from delegation.options import ExecutionOptions
 from delegation.records import RECOVERY_KIND, ChildRecord, Resumable
-from delegation.store import admission, children, events, lifecycle
+from delegation.store import admission, children, controls, events, lifecycle
 from delegation.store.admission import PolicyRow
 from delegation.store.events import EventRow
 from delegation.store.sql import Connection, run
-from delegation.usecases import stored
+from delegation.usecases import stored, versions
 
 BAND = float(2**40)  # the turns of one priority band
 SCAN_MOST = 100_000  # queued children one turn of the pump looks at, at most
@@ -277,12 +278,20 @@ class Dequeued:
     next_token_at: float | None
     more: bool  # it stopped at its limit: more may be admissible
     next_due: float | None = None  # the next queue timeout or deadline of what nothing runs
+    refused: list[str] = field(default_factory=list)  # ended: another runner version ran them
 
 
-def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) -> Dequeued:
+def dequeue(
+    conn: Connection,
+    now: float,
+    instance_id: str,
+    limit: int = 256,
+    host: versions.HostVersion = versions.UNVERSIONED,
+) -> Dequeued:
     """End the queued children whose wait timed out and what nothing runs past its
     deadline, then admit the queue in order while slots and tokens last (at most
-    ``limit``), under this host."""
+    ``limit``), under this host: a child woken before resumes as the host's version
+    policy judges it (design §34), a fresh one is this host's version's."""
     # The policies' lock first, as every transaction that takes it does before any
     # child's row (PostgreSQL): two of them never wait on each other.
     gate = Gate.open(conn, now)
@@ -294,6 +303,9 @@ def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) ->
     unreadable: list[str] = []
     chosen: list[admission.Queued] = []
     cancelled: list[int] = []
+    refused: list[str] = []
+    why: dict[int, str] = {}
+    pinned = 0
     for queued in _queue(conn, SCAN_MOST):
         if queued.cancel_requested:  # asked to end before its turn: ends unprepared
             cancelled.append(queued.id)
@@ -316,12 +328,22 @@ def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) ->
     for queued in chosen:
         child = records[queued.id]
         if queued.admitted_before:  # woken before: it resumes
+            verdict = versions.verdict(child, host)
+            if verdict is versions.Verdict.REFUSE:
+                error = versions.refusal(child, host)
+                children.transition(conn, child.id, Trigger.FINISH, now, error=error)
+                refused.append(child.run_id)
+                continue
+            if verdict is versions.Verdict.PIN:
+                pinned += versions.pin(conn, now, child, instance_id)
+                continue
             mine = {"engine_instance_id": instance_id}
             # Matching only while queued and not asked to end (PostgreSQL: a cancel may
             # have committed since the queue was read).
             if children.advance(conn, child.id, _DEQUEUE, now, mine, unless_cancelled=True):
-                count_wake(conn, child.id)
+                count_wake(conn, child.id, versions.note(child, host))
                 again.append(child.id)
+                why[child.id] = versions.woken_by(conn, child)
             continue
         policy = grant_policy(conn, child)
         try:
@@ -333,6 +355,8 @@ def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) ->
         fields = {
             "admitted_at": now,
             "engine_instance_id": instance_id,
+            "version": host.version,  # the code that prepares it is this host's
+            "attempt_version": host.version,
             "deadline_at": deadline_at(
                 conn, now, deadline_seconds(effective), child.depth, child.parent_run_id
             ),
@@ -345,9 +369,15 @@ def dequeue(conn: Connection, now: float, instance_id: str, limit: int = 256) ->
     if gate is not None:
         gate.save(conn)
         next_token = gate.next_token_at()
-    resumable = lifecycle.woken(conn, again, instance_id, now) if again else []
+    resumable = [
+        dataclasses.replace(item, reason=why[item.child.id])
+        for item in (lifecycle.woken(conn, again, instance_id, now) if again else [])
+    ]
+    versions.attempted(conn, again, host)
+    if pinned:
+        controls.wake(conn)  # a host of their version takes them
     due = admission.next_due(conn)
-    return Dequeued(fresh, resumable, unreadable, ended, next_token, taken >= limit, due)
+    return Dequeued(fresh, resumable, unreadable, ended, next_token, taken >= limit, due, refused)
 
 
 def _queue(conn: Connection, most: int) -> Iterator[admission.Queued]:

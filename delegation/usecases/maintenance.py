@@ -321,7 +321,8 @@ def _judge_versions(
                 lifecycle.end_lost(conn, instance_id, [child.id], error, now)
                 refused.append(child.run_id)
             case versions.Verdict.PIN:
-                versions.pin(conn, now, child, instance_id)
+                if versions.pin(conn, now, child, instance_id):
+                    controls.wake(conn)  # a host of its version takes it
             case _:
                 if note := versions.note(child, host):
                     notes[child.id] = note

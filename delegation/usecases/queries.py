@@ -79,7 +79,7 @@ def result_of(
         events=[],
         queued=queue_position > 0,
         queue_position=queue_position,
-        pinned_version=child.pinned_version or "",
+        pinned_version="" if child.terminal else child.pinned_version or "",
     )
     if max_bytes is not None and bodies:
         # Most pages are far below the bound: measure only where it may be passed.
@@ -192,7 +192,12 @@ def patch_values(conn: Connection, name: str, limit: int) -> list[tuple[ChildRec
 
 def pinned(conn: Connection, limit: int) -> list[ChildRecord]:
     """The children pinned to a runner version (design §34), newest first."""
-    sql = "SELECT id FROM children WHERE pinned_version IS NOT NULL ORDER BY id DESC LIMIT ?"
+    # Pinned and still waiting: a pinned child that ended (cancelled, its lease expired)
+    # keeps the column as history, and is no longer pinned.
+    sql = (
+        "SELECT id FROM children WHERE pinned_version IS NOT NULL AND state = 'waiting'"
+        " ORDER BY id DESC LIMIT ?"
+    )
     ids = [int(row[0]) for row in run(conn, sql, (limit,), planned_each_time=True).fetchall()]
     return sorted(children.of_ids(conn, ids), key=lambda c: c.id, reverse=True)
 

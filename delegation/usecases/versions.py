@@ -25,7 +25,7 @@ from enum import StrEnum
 from delegation import errors
 from delegation.config import EngineConfig, check_version
 from delegation.records import ChildRecord
-from delegation.store import children, controls
+from delegation.store import children, waits
 from delegation.store.sql import Connection, chunks, run
 from delegation.usecases import service
 
@@ -84,7 +84,8 @@ def changed(child: ChildRecord, host: HostVersion) -> bool:
 def verdict(child: ChildRecord, host: HostVersion) -> Verdict:
     """What a resume of ``child`` on this host does."""
     if child.pinned_version is not None:
-        return Verdict.RUN if host.version == child.pinned_version else Verdict.PIN
+        mine = child.pinned_version == host.version or child.pinned_version in host.resumes
+        return Verdict.RUN if mine else Verdict.PIN
     if child.unpinned_at is not None or not changed(child, host) or ran(child) in host.resumes:
         return Verdict.RUN
     return {"refuse": Verdict.REFUSE, "pin": Verdict.PIN}.get(host.policy, Verdict.RUN)
@@ -103,16 +104,28 @@ def refusal(child: ChildRecord, host: HostVersion) -> str:
     return f"{REFUSED}: ran {ran(child)}, this host runs {host.version}"
 
 
-def pin(conn: Connection, now: float, child: ChildRecord, instance_id: str) -> None:
+def pin(conn: Connection, now: float, child: ChildRecord, instance_id: str) -> int:
     """Leave the child ``waiting`` for a host of the version it ran (held here, by no
-    run, until one takes it or an operator unpins it), and tell every host."""
-    run(
+    run, until one takes it or an operator unpins it); the caller tells every host
+    (``controls.wake``) once. Returns 1 if it was pinned now, else 0."""
+    return run(
         conn,
         "UPDATE children SET state = 'waiting', pinned_version = ?, wake_at = NULL,"
-        " engine_instance_id = ?, updated_at = ? WHERE id = ? AND state IN ('admitted', 'waiting')",
+        " engine_instance_id = ?, updated_at = ? WHERE id = ?"
+        " AND state IN ('admitted', 'waiting', 'queued')",
         (child.pinned_version or ran(child), instance_id, now, child.id),
-    )
-    controls.wake(conn)
+    ).rowcount
+
+
+def woken_by(conn: Connection, child: ChildRecord) -> str:
+    """Why a waiting child wakes (``Recovery.reason``): an operator's unpin (``unpin``),
+    a host of the version it is pinned to (``takeover``), else what it waited for:
+    an answer (``input``), an event (``event``), its time (``sleep``) or a timeout."""
+    if child.unpinned_at is not None:
+        return "unpin"
+    if child.pinned_version is not None:
+        return "takeover"
+    return waits.woken_by(conn, child.id)
 
 
 def attempted(conn: Connection, child_ids: Iterable[int], host: HostVersion) -> None:
@@ -133,14 +146,18 @@ def claim_pinned(conn: Connection, now: float, instance_id: str, host: HostVersi
     held here and due now (the wake-up runs them). Returns how many."""
     if host.version is None:
         return 0
-    return run(
-        conn,
-        "UPDATE children SET engine_instance_id = ?, wake_at = ? WHERE pinned_version = ?"
-        " AND state = 'waiting' AND wake_at IS NULL AND (engine_instance_id IS NULL"
-        " OR engine_instance_id = ? OR engine_instance_id NOT IN (SELECT id FROM"
-        " engine_instances WHERE closed_at IS NULL AND taken_by IS NULL AND runner_version = ?))",
-        (instance_id, now, host.version, instance_id, host.version),
-    ).rowcount
+    claimed = 0
+    for version in (host.version, *sorted(host.resumes)):  # its own, then those it resumes
+        claimed += run(
+            conn,
+            "UPDATE children SET engine_instance_id = ?, wake_at = ? WHERE pinned_version = ?"
+            " AND state = 'waiting' AND wake_at IS NULL AND (engine_instance_id IS NULL"
+            " OR engine_instance_id = ? OR engine_instance_id NOT IN (SELECT id FROM"
+            " engine_instances WHERE closed_at IS NULL AND taken_by IS NULL"
+            " AND runner_version = ?))",
+            (instance_id, now, version, instance_id, host.version),
+        ).rowcount
+    return claimed
 
 
 def unpin_exact(
@@ -163,6 +180,8 @@ def unpin(conn: Connection, now: float, child: ChildRecord, instance_id: str) ->
     if child.terminal:
         raise errors.ChildEnded(f"child {child.conversation_id} has already ended ({child.state})")
     if child.pinned_version is None:
+        if child.unpinned_at is not None:  # unpinned already (another host applied it)
+            return child
         raise errors.NotPinned()
     run(
         conn,

@@ -192,8 +192,7 @@ def wake_due(
                 refused.append(child.run_id)
                 continue
             case versions.Verdict.PIN:
-                versions.pin(conn, now, child, instance_id)
-                pinned += 1
+                pinned += versions.pin(conn, now, child, instance_id)
                 continue
         wake.append(child.id)
         judged[child.id] = child
@@ -207,7 +206,7 @@ def wake_due(
     why: dict[int, str] = {}
     for child_id in wake:
         child = judged[child_id]
-        why[child_id] = "unpin" if child.unpinned_at is not None else _woken_by(conn, child)
+        why[child_id] = versions.woken_by(conn, child)
         children.transition(conn, child_id, Trigger.WAKE, now, wake_at=None)
         admission.count_wake(conn, child_id, versions.note(child, host))
     resumable = [
@@ -215,16 +214,9 @@ def wake_due(
         for item in lifecycle.woken(conn, wake, instance_id, now)
     ]
     versions.attempted(conn, wake, host)
+    if pinned:
+        controls.wake(conn)  # a host of their version takes them
     return Woken(resumable, unreadable, waits.next_wake(conn, instance_id), refused, pinned)
-
-
-def _woken_by(conn: Connection, child: ChildRecord) -> str:
-    """Why a waiting child wakes (``Recovery.reason``): an answer (``input``), an event
-    (``event``), its time (``sleep``), or a timeout of what it waits for; a child taken
-    by a host of the version it is pinned to: ``takeover``."""
-    if child.pinned_version is not None:
-        return "takeover"
-    return waits.woken_by(conn, child.id)
 
 
 def next_wake(conn: Connection, instance_id: str) -> float | None:

@@ -163,7 +163,7 @@ def child_json(record: ChildSummary) -> dict[str, Any]:
     to ``CLIP`` characters by the list's query, whole for one child); ``pinnedVersion``
     only for a child pinned to the runner version that ran it (design §34)."""
     values: dict[str, Any] = {camel(name): getattr(record, name) for name in _CHILD_FIELDS}
-    if record.pinned_version is not None:
+    if record.pinned_version is not None and record.state == "waiting":
         values["pinnedVersion"] = record.pinned_version
     values["error"] = record.error
     values["output"] = record.output
