@@ -28,7 +28,8 @@ def _reads_and_never_writes(url: str) -> None:
     assert after != before, "the snapshot sees a committed write"
     assert after["engine_instances"] == rows.rows(
         url,
-        "SELECT id, started_at, closed_at, taken_by FROM engine_instances WHERE id = :id",
+        "SELECT id, started_at, closed_at, taken_by, runner_version FROM engine_instances"
+        " WHERE id = :id",
         {"id": "h-1"},
     )
     assert rows.scalar(url, "SELECT COUNT(*) FROM engine_instances WHERE id LIKE 'h-%'") == 1
