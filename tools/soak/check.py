@@ -448,6 +448,10 @@ def _releases(
     revoked_of: dict[str, list[float]] = defaultdict(list)
     for (runner, _), times in tombstones.items():
         revoked_of[runner].append(max(times))
+    kept_of: dict[str, list[float]] = defaultdict(list)  # tombstones in the snapshot
+    for (runner, _), row in snap.leases.items():
+        if row["revoked_at"] is not None:
+            kept_of[runner].append(float(row["revoked_at"]))
     under: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for c in snap.children:
         if c["lease_id"]:
@@ -461,7 +465,13 @@ def _releases(
             yield f"lost_tombstone: released lease {name} was not revoked"
         revoked = max((r for r in tombstones.get(key, ()) if r <= at + slack), default=None)
         if lease is None and revoked is not None and now < revoked + keep - slack:
-            newer = sum(1 for r in revoked_of[key[0]] if r > revoked)
+            # Newer revocations of the runner: those seen, or the tombstones the snapshot
+            # holds, whichever is more (a lease made and revoked between two looks is
+            # never seen, yet its tombstone counts against the cap).
+            newer = max(
+                sum(1 for r in revoked_of[key[0]] if r > revoked),
+                sum(1 for at_ in kept_of[key[0]] if at_ > revoked),
+            )
             if newer < TOMBSTONE_CAP:
                 yield f"lost_tombstone: lease {name} lost its tombstone within retention"
         for c in under[key]:
