@@ -208,7 +208,7 @@ def _controls(operator: Operator, args: argparse.Namespace) -> int:
     from delegation import errors
     from delegation.cli.terminal import printable
 
-    conversation = None if args.child is None else args.child
+    conversation = args.child  # None: every child's
     listed = operator.controls(conversation, max(1, args.limit))
     deadline = time.monotonic() + args.wait
     for pending in [o for o in listed if o.status == "pending"]:

@@ -48,7 +48,7 @@ from delegation.store import processes as store_processes
 from delegation.store.interface import Store
 from delegation.store.sql import Connection
 from delegation.store.stores import open_store
-from delegation.usecases import admission, maintenance, service, waiting
+from delegation.usecases import admission, maintenance, operating, service, waiting
 from delegation.usecases.protection import Protected, host_code, host_imports
 from delegation.wire import (
     CANCEL_METHOD,
@@ -518,10 +518,7 @@ class Engine(EngineReads):
             errors.EventBufferFull: ``max_buffered_events`` wait to be taken already.
         """
         self._require_open()
-        try:
-            body = _json.encode(payload)
-        except (TypeError, msgspec.EncodeError) as exc:
-            raise errors.InputError(f"an event's payload must be JSON-encodable: {exc}") from None
+        body = operating.encoded_payload(payload)
         use = Use(waiting.send_event, self.config, conversation_id, key, body, idempotency_key)
         delivered = await self._rt.write(use)
         self._waking.delivered(delivered)
