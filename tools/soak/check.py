@@ -133,9 +133,14 @@ class Checker:
         """
         self.slack = slack
         wanted = set(acks.events) if acks is not None else set()
+        began = time.monotonic()
         snap = read_snapshot(
             source, wanted, integrity=not live and fleet is None, audit_after=self.audit_after
         )
+        # The read is retried while a restarted server is away (seconds): what the
+        # snapshot misses may have gone as late as its end, so a row judged lost
+        # "within retention" is judged at that end (``now`` is when the read began).
+        read_end = now + (time.monotonic() - began)
         audited = list(self._audited(snap.audit or []))
         if snap.audit is None:
             self.purged.update(snap.purged)
@@ -154,7 +159,7 @@ class Checker:
         else:
             found += liveness.several_hosts(snap, fleet, final=final)
         if acks is not None:
-            found += _journal(snap, acks, lost, self.tombstones, self.retention_s, now, slack)
+            found += _journal(snap, acks, lost, self.tombstones, self.retention_s, read_end, slack)
         return found
 
     def _audited(self, rows: list[Row]) -> Iterator[str]:
@@ -325,7 +330,8 @@ def _journal(
     slack: float,
 ) -> list[str]:
     """Every acknowledgement the hosts journaled, against the snapshot (a child purged
-    after retention answers for nothing any more)."""
+    after retention answers for nothing any more); ``now``: when the snapshot's read
+    ended, the latest moment it may show."""
     by_run = {c["run_id"]: c for c in snap.children}
     gone = snap.purged.keys()
     found = list(acks.problems)
@@ -473,7 +479,10 @@ def _releases(
                 sum(1 for at_ in kept_of[key[0]] if at_ > revoked),
             )
             if newer < TOMBSTONE_CAP:
-                yield f"lost_tombstone: lease {name} lost its tombstone within retention"
+                yield (
+                    f"lost_tombstone: lease {name} lost its tombstone within retention"
+                    f" (gone {now - revoked:.2f} s after its revocation, {newer} newer)"
+                )
         for c in under[key]:
             if c["created_at"] <= at - slack:
                 if c["finished_at"] is None or c["finished_at"] > at + slack:
