@@ -1,13 +1,15 @@
 """The runtime wing: the public :class:`Engine` and what runs under it.
 
 - :mod:`~delegation.engine.api`: ``Engine``, the embedding API (design §6), its read
-  models in :mod:`~delegation.engine.reads`;
+  models in :mod:`~delegation.engine.reads` and the host's own controls (cancel, steer,
+  answer, send, admission policies) in :mod:`~delegation.engine.controlling`;
 - :mod:`~delegation.engine.methods`: the five child methods (design §5) it serves, and
   :mod:`~delegation.engine.answers`: what their callers are answered, and when (an ok
   start is an admitted child on every host, design §32);
 - :mod:`~delegation.engine.runtime`: what the parts share, and the one write entry;
+- :mod:`~delegation.engine.starting`: ``child.start``, reserved, spawned and answered;
 - :mod:`~delegation.engine.supervisor` and :mod:`~delegation.engine.local_run`: the
-  runs this process executes, from their start to their end, and
+  runs this process executes, from their spawn to their end, and
   :mod:`~delegation.engine.ends`: their ends, written together;
 - :mod:`~delegation.engine.membership`: this host among the hosts of its database (§12),
   and :mod:`~delegation.engine.adoption`: what a lost commit answer left unrun here,

@@ -3,9 +3,12 @@
 One engine owns one database (a SQLite file, or a PostgreSQL database). Its parts share
 a :class:`~delegation.engine.runtime.Runtime` (the store, the clock, the one write
 entry): the :class:`~delegation.engine.supervisor.Supervisor` runs the children, the
+:class:`~delegation.engine.starting.Starting` reserves and answers their starts, the
 :class:`~delegation.engine.membership.Membership` keeps this host among the others, the
 :class:`~delegation.engine.operators.ControlWatcher` applies operators' requests and
-:class:`~delegation.engine.timers.Timers` wake lease expiry and retention. Every child
+:class:`~delegation.engine.timers.Timers` wake lease expiry and retention. The host's own
+controls (``cancel_child``, ``steer_child``, ``answer_input``, ``send_event``,
+``set_admission``) are :class:`~delegation.engine.controlling.HostControls`. Every child
 method checks authority inside the transaction that acts on it (see
 :mod:`delegation.usecases.service`); what must follow a commit (starting, stopping or waking a
 run) happens here, after the commit.
@@ -15,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
@@ -26,16 +28,18 @@ from delegation import errors
 from delegation.backlog import UNBOUNDED, Room
 from delegation.clock import Clock, ServerClock, SystemClock
 from delegation.codec import checked
-from delegation.config import AdmissionPolicy, EngineConfig, parse_scope
+from delegation.config import EngineConfig
 from delegation.engine import telemetry, versions
 from delegation.engine.admitting import Admitting
 from delegation.engine.adoption import Adoption
+from delegation.engine.controlling import ControlParts, HostControls
 from delegation.engine.membership import Membership
 from delegation.engine.methods import ChildMethods
 from delegation.engine.notices import Notices
 from delegation.engine.operators import WATCH_INTERVAL_S, ControlWatcher
 from delegation.engine.reads import EngineReads
 from delegation.engine.runtime import Runtime, Use
+from delegation.engine.starting import Starting
 from delegation.engine.supervisor import Supervisor, collector_paused
 from delegation.engine.timers import Timers
 from delegation.engine.upkeep import Upkeep
@@ -48,7 +52,7 @@ from delegation.store import processes as store_processes
 from delegation.store.interface import Store
 from delegation.store.sql import Connection
 from delegation.store.stores import open_store
-from delegation.usecases import admission, maintenance, operating, service, waiting
+from delegation.usecases import maintenance, service
 from delegation.usecases.protection import Protected, host_code, host_imports
 from delegation.wire import (
     CANCEL_METHOD,
@@ -72,7 +76,7 @@ T = TypeVar("T")
 _json = msgspec.json.Encoder()
 
 
-class Engine(EngineReads):
+class Engine(EngineReads, HostControls):
     """Durable child runs on SQLite or PostgreSQL.
 
     Use as ``async with Engine(url, runner=...) as engine``.
@@ -111,15 +115,19 @@ class Engine(EngineReads):
             self.config.retention_sweep_s,
             wake=self._wake_on_time,
         )
-        self._supervisor = Supervisor(self._rt, runner, self.timers)
+        self._supervisor = Supervisor(self._rt, runner)
         self._upkeep = Upkeep(self._rt, self._supervisor, self.timers)
         self._membership = Membership(self._rt, self._supervisor, self.timers)
-        self._methods = ChildMethods(self._rt, self._supervisor)
+        starting = Starting(self._rt, self._supervisor, self.timers)
+        self._methods = ChildMethods(self._rt, self._supervisor, starting)
         self._waking = Waking(self._rt, self._supervisor, self.timers)
         self._admitting = Admitting(self._rt, self._supervisor)
         self._methods.on_delivered = self._waking.delivered
         self._db.on_lost = self._membership.lost
         self._db.on_back = Adoption(self._rt, self._supervisor).back
+        # The host's own controls act through these parts (cancel_child, steer_child ...).
+        parts = (self._rt, self._supervisor, self._methods, self._waking, self._admitting)
+        HostControls.__init__(self, ControlParts(*parts, require_open=self._require_open))
         self._controls: ControlWatcher | None = None
         self._open = False
 
@@ -404,125 +412,6 @@ class Engine(EngineReads):
         waits = await self._supervisor.stop(ended.affected)
         if ended.own_child is not None:
             await self._methods.confirm_cancelled(ended.own_child, waits)
-
-    async def cancel_child(
-        self,
-        conversation_id: str,
-        run_id: str | None = None,
-        reason: str = service.HOST_CANCELLED,
-    ) -> Result:
-        """The host's own cancel of exactly one execution, whatever its grant: the newest
-        of the conversation, or the one ``run_id`` names. ``reason`` becomes its error.
-
-        Returns the child's Result once it is terminal (a finished child's unchanged).
-
-        Raises:
-            errors.ChildNotFound: no such child.
-            errors.CancelUnconfirmed: its run has not stopped within ``release_drain_s``
-                (the cancellation stays requested; calling again waits again).
-        """
-        self._require_open()
-        child = await self._rt.write(Use(service.cancel_exact, conversation_id, run_id, reason))
-        if not child.terminal:
-            await self._methods.confirm_cancelled(child.id, await self._supervisor.stop([child.id]))
-        return await self._supervisor.answers.page(child.id, 0, strict=False)
-
-    async def steer_child(
-        self,
-        conversation_id: str,
-        message: str,
-        run_id: str | None = None,
-        request_id: str | None = None,
-    ) -> SteerResult:
-        """The host's own steer of exactly one execution, whatever its grant (an
-        operator's): queued for the running child like ``child.steer``, idempotent per
-        ``request_id`` (a fresh one if None).
-
-        Raises:
-            errors.ChildNotFound: no such child.
-            errors.BadSteer: an empty or oversized message, or an invalid request id.
-        """
-        self._require_open()
-        rid = request_id or f"host-{secrets.token_hex(8)}"
-        use = Use(service.steer_exact, self.config, conversation_id, run_id, rid, message)
-        outcome = await self._rt.write(use)
-        self._methods.deliver_steer(outcome)
-        return outcome.result
-
-    # --- a child that waits (design §21) ------------------------------------------------
-
-    async def set_admission(self, scope: str, policy: AdmissionPolicy | None) -> None:
-        """Store the admission policy of ``scope`` (``runner:R``, ``extension:R/E``,
-        ``preset:R/E/P``, ``parent:C``), or remove it with None (design §22). Every host
-        of the database applies it within a second; this one at once.
-
-        Raises:
-            ValueError: the scope is not spelled as above.
-        """
-        self._require_open()
-        parse_scope(scope)
-        await self._rt.write(Use(admission.stored_policy, scope, policy))
-        await self._admitting.refresh()
-        self._admitting.soon()
-
-    async def admission(self) -> list[admission.ScopeUse]:
-        """Every admission policy, with the slots its scope holds and its queue now."""
-        self._require_open()
-        return await self._db.read(admission.listing)
-
-    async def answer_input(
-        self,
-        conversation_id: str,
-        input_id: str,
-        *,
-        decision: str | None = None,
-        text: str | None = None,
-        run_id: str | None = None,
-        request_id: str | None = None,
-    ) -> Result:
-        """The host's own answer to a child's input request (a person's, an operator's),
-        whatever its grant: ``decision`` one of the request's options (an approval's
-        ``approve`` or ``deny``), or ``text`` for a request without options. Idempotent
-        per ``request_id`` (a fresh one if None); returns the child's Result.
-
-        Raises the refusals of ``child.input``: ``InputUnknown``, ``InputAnswered``,
-        ``InputInvalid``, ``InputClosed``; ``ChildNotFound`` for no such child.
-        """
-        self._require_open()
-        rid = request_id or f"host-{secrets.token_hex(8)}"
-        use = Use(
-            waiting.answer_exact, conversation_id, run_id, input_id, decision or "", text or "",
-            rid,
-        )  # fmt: skip
-        delivered = await self._rt.write(use)
-        self._waking.delivered(delivered)
-        return await self._supervisor.answers.page(delivered.child_id, 0, strict=False)
-
-    async def send_event(
-        self,
-        conversation_id: str,
-        key: str,
-        payload: object = None,
-        *,
-        idempotency_key: str | None = None,
-    ) -> bool:
-        """Send the event ``key`` to a conversation (design §21): a wait of its newest
-        execution for ``key`` gets ``payload`` (anything msgspec encodes), now if one
-        waits, else the first that asks. Among events not taken yet the first sent with
-        a key wins, and an ``idempotency_key`` is sent once: False when this send
-        changed nothing.
-
-        Raises:
-            errors.ChildNotFound: no such conversation.
-            errors.EventTooLarge: a payload over ``max_step_bytes`` once encoded.
-            errors.EventBufferFull: ``max_buffered_events`` wait to be taken already.
-        """
-        self._require_open()
-        body = operating.encoded_payload(payload)
-        use = Use(waiting.send_event, self.config, conversation_id, key, body, idempotency_key)
-        delivered = await self._rt.write(use)
-        self._waking.delivered(delivered)
-        return delivered.accepted
 
     # --- the five methods -------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from delegation import errors
 from delegation.backlog import Room
 from delegation.codec import checked, decode
 from delegation.engine.runtime import Runtime, Use
+from delegation.engine.starting import Starting
 from delegation.engine.supervisor import Supervisor
 from delegation.machine import State
 from delegation.records import RunnerConnection
@@ -47,12 +48,13 @@ _json = msgspec.json.Encoder()
 
 class ChildMethods:
     """``child.start``, ``child.read``, ``child.cancel``, ``child.steer`` and
-    ``child.lease.release`` (and ``child.input``, design §21) on the runtime and the
-    supervisor of one engine."""
+    ``child.lease.release`` (and ``child.input``, design §21) on the runtime, the
+    starts and the supervisor of one engine."""
 
-    def __init__(self, rt: Runtime, supervisor: Supervisor) -> None:
+    def __init__(self, rt: Runtime, supervisor: Supervisor, starting: Starting) -> None:
         self._rt = rt
         self._supervisor = supervisor
+        self._starting = starting
         # The one method table: each wire name to the body that serves it (what
         # ``engine.call`` and ``serve`` dispatch through).
         self._by_wire: dict[str, ChildHandler[Result | SteerResult]] = {
@@ -108,7 +110,7 @@ class ChildMethods:
     # --- the five methods -------------------------------------------------------------
 
     def start(self, conn: RunnerConnection, params: Params, room: Room) -> Awaitable[Result]:
-        return self._supervisor.start(conn, params, room)
+        return self._starting.start(conn, params, room)
 
     async def read(self, conn: RunnerConnection, params: Params, room: Room) -> Result:
         rt, supervisor = self._rt, self._supervisor

@@ -1,10 +1,9 @@
 """The runs this process executes, end to end: spawned at their reservation's commit
-(or at a takeover), executed, admitted, finished, stopped and drained.
+(or at a takeover, a wake-up, the admission pump's turn, an adoption), executed,
+admitted, finished, stopped and drained.
 
-A start is reserved, spawned and answered here: :meth:`Supervisor.start` reserves the
-child, the reservation's commit spawns its run, and the run's admission resolves the
-run's ``first`` future with the first page, which answers the caller that started it
-(see :mod:`delegation.engine.local_run` for one run's lifecycle).
+A start is reserved and answered in :mod:`delegation.engine.starting`, whose commit
+spawns its run here (see :mod:`delegation.engine.local_run` for one run's lifecycle).
 """
 
 from __future__ import annotations
@@ -18,15 +17,13 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from delegation import authority, errors, machine
-from delegation.backlog import UNBOUNDED, Room
 from delegation.engine.answers import Answers
 from delegation.engine.ends import Ends
 from delegation.engine.local_run import LocalRun, LocalRuns
 from delegation.engine.runtime import Runtime, Use, refused, unreadable
-from delegation.engine.timers import Timers
 from delegation.engine.versions import recovery_of
 from delegation.options import ExecutionOptions
-from delegation.records import ChildRecord, Resumable, RunnerConnection
+from delegation.records import ChildRecord, Resumable
 from delegation.runs import (
     ChildContext,
     NotResumable,
@@ -38,7 +35,7 @@ from delegation.usecases import admission, maintenance, orphans, queries, reserv
 from delegation.usecases.journal import Journal
 from delegation.usecases.protection import Protected
 from delegation.usecases.redaction import redact_secrets
-from delegation.wire import Params, Result
+from delegation.wire import Result
 
 # The error of a child cancelled for running past its deadline (design §22), or past
 # EngineConfig.max_run_s.
@@ -69,15 +66,11 @@ def run_limit(engine_limit: float | None, run: object) -> float | None:
 class Supervisor:
     """The local runs of one engine (see the module's docstring)."""
 
-    def __init__(self, rt: Runtime, runner: Runner, timers: Timers) -> None:
+    def __init__(self, rt: Runtime, runner: Runner) -> None:
         self._rt = rt
         self._runner = runner
-        self._timers = timers
         self.runs = LocalRuns()
         self.protected = Protected()  # what no child process may reach; set at open
-        # On a server a statement costs a round trip: a start under a tool grant found
-        # open before reserves without reading it first (reservation.reserve_start).
-        self._seen_tools = reservation.SeenTools() if rt.db.shared else None
         # Children a committed takeover gave this host, not yet spawned; and those among
         # them whose cancellation came meanwhile (see stop).
         self._resuming: set[int] = set()
@@ -91,96 +84,6 @@ class Supervisor:
         self.on_slot_freed: Callable[[], None] | None = None
         self._ends = Ends(rt)
         self.answers = Answers(rt, self.runs)  # what a caller is answered, and when
-
-    # --- child.start ------------------------------------------------------------------
-
-    async def start(self, conn: RunnerConnection, params: Params, room: Room = UNBOUNDED) -> Result:
-        """Reserve the child; its commit spawns the run; answer once it is admitted.
-
-        The reservation is nobody's answer yet: the admission commit that answers the
-        caller syncs it to disk too (design §4: committed before ``prepare``). A caller
-        that goes away must not strand a committed reservation unrun: the commit itself
-        spawns the run, and the caller only waits for it. Without a leaseId its one
-        write is the reservation's INSERT, after every check.
-
-        The caller awaits one future, woken once: the run's ``first`` (the page read in
-        the admission transaction, handed over as it commits), which the reservation's
-        commit gives the run it spawns; a replay's commit resolves it at once, and a
-        reservation that fails passes its error on. Only this caller awaits it: if it
-        goes away, nothing else is cancelled."""
-        rt = self._rt
-        tel = rt.telemetry
-        use = Use(
-            reservation.reserve_start,
-            rt.config,
-            conn,
-            params,
-            rt.instance_id,
-            trace_context=tel.trace_context() if tel is not None else None,
-            seen=self._seen_tools,
-            known=self.known,
-        )
-        first: asyncio.Future[Result | None] = asyncio.get_running_loop().create_future()
-
-        def failed(written: asyncio.Future[reservation.StartPlan]) -> None:
-            if written.cancelled():
-                first.cancel()
-            elif (exc := written.exception()) is not None and not first.done():
-                first.set_exception(exc)
-
-        def committed(plan: reservation.StartPlan) -> None:
-            reserved.append(plan)
-            try:
-                runs.append(self._reserved(plan, first))
-            except BaseException:
-                if not first.done():  # answered by a read of the child
-                    first.set_result(None)
-                raise
-            written.remove_done_callback(failed)  # answered through ``first`` alone
-
-        reserved: list[reservation.StartPlan] = []
-        runs: list[LocalRun | None] = []
-        # A start that may enter admission (design §22) writes more than its INSERT, under
-        # the policies' lock: one transaction, never a lone statement.
-        alone = not params.lease_id and not self.known
-        written = rt.write(use, durable=False, committed=committed, one_write=alone)
-        written.add_done_callback(failed)
-        page = await first
-        plan = reserved[0]
-        try:
-            if plan.queued or plan.replay:
-                return await self.answers.answer(plan.child.id, params.after, room, turn=True)
-            local = runs[0] if runs else None
-            if local is not None and local.suspended:
-                raise errors.HostClosing()
-            if page is None:
-                return await self.answers.answer(plan.child.id, params.after, room)
-            if params.after:
-                return await self.answers.page(plan.child.id, params.after, room)
-            return page
-        except errors.ChildPurged:
-            if plan.replay:
-                raise
-            # Its reservation was lost with the server (an unflushed commit a failover
-            # did not carry over): nothing was started, and a replay starts it anew.
-            raise errors.StoreUnavailable() from None
-
-    def _reserved(
-        self, plan: reservation.StartPlan, first: asyncio.Future[Result | None]
-    ) -> LocalRun | None:
-        """At the reservation's commit, whether or not its caller still waits: a new
-        child's run is spawned with the caller's ``first``; a replay answers it now."""
-        if plan.new_lease_deadline is not None:
-            self._timers.arm_earlier(plan.new_lease_deadline)
-        child_id = plan.child.id
-        already = self.runs.get(child_id) is not None
-        if plan.replay and not already and child_id not in self._resuming:
-            plan = reservation.unspawned(plan, self._rt.instance_id) or plan
-        if plan.replay or plan.queued or already:  # a queued child runs once the pump admits it
-            if not first.done():
-                first.set_result(None)  # the caller waits for the run here (answer)
-            return None
-        return self.spawn(plan.child, plan, None, first=first)
 
     # --- spawning and executing -----------------------------------------------------
 
@@ -216,6 +119,10 @@ class Supervisor:
         children are this host's runs to stop (a lease expiring meanwhile would find no
         run and finish the child, then see it resumed)."""
         self._resuming.update(item.child.id for item in takeover.resumable)
+
+    def resuming(self, child_id: int) -> bool:
+        """Whether a takeover committed the child here and its run is not spawned yet."""
+        return child_id in self._resuming
 
     def resume(self, takeover: maintenance.Takeover) -> None:
         """Run the children a takeover committed here, unless the host closes meanwhile
