@@ -136,6 +136,10 @@ class ChildRecord:
     attempt_version: str | None = None
     pinned_version: str | None = None
     unpinned_at: float | None = None
+    # Rewind (design §35): the run id of the execution it was seeded from, and the step
+    # it was rewound to (None: every step of it). None: not a rewind.
+    rewound_from: str | None = None
+    rewound_step: str | None = None
 
     @property
     def terminal(self) -> bool:

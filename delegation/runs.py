@@ -222,6 +222,12 @@ class ChildContext:
         return self._journal.max_bytes
 
     @property
+    def last_sequence(self) -> int:
+        """The sequence of the last event this execution numbered: every event emitted
+        before a step is committed with it or before (what a rewind copies, design §35)."""
+        return self._sequence
+
+    @property
     def protected(self) -> Protected:
         """What no process this run starts may reach, as the engine protects it: the
         directory of its database and the host's own code (design §17)."""

@@ -117,6 +117,26 @@ class Preset(Profile, frozen=True):
     generation: Uint64 = always(int)
 
 
+# A step name's bound (the journal's, design §15): a longer one was never recorded.
+MAX_STEP_NAME_BYTES = 1024
+
+
+class Rewind(WireStruct, frozen=True):
+    """A follow-up's rewind (design §35): seed the new execution from the ended execution
+    ``run_id`` of the conversation: the steps it recorded before ``step`` (every step
+    when omitted) and the events committed with them."""
+
+    run_id: str = always(str)
+    step: str | UnsetType = UNSET
+
+    def validate(self) -> None:
+        if not valid_id(self.run_id):
+            raise errors.RewindRunUnknown()
+        step = self.step
+        if step is not UNSET and (not step or utf8_len(step) > MAX_STEP_NAME_BYTES):
+            raise errors.RewindStepUnknown()
+
+
 class Request(WireStruct, frozen=True):
     """What a caller asks a child to do. It never carries credentials or endpoints."""
 
@@ -131,6 +151,8 @@ class Request(WireStruct, frozen=True):
     lease_id: str = ""
     # Admission order (design §22): 0-9, higher first; omitted: the preset's, else 5.
     priority: Int64 | UnsetType = UNSET
+    # A follow-up seeded from a recorded step of an ended execution (design §35).
+    rewind: Rewind | UnsetType = UNSET
 
     def validate(self, providers: Iterable[str] = PROVIDERS) -> None:
         """Raise the first :class:`errors.InputError` that applies (design §2.2)."""
@@ -151,6 +173,10 @@ class Request(WireStruct, frozen=True):
             raise errors.BadContextMode()
         if self.resume and (not valid_id(self.resume) or self.context_mode == "fork"):
             raise errors.BadResume()
+        if self.rewind is not UNSET:
+            if not self.resume:
+                raise errors.RewindRequiresResume()
+            self.rewind.validate()
         _validate_priority(self.priority)
         _validate_options(self.options, providers)
 

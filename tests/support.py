@@ -126,7 +126,16 @@ class Harness:
             k: changes.pop(k)
             for k in list(changes)
             if k
-            in ("message", "profile", "context_mode", "resume", "cwd", "options", "system_prompt")
+            in (
+                "message",
+                "profile",
+                "context_mode",
+                "resume",
+                "cwd",
+                "options",
+                "system_prompt",
+                "rewind",
+            )
         }
         request = Request(
             request_id=request_id,

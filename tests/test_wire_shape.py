@@ -17,6 +17,7 @@ from delegation import (
     Profile,
     Request,
     Result,
+    Rewind,
     SteerResult,
     encode,
 )
@@ -50,7 +51,9 @@ SHAPES: dict[type[msgspec.Struct], list[tuple[str, bool]]] = {
         ("cwd", False),
         ("leaseId", False),
         ("priority", False),  # admission order, 0-9 (design §22)
+        ("rewind", False),  # a follow-up seeded from a recorded step (design §35)
     ],
+    Rewind: [("runId", True), ("step", False)],
     Params: [
         ("runId", True),
         ("toolCallId", False),

@@ -1,6 +1,6 @@
-"""``delegation cancel``, ``steer``, ``input``, ``send`` and ``controls``: an operator acts
-on a child from another process (design §11, §21, §33). Parsing and printing only: the
-work is :class:`delegation.operator.Operator`'s.
+"""``delegation cancel``, ``steer``, ``input``, ``send``, ``unpin``, ``rewind`` and
+``controls``: an operator acts on a child from another process (design §11, §21,
+§33-35). Parsing and printing only: the work is :class:`delegation.operator.Operator`'s.
 
 A control is judged against the database when given (refused at once, one line, exit 1,
 nothing recorded), recorded, and waited for up to ``--wait`` seconds while the host that
@@ -24,7 +24,7 @@ from delegation.cli.arguments import CHILD_HELP, RUN_HELP, add_db, add_json, wai
 if TYPE_CHECKING:
     from delegation.operator import Operator, Outcome
 
-COMMANDS = ("cancel", "steer", "input", "send", "unpin", "controls")
+COMMANDS = ("cancel", "steer", "input", "send", "unpin", "rewind", "controls")
 WAIT_S = 3.0  # how long a command waits for the host by default (it applies in ~0.1 s)
 WAIT_HELP = f"seconds to wait for the host to apply it (default {WAIT_S:g}; 0: do not wait)"
 
@@ -69,8 +69,20 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     _child(unpin)
     _wait(unpin)
 
+    rewind = commands.add_parser(
+        "rewind",
+        help="run a child's conversation again from a recorded step of an ended execution",
+    )
+    add_db(rewind)
+    rewind.add_argument("child", help=CHILD_HELP)
+    rewind.add_argument(
+        "--run", required=True, help="the ended execution to rewind (runId, or a unique prefix)"
+    )
+    rewind.add_argument("--step", help="the step to run again from (default: after its last step)")
+    _wait(rewind)
+
     listing = commands.add_parser(
-        "controls", help="the controls given (cancel, steer, input, send) and their outcomes"
+        "controls", help="the controls given (cancel, steer, input, send …) and their outcomes"
     )
     add_db(listing)
     listing.add_argument("child", nargs="?", help=f"{CHILD_HELP} (default: every child)")
@@ -144,6 +156,8 @@ def _give(operator: Operator, args: argparse.Namespace, run_id: str) -> Outcome:
         return operator.steer(child, args.message, run_id, request_id=request_id, wait=args.wait)
     if args.command == "unpin":
         return operator.unpin(child, run_id, wait=args.wait)
+    if args.command == "rewind":
+        return operator.rewind(child, run_id, args.step, request_id=request_id, wait=args.wait)
     if args.command == "input":
         decision = "approve" if args.approve else "deny" if args.deny else args.decision
         return operator.answer_input(
@@ -195,6 +209,10 @@ def _report(args: argparse.Namespace, outcome: Outcome, fields: dict[str, Any], 
         print(printable(f"answered {args.input_id} of {who}: {fields.get('state', '')}"))
     elif args.command == "unpin":
         print(printable(f"unpinned {who}: {fields.get('state', '')}"))
+    elif args.command == "rewind":
+        place = f"before step {args.step!r}" if args.step is not None else "after its last step"
+        new = f"{fields.get('rewoundAs', '')} ({fields.get('state', '')})"
+        print(printable(f"rewound {who} {place}: new execution {new}"))
     elif args.command == "send":
         kept = "sent" if fields.get("accepted") else "already sent (nothing changed)"
         print(printable(f"event {args.key} to {outcome.conversation_id}: {kept}"))

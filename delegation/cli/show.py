@@ -212,8 +212,11 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
     asks = inspector.input_requests(record)
     drift = inspector.drift(record)  # None while its newest attempt runs
     versioned = record.version is not None or record.attempt_version is not None
+    rewound_as = inspector.rewound_as(record)  # the executions rewound from it (§35)
     if args.json:
         document = child_json(record)
+        if rewound_as:
+            document["rewoundAs"] = rewound_as
         if asks:  # as the child's Result carries them (design §21)
             document["inputRequests"] = {key: json.loads(encode(ask)) for key, ask in asks.items()}
         document["eventCount"] = count
@@ -236,6 +239,8 @@ def _show(inspector: Inspector, args: argparse.Namespace) -> int:
         if key.endswith("At"):
             value = local_time(value)
         grid.add_row(*cells(key, "" if value is None else str(value)))
+    if rewound_as:
+        grid.add_row(*cells("rewoundAs", ", ".join(rewound_as)))
     grid.add_row(*cells("events", str(count)))
     grid.add_row(*cells("steps", str(steps.count)))
     for key, ask in asks.items():

@@ -2,7 +2,7 @@
 
 - :mod:`~delegation.engine.api`: ``Engine``, the embedding API (design §6), its read
   models in :mod:`~delegation.engine.reads` and the host's own controls (cancel, steer,
-  answer, send, admission policies) in :mod:`~delegation.engine.controlling`;
+  answer, send, admission policies, rewind) in :mod:`~delegation.engine.controlling`;
 - :mod:`~delegation.engine.methods`: the five child methods (design §5) it serves, and
   :mod:`~delegation.engine.answers`: what their callers are answered, and when (an ok
   start is an admitted child on every host, design §32);
@@ -21,6 +21,8 @@
   their answer or an event, and the operators' answers and events;
 - :mod:`~delegation.engine.versions`: the runner version this host runs, resolved at
   open, and what a resumed run is told of it (design §34);
+- :mod:`~delegation.engine.rewinding`: a rewound execution's first run, resumed from
+  its seed (design §35);
 - :mod:`~delegation.engine.admitting`: admission's pump (design §22), the queue admitted
   in order as slots free;
 - :mod:`~delegation.engine.notices`: commit notices (what wakes a follow, a wait and

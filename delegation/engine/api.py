@@ -127,7 +127,8 @@ class Engine(EngineReads, HostControls):
         self._db.on_back = Adoption(self._rt, self._supervisor).back
         # The host's own controls act through these parts (cancel_child, steer_child ...).
         parts = (self._rt, self._supervisor, self._methods, self._waking, self._admitting)
-        HostControls.__init__(self, ControlParts(*parts, require_open=self._require_open))
+        controls = ControlParts(*parts, starting, require_open=self._require_open)
+        HostControls.__init__(self, controls)
         self._controls: ControlWatcher | None = None
         self._open = False
 
@@ -226,7 +227,7 @@ class Engine(EngineReads, HostControls):
             self._supervisor,
             self.steer_child,
             self._db.watch(WATCH_INTERVAL_S),
-            OperatorWaits(self.answer_input, self.send_event, self._waking),
+            OperatorWaits(self.answer_input, self.send_event, self._waking, self.rewind_child),
         )
         self._controls.start()  # operators' requests: those left while down first
         self._membership.start()

@@ -2,7 +2,8 @@
 person's): :class:`HostControls`, a base of :class:`~delegation.engine.api.Engine`.
 
 They cancel or steer exactly one execution, answer a child's input request, send an event
-to a conversation (design §21) and set the admission policies (design §22). Each writes
+to a conversation (design §21), set the admission policies (design §22) and rewind a
+conversation under its live lease (design §35). Each writes
 one use case, then does what must follow its commit: a run stopped, a steer delivered, a
 waiting child woken, the admission pump run. The control watcher applies an operator's
 request from another process through the same methods
@@ -19,9 +20,10 @@ from delegation.config import AdmissionPolicy, parse_scope
 from delegation.engine.admitting import Admitting
 from delegation.engine.methods import ChildMethods
 from delegation.engine.runtime import Runtime, Use
+from delegation.engine.starting import Starting
 from delegation.engine.supervisor import Supervisor
 from delegation.engine.waking import Waking
-from delegation.usecases import admission, operating, service, waiting
+from delegation.usecases import admission, operating, reservation, service, waiting
 from delegation.wire import Result, SteerResult
 
 
@@ -34,6 +36,7 @@ class ControlParts:
     methods: ChildMethods
     waking: Waking
     admitting: Admitting
+    starting: Starting
     require_open: Callable[[], None]  # raises StoreError unless the engine is open
 
 
@@ -169,3 +172,30 @@ class HostControls:
         delivered = await parts.rt.write(use)
         parts.waking.delivered(delivered)
         return delivered.accepted
+
+    async def rewind_child(
+        self,
+        conversation_id: str,
+        *,
+        run_id: str,
+        step: str | None = None,
+        request_id: str | None = None,
+    ) -> Result:
+        """Run the conversation again from its ended execution ``run_id`` (design §35): a
+        new execution seeded with the steps it recorded before ``step`` (every step when
+        None) and the events committed with them, asking what it asked, under the live
+        lease the conversation's newest execution holds; idempotent per ``request_id``
+        (a fresh one if None). Returns the new execution's first Result once admitted
+        (or queued), as ``child.start`` does.
+
+        Raises:
+            errors.ChildNotFound: no such conversation.
+            errors.RewindNoAuthority: its newest execution holds no live lease.
+            errors.RewindRunUnknown: ``run_id`` is not an execution of it (or purged).
+            errors.ActiveSubmission: an execution of it has not ended.
+            errors.RewindStepUnknown: ``run_id`` recorded no step ``step``.
+        """
+        parts = self._control_parts
+        parts.require_open()
+        rid = request_id or f"host-{secrets.token_hex(8)}"
+        return await parts.starting.rewind(reservation.RewindTo(conversation_id, run_id, step, rid))

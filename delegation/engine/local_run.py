@@ -243,7 +243,8 @@ class LocalRun:
         # Queued behind every event the run appended before it: one commit holds them
         # all (or they were committed earlier). Owed like an admission (design §19).
         # The step keeps the runner version and attempt that recorded it (design §34).
-        journaled = _Journaled(self.rt.config.runner_version, self._attempt(), asked)
+        sequence = None if self.ctx is None else self.ctx.last_sequence
+        journaled = _Journaled(self.rt.config.runner_version, self._attempt(), asked, sequence)
         use = Use(_record_step, self.child_id, name, ordinal, step, closes_wait, journaled)
         recorded = await self.rt.owed(self.stopped, use)
         if recorded is None:
@@ -378,12 +379,13 @@ def _delivered(conn: Connection, now: float, steer_ids: list[int]) -> None:
 
 
 class _Journaled(NamedTuple):
-    """Who records a step (design §34): the runner version, the attempt, and the
-    recorded steps the attempt replayed since its last record."""
+    """Who records a step (design §34): the runner version, the attempt, the recorded
+    steps the attempt replayed since its last record, and the events before it (§35)."""
 
     version: str | None
     attempt: int
     asked: list[str]
+    last_sequence: int | None  # the run's last numbered event, committed before the step
 
 
 def _record_step(
@@ -399,7 +401,15 @@ def _record_step(
     if by.asked:
         steps.mark_asked(conn, child_id, by.asked, by.attempt)
     recorded = steps.record(
-        conn, child_id, name, ordinal, step, now, version=by.version, attempt=by.attempt
+        conn,
+        child_id,
+        name,
+        ordinal,
+        step,
+        now,
+        version=by.version,
+        attempt=by.attempt,
+        last_sequence=by.last_sequence,
     )
     if closes_wait:
         store_waits.close(conn, child_id, name, now)

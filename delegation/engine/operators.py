@@ -34,6 +34,7 @@ from delegation.store.controls import (
     ControlRecord,
     EventSend,
     InputAnswer,
+    Rewind,
     Steer,
     Unpin,
     decoded,
@@ -55,6 +56,8 @@ class Waiting(Protocol):
     async def send(self, record: ControlRecord, event: EventSend) -> bool: ...
 
     async def unpin(self, record: ControlRecord) -> ChildRecord: ...
+
+    async def rewind(self, record: ControlRecord, rewind: Rewind) -> Result: ...
 
     async def from_other_hosts(self) -> None: ...
 
@@ -213,7 +216,7 @@ class ControlWatcher:
                         record.conversation_id, message, record.run_id, record.request_id
                     )
                     return {"outcome": steered.outcome, "reason": steered.reason}
-                case InputAnswer() | EventSend() | Unpin() if self._waiting is None:
+                case InputAnswer() | EventSend() | Unpin() | Rewind() if self._waiting is None:
                     raise errors.InternalError()
                 case InputAnswer():
                     assert self._waiting is not None
@@ -224,6 +227,10 @@ class ControlWatcher:
                 case Unpin():
                     assert self._waiting is not None
                     return {"state": (await self._waiting.unpin(record)).state}
+                case Rewind():
+                    assert self._waiting is not None
+                    rewound = await self._waiting.rewind(record, control)
+                    return {"rewoundAs": rewound.run_id, "state": _state_of(rewound)}
                 case Cancel():  # applied together with the other cancels
                     raise errors.InternalError()
         except errors.DelegationError as exc:

@@ -58,6 +58,32 @@ class Starting:
             seen=self._seen_tools,
             known=supervisor.known,
         )
+        # A start that may enter admission (design §22) writes more than its INSERT, under
+        # the policies' lock: one transaction, never a lone statement.
+        alone = not params.lease_id and not supervisor.known
+        return await self._started(use, params.after, room, alone=alone)
+
+    async def rewind(self, to: reservation.RewindTo) -> Result:
+        """The host's or an operator's rewind (design §35), reserved under the
+        conversation's live lease and answered as a start is, once admitted."""
+        rt = self._rt
+        tel = rt.telemetry
+        use = Use(
+            reservation.reserve_rewind,
+            rt.config,
+            rt.instance_id,
+            to,
+            known=self._supervisor.known,
+            trace_context=tel.trace_context() if tel is not None else None,
+        )
+        return await self._started(use, 0, UNBOUNDED, alone=False)
+
+    async def _started(
+        self, use: Use[reservation.StartPlan], after: int, room: Room, *, alone: bool
+    ) -> Result:
+        """Reserve by ``use`` (``alone``: its one write is the reservation's INSERT) and
+        answer as :meth:`start` does, from ``after``."""
+        rt, supervisor = self._rt, self._supervisor
         first: asyncio.Future[Result | None] = asyncio.get_running_loop().create_future()
 
         def failed(written: asyncio.Future[reservation.StartPlan]) -> None:
@@ -78,9 +104,6 @@ class Starting:
 
         reserved: list[reservation.StartPlan] = []
         runs: list[LocalRun | None] = []
-        # A start that may enter admission (design §22) writes more than its INSERT, under
-        # the policies' lock: one transaction, never a lone statement.
-        alone = not params.lease_id and not supervisor.known
         written = rt.write(use, durable=False, committed=committed, one_write=alone)
         written.add_done_callback(failed)
         page = await first
@@ -88,14 +111,14 @@ class Starting:
         answers = supervisor.answers
         try:
             if plan.queued or plan.replay:
-                return await answers.answer(plan.child.id, params.after, room, turn=True)
+                return await answers.answer(plan.child.id, after, room, turn=True)
             local = runs[0] if runs else None
             if local is not None and local.suspended:
                 raise errors.HostClosing()
             if page is None:
-                return await answers.answer(plan.child.id, params.after, room)
-            if params.after:
-                return await answers.page(plan.child.id, params.after, room)
+                return await answers.answer(plan.child.id, after, room)
+            if after:
+                return await answers.page(plan.child.id, after, room)
             return page
         except errors.ChildPurged:
             if plan.replay:

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from delegation import authority, errors, machine
+from delegation.engine import rewinding
 from delegation.engine.answers import Answers
 from delegation.engine.ends import Ends
 from delegation.engine.local_run import LocalRun, LocalRuns
@@ -228,6 +229,8 @@ class Supervisor:
         tel = self._rt.telemetry
         traced = tel.begin(child, recovery.attempt if recovery else 0) if tel else None
         try:
+            # A rewound execution's first run resumes from its seed (design §35).
+            recovery = recovery or await rewinding.recovery(local, child, self._rt.config)
             previous = plan.previous_run_id
             if previous is None and child.followup:  # a follow-up resumed after a restart
                 previous = await local.previous_run_id(child.conversation_id)
@@ -255,7 +258,7 @@ class Supervisor:
                 previous_run_id=previous,
                 committed=await local.committed(child.run_id, recovery),
             )
-            ctx.admitted = recovery is not None
+            ctx.admitted = not rewinding.first_run(recovery)
             if ctx.admitted:
                 local.admitted(None)
             local.ctx = ctx
@@ -271,7 +274,7 @@ class Supervisor:
                 or how.depth > 1
             ):
                 deadline = asyncio.create_task(
-                    self._deadline(local, child, recovery is not None, limit)
+                    self._deadline(local, child, not rewinding.first_run(recovery), limit)
                 )
             await run(ctx)
         except NotResumable:

@@ -21,7 +21,7 @@ from delegation.engine.runtime import OWED_PAUSE_MAX_S, Runtime, Use, refused, u
 from delegation.engine.supervisor import Supervisor
 from delegation.engine.timers import WAKE_JOB, Timers
 from delegation.records import ChildRecord
-from delegation.store.controls import ControlRecord, EventSend, InputAnswer
+from delegation.store.controls import ControlRecord, EventSend, InputAnswer, Rewind
 from delegation.usecases import versions, waiting
 from delegation.wire import Result
 
@@ -113,17 +113,25 @@ class Waking:
 
 AnswerInput = Callable[..., Awaitable[Result]]
 SendEvent = Callable[..., Awaitable[bool]]
+RewindChild = Callable[..., Awaitable[Result]]
 
 
 class OperatorWaits:
-    """What the control watcher applies for ``delegation input`` and ``delegation send``
-    (the engine's own ``answer_input`` and ``send_event``), and its look at waits after
-    another host's commits."""
+    """What the control watcher applies for ``delegation input``, ``send``, ``unpin`` and
+    ``rewind`` (the engine's own ``answer_input``, ``send_event``, ``unpin`` and
+    ``rewind_child``), and its look at waits after another host's commits."""
 
-    def __init__(self, answer_input: AnswerInput, send_event: SendEvent, waking: Waking) -> None:
+    def __init__(
+        self,
+        answer_input: AnswerInput,
+        send_event: SendEvent,
+        waking: Waking,
+        rewind_child: RewindChild,
+    ) -> None:
         self._answer_input = answer_input
         self._send_event = send_event
         self._waking = waking
+        self._rewind_child = rewind_child
 
     async def answer(self, record: ControlRecord, answer: InputAnswer) -> Result:
         return await self._answer_input(
@@ -145,6 +153,16 @@ class OperatorWaits:
 
     async def unpin(self, record: ControlRecord) -> ChildRecord:
         return await self._waking.unpin(record.conversation_id, record.run_id)
+
+    async def rewind(self, record: ControlRecord, rewind: Rewind) -> Result:
+        if record.run_id is None:  # a rewind is given for the execution it starts from
+            raise errors.RewindRunUnknown()
+        return await self._rewind_child(
+            record.conversation_id,
+            run_id=record.run_id,
+            step=rewind.step,
+            request_id=record.request_id or None,
+        )
 
     async def from_other_hosts(self) -> None:
         await self._waking.from_other_hosts()

@@ -8,7 +8,8 @@ by clients: keep them exactly as written. Every class is importable from here; e
 family lives in its module: :mod:`~delegation.errors.base` (the root),
 :mod:`~delegation.errors.input`, :mod:`~delegation.errors.authority`,
 :mod:`~delegation.errors.conflict`, :mod:`~delegation.errors.limits`,
-:mod:`~delegation.errors.waits` (a child that waits, design §21) and
+:mod:`~delegation.errors.waits` (a child that waits, design §21),
+:mod:`~delegation.errors.rewind` (a rewind, design §35) and
 :mod:`~delegation.errors.faults` (framing, the store, our own faults).
 
 ::
@@ -39,6 +40,9 @@ family lives in its module: :mod:`~delegation.errors.base` (the root),
     │   ├── BadLeaseId
     │   ├── InvalidId                        an id that is not a valid ID
     │   ├── ChildNotFound                    no child by that id (host and operator calls)
+    │   ├── RewindRequiresResume             a rewind outside a follow-up (design §35)
+    │   ├── RewindRunUnknown
+    │   ├── RewindStepUnknown
     │   └── ReleaseOwnerRequired
     ├── AuthorityError                       the caller lacks authority
     │   ├── RunnerNotFound
@@ -55,7 +59,8 @@ family lives in its module: :mod:`~delegation.errors.base` (the root),
     │   ├── ResumeMismatch
     │   ├── ChildNotOwned
     │   ├── AmbiguousChild
-    │   └── FollowupRequiresRunId
+    │   ├── FollowupRequiresRunId
+    │   └── RewindNoAuthority                an operator's rewind with no live lease (§35)
     ├── ConflictError                        the request collides with stored state
     │   ├── ActiveSubmission
     │   ├── RequestIdReused
@@ -202,6 +207,12 @@ from delegation.errors.limits import (
     StepTooLarge,
     SubmissionLimit,
 )
+from delegation.errors.rewind import (
+    RewindNoAuthority,
+    RewindRequiresResume,
+    RewindRunUnknown,
+    RewindStepUnknown,
+)
 from delegation.errors.waits import (
     EventBufferFull,
     EventClosed,
@@ -294,6 +305,10 @@ __all__ = [
     "RequestIdReused",
     "RequestIncomplete",
     "ResumeMismatch",
+    "RewindNoAuthority",
+    "RewindRequiresResume",
+    "RewindRunUnknown",
+    "RewindStepUnknown",
     "RunnerNotFound",
     "SchemaMismatch",
     "StaleConnection",

@@ -1,10 +1,11 @@
 """The operator's Python door (design §33): act on children from another process.
 
-An :class:`Operator` gives a control (cancel, steer, an answer, an event) to a child of
-whatever host owns the database, or of none: the control is judged against the database
-when given and refused at once when it cannot apply (the same typed errors the engine
-raises), else recorded; the owning host applies it within about 0.1 s (or at its next
-boot), and the operator waits up to ``wait`` seconds for what happened. It never opens
+An :class:`Operator` gives a control (cancel, steer, an answer, an event, an unpin, a
+rewind) to a child of whatever host owns the database, or of none: the control is
+judged against the database when given and refused at once when it cannot apply (the
+same typed errors the engine raises), else recorded; the owning host applies it within
+about 0.1 s (or at its next boot), and the operator waits up to ``wait`` seconds for
+what happened. It never opens
 an engine: it reads as :class:`~delegation.usecases.inspector.Inspector` does and writes
 one short transaction per control.
 """
@@ -21,7 +22,15 @@ from delegation import errors
 from delegation.config import EngineConfig
 from delegation.records import ChildRecord, ChildSummary
 from delegation.rpc import error_from_wire
-from delegation.store.controls import Cancel, Control, EventSend, InputAnswer, Steer, Unpin
+from delegation.store.controls import (
+    Cancel,
+    Control,
+    EventSend,
+    InputAnswer,
+    Rewind,
+    Steer,
+    Unpin,
+)
 from delegation.store.stores import open_watch, write_once
 from delegation.usecases import operating
 from delegation.usecases.inspector import Inspector
@@ -116,6 +125,21 @@ class Operator:
         """Let the current code resume an execution its version pinned (design §34):
         the host that holds it resumes it within about a second."""
         return self.submit(conversation_id, Unpin(), run_id, wait=wait)
+
+    def rewind(
+        self,
+        conversation_id: str,
+        run_id: str,
+        step: str | None = None,
+        *,
+        request_id: str = "",
+        wait: float = APPLY_WAIT_S,
+    ) -> Outcome:
+        """Run the conversation again from its ended execution ``run_id`` (design §35):
+        a new execution seeded with the steps it recorded before ``step`` (every step
+        when None), under the conversation's live lease, once per ``request_id``;
+        ``fields["runId"]`` is the new execution once applied."""
+        return self.submit(conversation_id, Rewind(step), run_id, request_id, wait=wait)
 
     def submit(
         self,

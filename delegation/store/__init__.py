@@ -19,7 +19,8 @@ The one writer, the same on both stores, and what it asks of a dialect:
   :mod:`~delegation.store.processes`, :mod:`~delegation.store.registrations`,
   :mod:`~delegation.store.controls`, :mod:`~delegation.store.prefixes`,
   :mod:`~delegation.store.waits` (what waiting children wait for, and events sent),
-  :mod:`~delegation.store.admission` (policies by scope, and the queue's order);
+  :mod:`~delegation.store.admission` (policies by scope, and the queue's order),
+  :mod:`~delegation.store.rewinds` (a rewind's point and seed);
   :mod:`~delegation.store.tables` - the schema as SQLAlchemy Core;
   :mod:`~delegation.store.migrate` - Alembic, the only way it changes;
 * the URL itself: :mod:`~delegation.store.dburl` (its parts),

@@ -216,6 +216,8 @@ _FRESH: dict[str, Any] = {
     "attempt_version": None,
     "pinned_version": None,
     "unpinned_at": None,
+    "rewound_from": None,
+    "rewound_step": None,
 }
 
 

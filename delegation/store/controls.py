@@ -1,11 +1,12 @@
-"""Control requests: an operator's cancel, steer, answer or event, recorded by another
-process and applied by the host that owns the database (design §11, §21, §33).
+"""Control requests: an operator's cancel, steer, answer, event, unpin or rewind, recorded
+by another process and applied by the host that owns the database (design §11, §21, §33).
 
 The controls are declared here once, as types (:data:`Control`), and decoded once from
 a row (:func:`decoded`): a control is kept as its action (the tag), a message and a
 request id, as the table has always held them: a steer's message is its text, an
-answer's and an event's are their fields as JSON (``{"inputId", "decision", "text"}``,
-``{"key", "payload"}``). Rows written by earlier versions decode the same."""
+answer's, an event's and a rewind's are their fields as JSON (``{"inputId", "decision",
+"text"}``, ``{"key", "payload"}``, ``{"step"}``). Rows written by earlier versions
+decode the same."""
 
 from __future__ import annotations
 
@@ -51,9 +52,17 @@ class Unpin(msgspec.Struct, frozen=True, tag="unpin"):
     """Let the current code resume a child its version pinned (design §34)."""
 
 
-Control = Cancel | Steer | InputAnswer | EventSend | Unpin
+class Rewind(msgspec.Struct, frozen=True, tag="rewind"):
+    """Run the conversation again from its ended execution (the control's run id):
+    seeded with the steps it recorded before ``step`` (None: every step), under the
+    conversation's live lease (design §35); the request id makes it once."""
 
-ACTIONS = ("cancel", "steer", "input", "event", "unpin")
+    step: str | None = None
+
+
+Control = Cancel | Steer | InputAnswer | EventSend | Unpin | Rewind
+
+ACTIONS = ("cancel", "steer", "input", "event", "unpin", "rewind")
 _object = msgspec.json.Decoder(dict[str, Any])
 _encoder = msgspec.json.Encoder()
 
@@ -67,7 +76,7 @@ def message_of(control: Control) -> tuple[str, str]:
             return "unpin", ""
         case Steer(message=message):
             return "steer", message
-        case InputAnswer() | EventSend():
+        case InputAnswer() | EventSend() | Rewind():
             fields = msgspec.to_builtins(control)
             action = fields.pop("type")
             return action, _encoder.encode(fields).decode()

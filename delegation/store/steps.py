@@ -31,8 +31,8 @@ PATCH_PREFIX = "\x1fpatch:"
 
 _RECORD = text(
     "INSERT INTO steps (child_id, name, ordinal, raw, value, recorded_at, version,"
-    " asked_attempt) VALUES (:child_id, :name, :ordinal, :raw, :value, :now, :version,"
-    " :attempt) ON CONFLICT (child_id, name) DO NOTHING"
+    " asked_attempt, last_sequence) VALUES (:child_id, :name, :ordinal, :raw, :value, :now,"
+    " :version, :attempt, :last_sequence) ON CONFLICT (child_id, name) DO NOTHING"
 )
 _ASKED = text(
     "UPDATE steps SET asked_attempt = :attempt WHERE child_id = :child_id"
@@ -88,10 +88,13 @@ def record(
     *,
     version: str | None = None,
     attempt: int | None = None,
+    last_sequence: int | None = None,
 ) -> RecordedStep:
     """Record a step, by the runner ``version`` (None: unversioned) in ``attempt`` (0:
-    the first run); what is recorded under the name: this one, or (if another process
-    recorded the name first) that one — a step is recorded at most once."""
+    the first run), after the execution's events up to ``last_sequence`` (what a rewind
+    to a later step copies with it, design §35); what is recorded under the name: this
+    one, or (if another process recorded the name first) that one — a step is recorded
+    at most once."""
     params = {
         "child_id": child_id,
         "name": name,
@@ -101,6 +104,7 @@ def record(
         "now": now,
         "version": version,
         "attempt": attempt,
+        "last_sequence": last_sequence,
     }
     if conn.execute(_RECORD, params).rowcount == 1:
         return step

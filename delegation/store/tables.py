@@ -223,6 +223,10 @@ children = Table(
     Column("attempt_version", Text),
     Column("pinned_version", Text),
     Column("unpinned_at", TIME),
+    # Rewind (design §35): the execution it was seeded from (its run id) and the step it
+    # was rewound to (NULL: every step of it). NULL: not a rewind.
+    Column("rewound_from", Text),
+    Column("rewound_step", Text),
     CheckConstraint(f"state IN {STATES}", name="state"),
     CheckConstraint(
         "(state IN ('done', 'cancelled')) = (finished_at IS NOT NULL)", name="finished_iff_terminal"
@@ -318,6 +322,12 @@ Index(
     sqlite_where=text("pinned_version IS NOT NULL"),
     postgresql_where=text("pinned_version IS NOT NULL"),
 )
+Index(
+    "ix_children_rewound_from",
+    children.c.rewound_from,
+    sqlite_where=text("rewound_from IS NOT NULL"),
+    postgresql_where=text("rewound_from IS NOT NULL"),
+)
 # What nothing runs yet must end on time: a queued child's wait, a deadline that
 # passes while it waits or waits its turn again.
 _DEADLINE = "deadline_at IS NOT NULL AND state IN ('queued', 'waiting')"
@@ -360,6 +370,9 @@ steps = Table(
     Column("recorded_at", TIME, nullable=False),
     Column("version", Text),  # the runner version that recorded it (design §34)
     Column("asked_attempt", Integer),  # the newest attempt that asked for it
+    # The execution's last committed event when the step committed: what a rewind to a
+    # later step copies with it (design §35). NULL: recorded before revision 0018.
+    Column("last_sequence", BIG),
     CheckConstraint("ordinal >= 1", name="ordinal_positive"),
     CheckConstraint("raw IN (0, 1)", name="raw_bool"),
     sqlite_with_rowid=False,
@@ -409,7 +422,9 @@ controls = Table(
     Column("created_at", TIME, nullable=False),
     Column("applied_at", TIME),
     Column("outcome", Text),  # JSON: what applying it did
-    CheckConstraint("action IN ('cancel', 'steer', 'input', 'event', 'unpin')", name="action"),
+    CheckConstraint(
+        "action IN ('cancel', 'steer', 'input', 'event', 'unpin', 'rewind')", name="action"
+    ),
     CheckConstraint("(applied_at IS NULL) = (outcome IS NULL)", name="applied_has_outcome"),
 )
 Index(

@@ -24,6 +24,8 @@ Each is a function ``fn(conn, now, ...)`` the engine's runtime runs in one trans
   recorded, and every control listed with its outcome (design §33);
 * :mod:`~delegation.usecases.versions` - a child knows which code ran it (design §34):
   the runner version judged at every resume (resume, refuse, pin), pins and unpins;
+* :mod:`~delegation.usecases.rewinding` - a rewind (design §35): its source, its point
+  and the seed of the new execution;
 * :mod:`~delegation.usecases.orphans` - children a lost commit answer left with no run
   on their live host, adopted once the database is back (design §32);
 * :mod:`~delegation.usecases.stored` - stored request and preset blobs, decoded;

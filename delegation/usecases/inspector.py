@@ -13,7 +13,7 @@ from types import TracebackType
 
 from delegation.records import ChildFilter, ChildRecord, ChildSummary, LeaseRecord, StepRow
 from delegation.store import admission as store_admission
-from delegation.store import children, controls, migrate, prefixes, stores
+from delegation.store import children, controls, migrate, prefixes, rewinds, stores
 from delegation.store import events as event_rows
 from delegation.store import steps as journal
 from delegation.store.controls import ControlRecord
@@ -168,6 +168,10 @@ class Inspector:
     def pinned(self, limit: int = 100) -> list[ChildRecord]:
         """The children pinned to a runner version (design §34), newest first."""
         return self._db.read(lambda c: queries.pinned(c, limit))
+
+    def rewound_as(self, record: ChildRecord, limit: int = 100) -> list[str]:
+        """The executions rewound from ``record`` (design §35), oldest first."""
+        return self._db.read(lambda c: rewinds.rewound_as(c, record.run_id, limit))
 
     def drift(self, record: ChildRecord) -> list[str] | None:
         """The recorded steps the execution's newest attempt never asked for, oldest

@@ -35,10 +35,11 @@ import msgspec
 from delegation import errors
 from delegation.records import RecordedStep
 from delegation.store.steps import PATCH_PREFIX
+from delegation.wire import MAX_STEP_NAME_BYTES
 
 T = TypeVar("T")
 
-MAX_NAME_BYTES = 1024
+MAX_NAME_BYTES = MAX_STEP_NAME_BYTES
 # Set while a step's function runs (and in the tasks it starts): what it emits is part of
 # a step that runs, at least once, not an emit between steps (design §26).
 _in_step: ContextVar[bool] = ContextVar("delegation_in_step", default=False)

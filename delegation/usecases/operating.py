@@ -3,7 +3,8 @@ beside whichever host runs, or none.
 
 :func:`give` checks what the database can tell now — the execution exists and has not
 ended, a steer's text, an input request that is open, unanswered and takes this answer,
-an event's key, size and a live execution to take it — and records the control only if
+an event's key, size and a live execution to take it, a rewind's lease, ended
+conversation and recorded step — and records the control only if
 it passes; otherwise it raises the refusal the host would, and nothing is recorded. The
 host that owns the child applies it later (:mod:`delegation.engine.operators`) and may
 still refuse it (someone answered first, the child ended meanwhile): that refusal is
@@ -30,13 +31,14 @@ from delegation.store.controls import (
     ControlRecord,
     EventSend,
     InputAnswer,
+    Rewind,
     Steer,
     Unpin,
     decoded,
     message_of,
 )
 from delegation.store.sql import Connection
-from delegation.usecases import service, waiting
+from delegation.usecases import rewinding, service, waiting
 from delegation.wire import valid_id
 
 _json = msgspec.json.Encoder()
@@ -72,13 +74,15 @@ def give(
             as ``engine.answer_input`` (an answer given but not applied yet counts).
         errors.EventClosed, errors.EventTooLarge, errors.EventBufferFull, errors.InputError:
             as ``engine.send_event``.
+        errors.RewindNoAuthority, errors.ActiveSubmission, errors.RewindStepUnknown: as
+            ``engine.rewind_child`` (the execution named is the rewind's source).
     """
     if request_id and not valid_id(request_id):
         raise errors.InvalidId("a control's request id must be a valid ID")
     action, message = message_of(control)
     if isinstance(control, EventSend):
         run_id = None  # an event is for the conversation's live execution
-    elif not request_id and isinstance(control, Steer | InputAnswer):
+    elif not request_id and isinstance(control, Steer | InputAnswer | Rewind):
         # Applied twice (a host died before recording it, two hosts at once), a steer or
         # an answer with its own request id changes nothing the second time.
         request_id = f"op-{secrets.token_hex(8)}"
@@ -130,6 +134,8 @@ def _judge(
             found, _ = waiting.answerable(conn, now, child, input_id, decision, text)
             if found.answered or _pending_answer(conn, child, input_id):
                 raise errors.InputAnswered()
+        case Rewind(step=step):
+            rewinding.judge(conn, now, child, step)
         case EventSend(key=key, payload=payload):
             body = encoded_payload(payload)
             waiting.sendable(conn, cfg, child.conversation_id, key, body, request_id or None)

@@ -27,9 +27,9 @@ from delegation.options import ExecutionOptions, effective_options
 from delegation.records import ChildRecord, GrantRecord, RunnerConnection, RunnerRecord
 from delegation.store import children, grants
 from delegation.store.sql import Connection
-from delegation.usecases import admission, followups, stored
+from delegation.usecases import admission, followups, rewinding, stored
 from delegation.usecases.service import authorized, identity_of
-from delegation.wire import Identity, Params, Preset, Request, priority_of
+from delegation.wire import Identity, Params, Preset, Request, Rewind, priority_of
 
 log = logging.getLogger("delegation.engine")
 
@@ -114,6 +114,7 @@ class _Checked:
     run_request: Request
     options: ExecutionOptions  # effective, as stored with the child (design §14)
     previous_run_id: str | None = None  # a follow-up's: the execution it continues
+    rewind: rewinding.Source | None = None  # a rewind's source (design §35)
 
 
 def reserve_start(
@@ -195,9 +196,19 @@ def _reserve(start: _Start, seen: SeenTools | None) -> StartPlan:
             seen.put((rconn.runner_id, params.run_id, params.tool_call_id), known.seen)
     else:
         existing, count = children.by_request_and_count(conn, checked.grant.id, request.request_id)
+    return _reserve_checked(start, checked, existing, count)
+
+
+def _reserve_checked(
+    start: _Start, checked: _Checked, existing: ChildRecord | None, count: int
+) -> StartPlan:
+    """The start checked (``existing``: the child its requestId reserved before, if any;
+    ``count``: the children of its grant): a replay, or the child reserved."""
+    conn, params = start.conn, start.params
     if existing is not None:
         return _replay(checked, existing)
     tool_owned = _check_admissible(start, checked)
+    at = None if checked.rewind is None else rewinding.point_of(conn, checked.rewind)
     new_lease: float | None = None
     if params.lease_id and not checked.grant.is_lease:
         checked.grant = _new_lease(start, checked.grant)
@@ -206,6 +217,8 @@ def _reserve(start: _Start, seen: SeenTools | None) -> StartPlan:
         raise errors.SubmissionLimit()
     _check_depth(start, checked.grant)
     child = children.insert_child(conn, **_child_values(start, checked, tool_owned))
+    if checked.rewind is not None and at is not None:
+        rewinding.seed(conn, start.now, start.cfg, child, checked.rewind, at)
     if start.known and not start.known.isdisjoint(admission.child_scopes(child)):
         seconds = admission.deadline_seconds(checked.options)
         entered = admission.enter(conn, start.now, start.instance_id, child, seconds)
@@ -213,6 +226,67 @@ def _reserve(start: _Start, seen: SeenTools | None) -> StartPlan:
             plan = _plan(checked, entered.child, new_lease)
             return dataclasses.replace(plan, slotted=not entered.queued, queued=entered.queued)
     return _plan(checked, child, new_lease)
+
+
+@dataclass(frozen=True, slots=True)
+class RewindTo:
+    """A rewind the host or an operator asks for: of the conversation, from its ended
+    execution ``run_id``, before ``step`` (None: after its last step)."""
+
+    conversation_id: str
+    run_id: str
+    step: str | None
+    request_id: str
+
+
+def reserve_rewind(
+    conn: Connection,
+    now: float,
+    cfg: EngineConfig,
+    instance_id: str,
+    to: RewindTo,
+    *,
+    known: frozenset[str] = frozenset(),
+    trace_context: str | None = None,
+) -> StartPlan:
+    """The host's or an operator's rewind of a conversation (design §35): a follow-up
+    under the lease its newest execution holds, asking what the source asked, reserved
+    as :func:`reserve_start` reserves one (idempotent by ``to.request_id``).
+
+    Raises:
+        errors.ChildNotFound: no such conversation.
+        errors.RewindNoAuthority: its newest execution holds no live lease.
+        errors.RewindRunUnknown, errors.ActiveSubmission, errors.RewindStepUnknown: as
+            a follow-up that carries the rewind.
+    """
+    executions = children.executions(conn, to.conversation_id)
+    if not executions:
+        raise errors.ChildNotFound()
+    last, lease = executions[-1], rewinding.lease_of(conn, now, executions)
+    wire = Rewind(run_id=to.run_id, step=UNSET if to.step is None else to.step)
+    wire.validate()
+    asked = stored.of(rewinding.source_of(executions, wire).child).request
+    request = Request(
+        resume=to.conversation_id,
+        request_id=to.request_id,
+        profile=last.profile,
+        message=asked.message,
+        lease_id=last.lease_id or "",
+        rewind=wire,
+    )
+    request.validate(cfg.providers)
+    rconn = RunnerConnection("", last.runner_id, last.runner_host_instance_id, last.generation)
+    params = Params(
+        run_id=lease.run_id or "",
+        extension_id=last.extension_id,
+        generation=last.generation,
+        lease_id=request.lease_id,
+        request=request,
+    )
+    start = _Start(conn, now, cfg, rconn, params, request, instance_id, trace_context, known)
+    checked = _followup(lease, None, executions, request)
+    existing, count = children.by_request_and_count(conn, lease.id, request.request_id)
+    return _reserve_checked(start, checked, existing, count)
 
 
 def _check(start: _Start, runner: RunnerRecord | None, tool: GrantRecord | None) -> _Checked:
@@ -234,6 +308,14 @@ def _check(start: _Start, runner: RunnerRecord | None, tool: GrantRecord | None)
     if request.lease_id != params.lease_id:
         raise errors.LeaseMismatch()
     executions = followups.owned_executions(start.conn, grant, rconn, request)
+    return _followup(grant, tool, executions, request)
+
+
+def _followup(
+    grant: GrantRecord, tool: GrantRecord | None, executions: list[ChildRecord], request: Request
+) -> _Checked:
+    """A follow-up of the conversation ``executions`` under ``grant``, checked."""
+    rewind = None if request.rewind is UNSET else rewinding.source_of(executions, request.rewind)
     frozen = followups.freeze(executions, request, grant.policy, grant.workspace or "")
     run_request = with_options(request, frozen.options)
     if run_request.system_prompt != frozen.system_prompt:
@@ -248,6 +330,7 @@ def _check(start: _Start, runner: RunnerRecord | None, tool: GrantRecord | None)
         run_request,
         frozen.options,
         frozen.previous_run_id,
+        rewind,
     )
 
 
@@ -340,6 +423,7 @@ def _child_values(start: _Start, checked: _Checked, tool_owned: bool) -> dict[st
         "priority": priority_of(request, checked.preset),
         "version": start.cfg.runner_version,  # design §34: the version that prepared it
         "attempt_version": start.cfg.runner_version,
+        **rewinding.lineage(checked.rewind),
     }
 
 

@@ -26,6 +26,9 @@ def child_json(record: ChildRecord) -> dict[str, Any]:
     for name in _VERSION_FIELDS:
         if values.get(name) is None:
             values.pop(name, None)
+    if record.rewound_from is None:  # a rewind's lineage (design §35), only for one
+        values.pop("rewoundFrom", None)
+        values.pop("rewoundStep", None)
     values["request"] = _decoded(record.request)
     values["preset"] = _decoded(record.preset)
     # The effective options at its start (design §14); None for a child from before them.
