@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from delegation import Operator, errors
+from delegation import Engine, Operator, errors
 from tests import rows
+from tests.support import ScriptRunner
 from tests.test_push_control import operator
 from tests.test_rewind import LEASE, Steps, counts
 from tests.test_waiting import hosted
@@ -94,3 +95,24 @@ async def test_every_refusal_of_an_operator_rewind_records_nothing(
         assert done.state == "done"
     # Two first runs (the leased child, the foreground one), and the rewind from c.
     assert steps.calls == Counter({"a": 2, "b": 2, "c": 3, "d": 3, "e": 3})
+
+
+async def test_two_postgresql_hosts_apply_one_operator_rewind_once(
+    postgres_db: str, workspace: Path
+) -> None:
+    """Every host of a PostgreSQL database applies an operator's rewind of an ended
+    conversation (no live host owns it): both try, one execution is made."""
+    steps = Steps()
+    second = Engine(postgres_db, runner=ScriptRunner(script=steps.run))
+    async with hosted(postgres_db, workspace, steps.run) as h, second:
+        started = await h.start(lease_id=LEASE)
+        source = await h.wait_done(started.conversation_id)
+        cid = source.conversation_id
+        with Operator(postgres_db) as op:
+            outcome = await asyncio.to_thread(op.rewind, cid, source.run_id, "b", wait=10)
+        await h.wait_done(cid, child_run_id=outcome.fields["rewoundAs"])
+        executions = rows.scalar(
+            postgres_db, "SELECT count(*) FROM children WHERE conversation_id = :c", {"c": cid}
+        )
+        assert executions == 2
+        assert steps.calls == Counter({"a": 1, "b": 2, "c": 2, "d": 2, "e": 2})

@@ -259,9 +259,13 @@ def reserve_rewind(
         errors.RewindRunUnknown, errors.ActiveSubmission, errors.RewindStepUnknown: as
             a follow-up that carries the rewind.
     """
-    executions = children.executions(conn, to.conversation_id)
-    if not executions:
+    newest = children.find(conn, to.conversation_id)
+    if newest is None:
         raise errors.ChildNotFound()
+    # Every host applies an operator's rewind of an ended conversation: the second of
+    # two at once waits here, then finds the first one's execution (its request id).
+    children.lock(conn, newest.id)
+    executions = children.executions(conn, to.conversation_id)
     last, lease = executions[-1], rewinding.lease_of(conn, now, executions)
     wire = Rewind(run_id=to.run_id, step=UNSET if to.step is None else to.step)
     wire.validate()
