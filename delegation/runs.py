@@ -38,9 +38,11 @@ RESULT_KIND = "result"
 
 @dataclass(frozen=True, slots=True)
 class Recovery:
-    """Given to ``prepare`` when a child is resumed after a host restart."""
+    """Given to ``prepare`` when a child is resumed after a host restart, or when a
+    rewound execution first runs (``reason`` ``rewind``, design §35: it replays the
+    steps it was seeded with)."""
 
-    attempt: int  # 1 for the first resume
+    attempt: int  # 1 for the first resume; 0 for a rewound execution's first run
     last_sequence: int  # the last committed event: the engine's recovery event
     # Every steer message handed to earlier attempts, oldest first: the heading a
     # resumed run was steered to (those not yet handed over are delivered anew).
