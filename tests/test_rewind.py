@@ -321,3 +321,30 @@ def test_request_rewind_is_omitted_unless_given() -> None:
     assert b"rewind" not in msgspec.json.encode(plain)
     given = Request(request_id="q", profile="p", message="m", resume="c", rewind=Rewind(run_id="r"))
     assert json.loads(msgspec.json.encode(given))["rewind"] == {"runId": "r"}
+
+
+async def test_a_rewind_records_the_current_runner_version_and_is_told_the_sources(
+    db_url: str, workspace: Path
+) -> None:
+    steps = Steps()
+    runner = ScriptRunner(script=steps.run)
+    old = EngineConfig(release_drain_s=1.0, runner_version="v1")
+    async with Engine(db_url, runner=runner, config=old) as engine:
+        source = await first_run(await open_harness(engine, runner, workspace), steps)
+    new = EngineConfig(release_drain_s=1.0, runner_version="v2")
+    async with Engine(db_url, runner=runner, config=new) as engine:
+        h = await open_harness(engine, runner, workspace)
+        fields = rewind(source.conversation_id, source.run_id, "d")
+        started = await h.start("q2", lease_id=LEASE, **fields)
+        done = await h.wait_done(source.conversation_id, child_run_id=started.run_id)
+    assert (done.version, done.attempt_version) == ("v2", "v2")
+    recovery = steps.recoveries[-1]
+    assert (recovery.runner_version, recovery.version_changed, recovery.previous_version) == (
+        "v2", True, "v1",
+    )  # fmt: skip
+    versions = rows.rows(
+        db_url, "SELECT s.name, s.version FROM steps s JOIN children c ON c.id = s.child_id"
+        " WHERE c.run_id = :r ORDER BY s.ordinal", {"r": started.run_id},
+    )  # fmt: skip
+    # The copied steps keep the version that recorded them; the rest are v2's.
+    assert versions == [("a", "v1"), ("b", "v1"), ("c", "v1"), ("d", "v2"), ("e", "v2")]
