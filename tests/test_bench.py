@@ -15,7 +15,10 @@ import pytest
 from tools import bench_base
 
 ROOT = Path(__file__).resolve().parent.parent
-RATIOS = ("start_seq", "start_concurrent", "events_100", "events_1", "steps_seq", "admit_queued")
+RATIOS = (
+    "start_seq", "start_concurrent", "events_100", "events_1", "steps_seq", "rewind_copy",
+    "admit_queued",
+)  # fmt: skip
 NUMBERS = ("recover_10k_s", "expire_5k_s", "rss_growth_mb")
 
 

@@ -35,7 +35,7 @@ from delegation import Engine, Event, Params, Result
 from delegation.cli.progress import Progress
 from delegation.runs import ChildContext, Run
 from delegation.store import stores
-from tools import bench_admission, bench_waiting
+from tools import bench_admission, bench_rewind, bench_waiting
 from tools.bench_base import Bench, Runner, machine, median, rss_mb, starter_of
 
 
@@ -56,6 +56,7 @@ class Sizes:
     waiting_large: int
     answers: int
     queued: int
+    rewind_steps: int
 
 
 FULL = Sizes(
@@ -74,8 +75,11 @@ FULL = Sizes(
     100_000,
     500,
     10_000,
+    1_000,
 )
-QUICK = Sizes(200, 50, 20, 50, 2000, 20_000, 500, 500, 100, 1_000, 200, 100, 1_000, 50, 1_000)
+QUICK = Sizes(
+    200, 50, 20, 50, 2000, 20_000, 500, 500, 100, 1_000, 200, 100, 1_000, 50, 1_000, 1_000
+)
 
 
 def ratio(engine: float, baseline: float) -> dict[str, float]:
@@ -195,6 +199,13 @@ async def steps_seq(bench: Bench, sizes: Sizes) -> dict[str, float]:
     rate = sizes.steps / await timed
     await engine.close()
     return ratio(rate, bench.raw_commits(sizes.steps))
+
+
+async def rewind_copy(bench: Bench, sizes: Sizes) -> dict[str, float]:
+    """A rewind of a run of many steps, every step copied (design §35): steps copied
+    per second, beside raw single-row commits (:mod:`tools.bench_rewind`)."""
+    rate = await bench_rewind.rewind_copy(bench, sizes.rewind_steps)
+    return ratio(rate, bench.raw_commits(sizes.rewind_steps))
 
 
 async def read_page(bench: Bench, sizes: Sizes) -> dict[str, float]:
@@ -379,6 +390,7 @@ SCENARIOS: dict[str, Callable[[Bench, Sizes], Awaitable[Any]]] = {
     "events_100": events_100,
     "events_1": events_1,
     "steps_seq": steps_seq,
+    "rewind_copy": rewind_copy,
     "read_page": read_page,
     "recover_10k_s": recover,
     "expire_5k_s": expire,
