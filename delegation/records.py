@@ -180,6 +180,8 @@ class ChildSummary:
     cancel_reason: str | None
     recovery_attempts: int
     pinned_version: str | None  # pinned to the runner version that ran it (design §34)
+    admitted_at: float | None  # None: never admitted (an A2A face's REJECTED, design §29)
+    inputs_open: int  # input requests still open (design §21)
     error: str
     output: str
 

@@ -215,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ask no token (a trusted machine only: whoever reaches the port reads every child)",
     )
+    web.add_argument(
+        "--a2a",
+        action="store_true",
+        help="also serve an A2A face at /a2a (needs durable-delegation[a2a]; docs/a2a.md)",
+    )
     return parser
 
 
@@ -464,6 +469,7 @@ def _db(args: argparse.Namespace) -> int:
 
 # What the web extra brings: without them `delegation web` says how to get them.
 WEB_PACKAGES = ("starlette", "uvicorn")
+A2A_PACKAGES = ("a2a", "sse_starlette", "google")
 
 
 def _web(args: argparse.Namespace) -> int:
@@ -471,8 +477,16 @@ def _web(args: argparse.Namespace) -> int:
         return _usage(f"--port {args.port}: not a TCP port (0 to 65535)")
     try:
         from delegation.web.app import serve
+
+        if args.a2a:
+            import delegation.web.a2a_routes  # noqa: F401 (fails here, said in one line)
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").partition(".")[0]
+        if missing in A2A_PACKAGES:
+            return _usage(
+                f"`delegation web --a2a` needs the a2a extra ({missing} is missing):"
+                " pip install -e '.[a2a]' from the checkout"
+            )
         if missing not in WEB_PACKAGES:
             raise
         return _usage(
@@ -480,7 +494,7 @@ def _web(args: argparse.Namespace) -> int:
             " pip install -e '.[web]' from the checkout"
             " (once published: pip install 'durable-delegation[web]')"
         )
-    return serve(args.url, args.host, args.port, token=not args.no_token)
+    return serve(args.url, args.host, args.port, token=not args.no_token, a2a=args.a2a)
 
 
 if __name__ == "__main__":

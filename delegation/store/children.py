@@ -472,6 +472,28 @@ def summary(conn: Connection, conversation_id: str, run_id: str | None) -> Child
     return None if row is None else _summarized(row)
 
 
+def summary_of_run(conn: Connection, run_id: str) -> ChildSummary | None:
+    """The execution whose run id is ``run_id``, as a page shows it."""
+    row = run(conn, f"{_summary_select('children', None)} WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else _summarized(row)
+
+
+def conversation_summaries(
+    conn: Connection, conversation_id: str | None, before: int | None, limit: int, clip: int
+) -> list[ChildSummary]:
+    """Up to ``limit`` executions (of one conversation, or all) whose id is below
+    ``before`` (None: any), newest first, as a list shows them: a page of a listing
+    that goes on from its last id."""
+    where, params = [], []
+    for term, value in (("conversation_id = ?", conversation_id), ("id < ?", before)):
+        if value is not None:
+            where.append(term)
+            params.append(value)
+    sql = f"{_summary_select('children', clip)} WHERE {' AND '.join(where) or 'TRUE'}"
+    rows = run(conn, f"{sql} ORDER BY id DESC LIMIT ?", (*params, limit)).fetchall()
+    return [_summarized(row) for row in rows]
+
+
 def _summarized(row: Any) -> ChildSummary:
     values = list(row)
     stored_times(values, _SUMMARY_TIMES)  # a time stored as text: NaN, never text
@@ -504,7 +526,9 @@ def _filtered(
 # What a summary reads: its fields' columns (ChildSummary ends with error and output,
 # which a list reads cut).
 _SUMMARY = tuple(f.name for f in dataclasses.fields(ChildSummary))
-_SUMMARY_TIMES = tuple(_SUMMARY.index(name) for name in ("created_at", "finished_at"))
+_SUMMARY_TIMES = tuple(
+    _SUMMARY.index(name) for name in ("created_at", "finished_at", "admitted_at")
+)
 
 
 @cache

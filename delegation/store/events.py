@@ -50,6 +50,12 @@ def page(conn: Connection, child_id: int, after: int, limit: int) -> list[bytes]
     return [body for (body,) in run(conn, _PAGE, (child_id, after, limit)).fetchall()]
 
 
+def last_sequence(conn: Connection, child_id: int) -> int:
+    """The sequence of the execution's newest event (0: none yet)."""
+    row = run(conn, "SELECT max(sequence) FROM events WHERE child_id = ?", (child_id,)).fetchone()
+    return int(row[0] or 0) if row is not None else 0
+
+
 def sizes(conn: Connection, child_id: int, after: int, limit: int) -> list[tuple[int, int]]:
     """The sequence and stored size of up to ``limit`` events after ``after``, oldest
     first; no body is read."""

@@ -138,7 +138,7 @@ class Inspector:
     def get_child(self, conversation_id: str, run_id: str | None = None) -> ChildRecord | None:
         return self._db.read(lambda c: queries.find_child(c, conversation_id, run_id))
 
-    def input_requests(self, record: ChildRecord) -> dict[str, InputRequest]:
+    def input_requests(self, record: ChildRecord | ChildSummary) -> dict[str, InputRequest]:
         """A child's open input requests, as its Result carries them (design §21)."""
         if not record.inputs_open:
             return {}
@@ -147,6 +147,43 @@ class Inspector:
     def summary(self, conversation_id: str, run_id: str | None = None) -> ChildSummary | None:
         """:meth:`get_child` as a page shows it: its columns, never its stored request."""
         return self._db.read(lambda c: children.summary(c, conversation_id, run_id))
+
+    def by_run(self, run_id: str) -> ChildSummary | None:
+        """The execution whose run id is ``run_id`` (run ids are unique), as a page
+        shows it."""
+        return self._db.read(lambda c: children.summary_of_run(c, run_id))
+
+    def listing(
+        self, conversation_id: str | None, before: int | None, limit: int, clip: int
+    ) -> list[ChildSummary]:
+        """Up to ``limit`` executions (of one conversation, or all) below the id
+        ``before``, newest first: the pages of a listing that goes on from its last id."""
+        return self._db.read(
+            lambda c: children.conversation_summaries(c, conversation_id, before, limit, clip)
+        )
+
+    def tail(
+        self, conversation_id: str, run_id: str, count: int, max_bytes: int = PAGE_BYTES
+    ) -> ChildPage:
+        """An execution and its newest ``count`` events (at most ``max_bytes`` of them,
+        always one), oldest first, read in one transaction."""
+        return self._db.read(lambda c: _tail(c, conversation_id, run_id, count, max_bytes))
+
+    def control_by_request(
+        self, conversation_id: str, actions: Iterable[str], request_id: str
+    ) -> ControlRecord | None:
+        """The first control of one of ``actions`` given with ``request_id`` for the
+        conversation, if any."""
+        return self._db.read(
+            lambda c: next(
+                (
+                    found
+                    for action in actions
+                    if (found := controls.by_request(c, conversation_id, action, request_id))
+                ),
+                None,
+            )
+        )
 
     def list_children(
         self,
@@ -301,6 +338,17 @@ def _page(
     if child is None:
         return ChildPage(None)
     bodies, more = event_rows.page_within(conn, child.id, after, limit, max_bytes)
+    return ChildPage(child, queries.decode_events(bodies), more)
+
+
+def _tail(
+    conn: Connection, conversation_id: str, run_id: str, count: int, max_bytes: int
+) -> ChildPage:
+    child = children.summary(conn, conversation_id, run_id)
+    if child is None:
+        return ChildPage(None)
+    after = max(0, event_rows.last_sequence(conn, child.id) - count)
+    bodies, more = event_rows.page_within(conn, child.id, after, count, max_bytes)
     return ChildPage(child, queries.decode_events(bodies), more)
 
 

@@ -14,7 +14,7 @@ import msgspec
 
 from delegation import errors
 from delegation.codec import encode
-from delegation.records import ChildFilter, ChildRecord, LeaseRecord
+from delegation.records import ChildFilter, ChildRecord, ChildSummary, LeaseRecord
 from delegation.store import admission, children, events, grants, steps, waits
 from delegation.store.sql import Connection, run
 from delegation.wire import Event, InputRequest, Result
@@ -144,7 +144,7 @@ def _place(conn: Connection, child: ChildRecord) -> int:
     return 0 if tag is None else admission.position(conn, child.id, tag)
 
 
-def input_requests(conn: Connection, child: ChildRecord) -> dict[str, InputRequest]:
+def input_requests(conn: Connection, child: ChildRecord | ChildSummary) -> dict[str, InputRequest]:
     """A child's open input requests as its Result carries them, by inputId."""
     found: dict[str, InputRequest] = {}
     if child.terminal:

@@ -13,7 +13,9 @@ children``/``events --follow``, so it is safe beside a live host and never write
   ``LISTEN``) moves a version; each open stream follows its child with
   :mod:`delegation.usecases.follow` woken by it, as ``Inspector.follow`` does, and reads tables
   only after it moved.
-* **Read-only.** GET (and HEAD) routes only: anything else is 405.
+* **Read-only.** GET (and HEAD) routes only: anything else is 405. With ``--a2a`` the
+  A2A face (:mod:`delegation.web.a2a`, design §29) is the app's one writer: its POST
+  endpoint gives operator controls only, as ``delegation cancel/input/steer`` do.
 * **What a child wrote is text.** It reaches the page as JSON and is put in the page
   with ``textContent``, never as HTML; a Content-Security-Policy allows this server's
   own script only, so even a slip could not run a child's ``<script>``.
@@ -54,7 +56,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from delegation import errors
@@ -219,9 +221,16 @@ class Routes:
         database = html.escape(passwords.redacted(inspector.url), quote=True)
         self._index = _asset("index.html").replace(b"{database}", database.encode())
 
-    def app(self, allowed_hosts: Sequence[str], token: Token | None) -> Starlette:
+    def app(
+        self,
+        allowed_hosts: Sequence[str],
+        token: Token | None,
+        extra: Sequence[BaseRoute] = (),
+        public: frozenset[str] = frozenset(),
+    ) -> Starlette:
         """The app answering ``allowed_hosts`` only; with ``token`` (None: no token asked
-        for), only requests that show it."""
+        for), only requests that show it, or ask for a ``public`` path; ``extra``: more
+        routes (the A2A face's)."""
         routes = [
             Route("/", self.index),
             Route("/page.js", self.asset),
@@ -233,11 +242,12 @@ class Routes:
             Route("/api/children/{conversation_id}/inputs", self.inputs),
             Route("/api/leases", self.leases),
             Route("/api/changes", self.changes),
+            *extra,
         ]
         middleware = [
             Middleware(SecurityHeaders),  # on every refusal too, the Host check's first
             Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)),
-            *([] if token is None else [Middleware(TokenGate, token=token)]),
+            *([] if token is None else [Middleware(TokenGate, token=token, public=public)]),
         ]
         handlers = {
             errors.InputError: _refused,
@@ -458,10 +468,13 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve(url: str, host: str = "127.0.0.1", port: int = 8765, *, token: bool = True) -> int:
+def serve(
+    url: str, host: str = "127.0.0.1", port: int = 8765, *, token: bool = True, a2a: bool = False
+) -> int:
     """Serve the page of the database at ``url`` until Ctrl-C or SIGTERM; the exit code.
     It prints the page's address first (``--port 0``: a free port), with a new token
-    that every request must show (``token=False``: none asked for).
+    that every request must show (``token=False``: none asked for); ``a2a``: with the A2A
+    face (:mod:`delegation.web.a2a_routes`, the ``a2a`` extra).
 
     Raises:
         errors.StoreError: no database there, or not one of delegation's.
@@ -479,8 +492,14 @@ def serve(url: str, host: str = "127.0.0.1", port: int = 8765, *, token: bool = 
             return 1
         page = Routes(inspector)
         gate = Token.new(listener.getsockname()[1]) if token else None
+        face = None
+        if a2a:  # the a2a extra's, imported only when asked for
+            from delegation.web.a2a_routes import Served
+
+            face = Served(inspector, page.commits, address(listener))
+        extra, public = (face.routes, face.public) if face else ((), frozenset[str]())
         config = uvicorn.Config(
-            page.app(allowed_hosts(host), gate),
+            page.app(allowed_hosts(host), gate, extra, public),
             log_config=None,
             log_level="warning",
             access_log=False,
@@ -489,7 +508,11 @@ def serve(url: str, host: str = "127.0.0.1", port: int = 8765, *, token: bool = 
             timeout_graceful_shutdown=2,
         )
         print(announcement(address(listener), gate), flush=True)
-        _Server(config, page.commits).run(sockets=[listener])
+        try:
+            _Server(config, page.commits).run(sockets=[listener])
+        finally:
+            if face is not None:
+                face.close()
     return 0
 
 

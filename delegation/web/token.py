@@ -7,6 +7,9 @@ stream is reached. The cookie is ``HttpOnly`` (no script reads it), ``SameSite=S
 (a page of another site cannot send it) and ``Path=/``; its name carries the port,
 because cookies are kept per host, not per port, and two servers on one machine must not
 overwrite each other's. The page drops ``token`` from its own address once loaded.
+An A2A client (design §29) shows it as ``Authorization: Bearer``; the gate reads that too,
+before any route, so a request without it is a 401 whatever it asks. Paths the app
+names ``public`` (the A2A agent card) pass without it.
 """
 
 from __future__ import annotations
@@ -45,12 +48,14 @@ class Token:
 
 
 class TokenGate:
-    """ASGI middleware: a request whose query or cookie holds the token reaches the app
-    (a query's token also sets the cookie); every other one is answered 401."""
+    """ASGI middleware: a request whose query, cookie or bearer holds the token reaches
+    the app (a query's token also sets the cookie), as does one for a ``public`` path;
+    every other one is answered 401."""
 
-    def __init__(self, app: ASGIApp, token: Token) -> None:
+    def __init__(self, app: ASGIApp, token: Token, public: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.token = token
+        self.public = public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # the lifespan
@@ -59,10 +64,15 @@ class TokenGate:
         request = Request(scope)
         if self.token.matches(request.query_params.get("token")):
             await self.app(scope, receive, self._with_cookie(send))
-        elif self.token.matches(request.cookies.get(self.token.cookie)):
+        elif (
+            self.token.matches(request.cookies.get(self.token.cookie))
+            or self.token.matches(bearer(request))
+            or scope["path"] in self.public
+        ):
             await self.app(scope, receive, send)
         else:
-            await PlainTextResponse(REFUSED, 401)(scope, receive, send)
+            challenge = {"WWW-Authenticate": "Bearer"}
+            await PlainTextResponse(REFUSED, 401, challenge)(scope, receive, send)
 
     def _with_cookie(self, send: Send) -> Send:
         async def sending(message: Message) -> None:
@@ -72,3 +82,9 @@ class TokenGate:
             await send(message)
 
         return sending
+
+
+def bearer(request: Request) -> str | None:
+    """The token of an ``Authorization: Bearer …`` header (None without one)."""
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return given.strip() if scheme.lower() == "bearer" else None
