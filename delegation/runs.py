@@ -411,8 +411,8 @@ class ChildContext:
         is appended and no sequence is used. Raises ``RuntimeError`` once the run has ended.
         """
         sequence, body, output = self._prepare(event, own=True)
-        if body:  # else committed before this resume
-            self._hooks.append(sequence, body, output)
+        if body or output is not None:  # else committed before this resume; a result
+            self._hooks.append(sequence, body, output)  # committed before: its output
         return sequence
 
     def _numbered(self, event: Event) -> tuple[int, bytes]:
@@ -452,8 +452,8 @@ class ChildContext:
                 # A step's function runs on a resume only if it was not recorded: what
                 # it emits is at least once, as its effects are, and never matched.
                 committed = None if in_step() else self._committed.match(event)
-                if committed is not None:
-                    return committed, b"", None
+                if committed is not None:  # a result's output is the child's again
+                    return committed, b"", output
                 if in_step() or not len(self._committed):  # matched them all, or diverged
                     self._committed = None
         self._sequence = sequence

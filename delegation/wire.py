@@ -130,11 +130,10 @@ class Rewind(WireStruct, frozen=True):
     step: str | UnsetType = UNSET
 
     def validate(self) -> None:
+        """A run id that can name no execution is unknown here; a step name is judged
+        against the source's steps, after the source (design §35's order)."""
         if not valid_id(self.run_id):
             raise errors.RewindRunUnknown()
-        step = self.step
-        if step is not UNSET and (not step or utf8_len(step) > MAX_STEP_NAME_BYTES):
-            raise errors.RewindStepUnknown()
 
 
 class Request(WireStruct, frozen=True):

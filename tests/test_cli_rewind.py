@@ -73,7 +73,8 @@ async def test_every_refusal_of_an_operator_rewind_records_nothing(
     wrong = [
         ((cid, "--run", source.run_id, "--step", "nope"), "rewind_step_unknown"),
         ((ended.conversation_id, "--run", ended.run_id), "rewind_no_authority"),
-        ((cid, "--run", "r-nobody"), "child_not_found"),
+        ((cid, "--run", "r-nobody"), "rewind_run_unknown"),
+        (("c-nobody", "--run", source.run_id), "child_not_found"),
     ]
     for given, reason in wrong:
         code, out, err = await operator("rewind", *given, "--json", db=db_url)

@@ -238,3 +238,35 @@ async def test_what_a_step_s_function_emits_is_never_taken_for_an_earlier_step_s
     assert [t for _, k, t in own_events(db_url) if k != "recovery"] == [
         "tick", "tick", "tick", "done",
     ]  # fmt: skip
+
+
+async def test_what_a_replayed_step_emitted_does_not_unmatch_the_emits_after_it(
+    db_url: str, workspace: Path
+) -> None:
+    """A recorded step keeps where its function's own events lie (migration 0018): its
+    replay, which emits none of them, leaves the emits between steps matched."""
+
+    def inside(ctx: ChildContext, name: str) -> Callable[[], str]:
+        def fn() -> str:
+            ctx.emit(Event(kind="progress", text=f"inside {name}"))
+            return name
+
+        return fn
+
+    async def first(ctx: ChildContext) -> None:
+        await ctx.admit()
+        for name in ("s1", "s2"):
+            await ctx.step(name, inside(ctx, name))
+            ctx.emit(Event(kind="progress", text=f"after {name}"))
+        await ctx.flush()
+
+    async def then(ctx: ChildContext) -> None:
+        for name in ("s1", "s2", "s3"):
+            await ctx.step(name, inside(ctx, name))
+            ctx.emit(Event(kind="progress", text=f"after {name}"))
+        ctx.emit(Event(kind="result", text="done"))
+
+    await resumed(db_url, workspace, first, then)
+    assert [t for _, k, t in own_events(db_url) if k != "recovery"] == [
+        "inside s1", "after s1", "inside s2", "after s2", "inside s3", "after s3", "done",
+    ]  # fmt: skip

@@ -94,6 +94,8 @@ async def test_a_rewind_to_a_step_runs_those_before_it_zero_times_and_the_rest_o
     assert steps.calls == Counter(NAMES)
     cid = source.conversation_id
     started = await harness.start("q2", lease_id=LEASE, **rewind(cid, source.run_id, "c"))
+    # Its first answer already holds what it was seeded with.
+    assert [e.kind for e in started.events[:2]] == ["text", "rewind"]
     done = await harness.wait_done(cid, child_run_id=started.run_id)
     assert (done.state, done.error, done.output) == ("done", "", "ok")
     # a and b replayed (their recorded values), c..e ran once more.
@@ -145,6 +147,7 @@ async def test_each_refusal_of_a_rewind_writes_nothing(harness: Harness, db_url:
         (errors.RewindRequiresResume, {"rewind": Rewind(run_id=source.run_id)}),
         (errors.RewindRunUnknown, rewind(cid, "r-nobody")),
         (errors.RewindRunUnknown, rewind(cid, "bad/id")),
+        (errors.RewindRunUnknown, rewind(cid, "r-nobody", "")),  # the source first
         (errors.RewindStepUnknown, rewind(cid, source.run_id, "nope")),
         (errors.RewindStepUnknown, rewind(cid, source.run_id, "\x1fpatch:x")),
         (errors.RewindStepUnknown, rewind(cid, source.run_id, "")),
@@ -307,10 +310,19 @@ async def test_the_host_rewinds_under_the_conversations_live_lease_only(
         before = counts(db_url)
         with pytest.raises(errors.RewindNoAuthority):
             await engine.rewind_child(foreground.conversation_id, run_id=foreground.run_id)
-        # A released lease no longer authorizes one either.
+        # A released lease no longer authorizes one either; one made before is still
+        # the same execution when asked again (its request id), another point is not.
         await engine.release(h.conn, h.params(lease_id=LEASE, run_id="parent-run"))
         with pytest.raises(errors.RewindNoAuthority):
             await engine.rewind_child(leased.conversation_id, run_id=leased.run_id)
+        made = await engine.rewind_child(
+            leased.conversation_id, run_id=leased.run_id, step="d", request_id="op-1"
+        )
+        assert made.run_id == result.run_id
+        with pytest.raises(errors.RequestIdReused):
+            await engine.rewind_child(
+                leased.conversation_id, run_id=leased.run_id, step="c", request_id="op-1"
+            )
         with pytest.raises(errors.ChildNotFound):
             await engine.rewind_child("c-nobody", run_id=leased.run_id)
         assert counts(db_url) == {**before, "grants": counts(db_url)["grants"]}
@@ -348,3 +360,37 @@ async def test_a_rewind_records_the_current_runner_version_and_is_told_the_sourc
     )  # fmt: skip
     # The copied steps keep the version that recorded them; the rest are v2's.
     assert versions == [("a", "v1"), ("b", "v1"), ("c", "v1"), ("d", "v2"), ("e", "v2")]
+
+
+async def test_what_a_copied_step_emitted_and_a_copied_result_are_not_written_again(
+    harness: Harness, db_url: str
+) -> None:
+    async def run(ctx: ChildContext) -> None:
+        await ctx.admit()
+        ctx.emit(Event(kind="text", text="start"))
+        for name in ("a", "b", "c"):
+
+            def fn(name: str = name) -> str:
+                ctx.emit(Event(kind="text", text=f"inside {name}"))  # the step's own
+                return name
+
+            await ctx.step(name, fn)
+            ctx.emit(Event(kind="text", text=f"after {name}"))
+        ctx.emit(Event(kind="result", text="the answer"))
+        await ctx.step("notify", lambda: "sent")
+
+    harness.runner.script = run
+    started = await harness.start("q1", lease_id=LEASE)
+    source = await harness.wait_done(started.conversation_id)
+    cid = source.conversation_id
+    one = await harness.start("q2", lease_id=LEASE, **rewind(cid, source.run_id, "c"))
+    await harness.wait_done(cid, child_run_id=one.run_id)
+    texts = [e.text for e in events_of(db_url, one.run_id) if e.kind == "text"]
+    assert texts == ["start", "inside a", "after a", "inside b", "after b", "inside c",
+                     "after c"]  # fmt: skip
+    # Rewound after its last step: its result was copied, and is the new one's output.
+    two = await harness.start("q3", lease_id=LEASE, **rewind(cid, source.run_id))
+    done = await harness.wait_done(cid, child_run_id=two.run_id)
+    assert done.output == "the answer"
+    kinds = [e.kind for e in events_of(db_url, two.run_id)]
+    assert kinds.count("result") == 1 and kinds[-1] == "rewind"

@@ -125,6 +125,9 @@ def command(args: argparse.Namespace, url: str) -> int:
         if args.command == "controls":
             return _controls(operator, args)
         child = operator.show(args.child, args.run)
+        if child is None and args.command == "rewind" and operator.show(args.child):
+            unknown = errors.RewindRunUnknown()  # the source named is not of this child
+            return _fail(args, str(unknown), unknown.reason)
         if child is None:
             return _fail(args, missing_child(args), "child_not_found")
         try:

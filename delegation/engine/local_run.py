@@ -238,18 +238,29 @@ class LocalRun:
     # --- hooks of the run's journal (journal.JournalHooks, design §15) -------------------
 
     async def record_step(
-        self, name: str, ordinal: int, step: RecordedStep, closes_wait: bool, asked: list[str]
+        self,
+        name: str,
+        ordinal: int,
+        step: RecordedStep,
+        closes_wait: bool,
+        asked: list[str],
+        began: int | None,
     ) -> RecordedStep:
         # Queued behind every event the run appended before it: one commit holds them
         # all (or they were committed earlier). Owed like an admission (design §19).
-        # The step keeps the runner version and attempt that recorded it (design §34).
-        sequence = None if self.ctx is None else self.ctx.last_sequence
-        journaled = _Journaled(self.rt.config.runner_version, self._attempt(), asked, sequence)
+        # The step keeps the runner version and attempt that recorded it (design §34),
+        # and the events its function emitted: those after ``began`` up to the last.
+        journaled = _Journaled(
+            self.rt.config.runner_version, self._attempt(), asked, began, self.numbered()
+        )
         use = Use(_record_step, self.child_id, name, ordinal, step, closes_wait, journaled)
         recorded = await self.rt.owed(self.stopped, use)
         if recorded is None:
             raise errors.HostClosing("this run was stopped with its host: its step is not recorded")
         return recorded
+
+    def numbered(self) -> int | None:
+        return None if self.ctx is None else self.ctx.last_sequence
 
     async def read_step(self, name: str, run_id: str | None) -> RecordedStep | None:
         if run_id is None:
@@ -385,7 +396,10 @@ class _Journaled(NamedTuple):
     version: str | None
     attempt: int
     asked: list[str]
-    last_sequence: int | None  # the run's last numbered event, committed before the step
+    # The run's last numbered event when the step's function began, and when it
+    # returned (committed before the step): the events between are the step's own.
+    first_sequence: int | None
+    last_sequence: int | None
 
 
 def _record_step(
@@ -409,7 +423,7 @@ def _record_step(
         now,
         version=by.version,
         attempt=by.attempt,
-        last_sequence=by.last_sequence,
+        sequences=(by.first_sequence, by.last_sequence),
     )
     if closes_wait:
         store_waits.close(conn, child_id, name, now)

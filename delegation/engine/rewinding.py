@@ -26,6 +26,7 @@ async def recovery(local: LocalRun, child: ChildRecord, config: EngineConfig) ->
     seeded = await local.rt.owed_read(local.stopped, lambda c: rewinding.seeded(c, child, config))
     if seeded is None:
         return None
+    local.emitted = True  # its first page holds the events it was seeded with
     return Recovery(
         0,
         seeded.last_sequence,

@@ -138,7 +138,7 @@ class Operator:
         """Run the conversation again from its ended execution ``run_id`` (design §35):
         a new execution seeded with the steps it recorded before ``step`` (every step
         when None), under the conversation's live lease, once per ``request_id``;
-        ``fields["runId"]`` is the new execution once applied."""
+        ``fields["rewoundAs"]`` is the new execution once applied."""
         return self.submit(conversation_id, Rewind(step), run_id, request_id, wait=wait)
 
     def submit(

@@ -31,13 +31,16 @@ _NUMBERED = (
 class EventRow(NamedTuple):
     child_id: int
     sequence: int
-    body: bytes  # the event's wire JSON, sequence included
+    # The event's wire JSON, sequence included; empty for a ``result`` its execution
+    # committed before (a replay's, or a rewind's copy): only its ``output`` is written.
+    body: bytes
     output: str | None  # the untruncated text of a ``result`` event
 
 
 def insert_events(conn: Connection, rows: list[EventRow]) -> None:
-    """Insert a batch of events and keep each child's ``output`` current."""
-    run_many(conn, _INSERT, [(r.child_id, r.sequence, r.body) for r in rows])
+    """Insert a batch of events and keep each child's ``output`` current (in the
+    batch's order: the last ``result`` appended wins)."""
+    run_many(conn, _INSERT, [(r.child_id, r.sequence, r.body) for r in rows if r.body])
     outputs = {r.child_id: r.output for r in rows if r.output is not None}
     if outputs:
         run_many(conn, _OUTPUT, [(text, child) for child, text in outputs.items()])

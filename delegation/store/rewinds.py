@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, text
 
 from delegation.store.steps import PATCH_PREFIX
+from delegation.wire import MAX_STEP_NAME_BYTES
 
 # The point: the named step's place (every step when none is named) and the last event
 # committed with the steps before it (NULL for steps recorded before revision 0018).
@@ -28,8 +29,9 @@ _BEFORE = text(
 _ALL = text("SELECT COALESCE(MAX(ordinal), 0) FROM steps WHERE child_id = :source")
 _STEPS = text(
     "INSERT INTO steps (child_id, name, ordinal, raw, value, recorded_at, version,"
-    " last_sequence) SELECT :child, name, ordinal, raw, value, recorded_at, version,"
-    " last_sequence FROM steps WHERE child_id = :source AND ordinal < :ordinal"
+    " first_sequence, last_sequence) SELECT :child, name, ordinal, raw, value, recorded_at,"
+    " version, first_sequence, last_sequence FROM steps"
+    " WHERE child_id = :source AND ordinal < :ordinal"
 )
 _EVENTS = text(
     "INSERT INTO events (child_id, sequence, body) SELECT :child, sequence, body"
@@ -81,8 +83,8 @@ def point(conn: Connection, source: int, step: str | None) -> Point | None:
     if step is None:
         ordinal = int(conn.execute(_ALL, {"source": source}).scalar_one()) + 1
     else:
-        if step.startswith(PATCH_PREFIX[0]):
-            return None
+        if not step or step.startswith(PATCH_PREFIX[0]) or len(step) > MAX_STEP_NAME_BYTES:
+            return None  # no recorded step has such a name (UTF-8 bytes >= characters)
         found = conn.execute(_STEP, {"source": source, "name": step}).scalar()
         if found is None:
             return None

@@ -31,8 +31,14 @@ PATCH_PREFIX = "\x1fpatch:"
 
 _RECORD = text(
     "INSERT INTO steps (child_id, name, ordinal, raw, value, recorded_at, version,"
-    " asked_attempt, last_sequence) VALUES (:child_id, :name, :ordinal, :raw, :value, :now,"
-    " :version, :attempt, :last_sequence) ON CONFLICT (child_id, name) DO NOTHING"
+    " asked_attempt, first_sequence, last_sequence) VALUES (:child_id, :name, :ordinal,"
+    " :raw, :value, :now, :version, :attempt, :first_sequence, :last_sequence)"
+    " ON CONFLICT (child_id, name) DO NOTHING"
+)
+# The events the execution's steps' own functions emitted: never matched on a resume.
+_OWN = text(
+    "SELECT first_sequence, last_sequence FROM steps WHERE child_id = :child_id"
+    " AND last_sequence > first_sequence ORDER BY first_sequence"
 )
 _ASKED = text(
     "UPDATE steps SET asked_attempt = :attempt WHERE child_id = :child_id"
@@ -88,13 +94,14 @@ def record(
     *,
     version: str | None = None,
     attempt: int | None = None,
-    last_sequence: int | None = None,
+    sequences: tuple[int | None, int | None] = (None, None),
 ) -> RecordedStep:
     """Record a step, by the runner ``version`` (None: unversioned) in ``attempt`` (0:
-    the first run), after the execution's events up to ``last_sequence`` (what a rewind
-    to a later step copies with it, design §35); what is recorded under the name: this
-    one, or (if another process recorded the name first) that one — a step is recorded
-    at most once."""
+    the first run), with ``sequences``: the execution's last numbered event when its
+    function began and when it returned (the events between are its own; those up to
+    the second are what a rewind to a later step copies with it, design §35); what is
+    recorded under the name: this one, or (if another process recorded the name first)
+    that one — a step is recorded at most once."""
     params = {
         "child_id": child_id,
         "name": name,
@@ -104,13 +111,20 @@ def record(
         "now": now,
         "version": version,
         "attempt": attempt,
-        "last_sequence": last_sequence,
+        "first_sequence": sequences[0],
+        "last_sequence": sequences[1],
     }
     if conn.execute(_RECORD, params).rowcount == 1:
         return step
     first = value(conn, child_id, name)
     assert first is not None  # the conflict was this row; steps leave only with the child
     return first
+
+
+def own_events(conn: Connection, child_id: int) -> list[tuple[int, int]]:
+    """The ranges of sequences (after the first, up to the second) the execution's steps'
+    own functions emitted, by their start (none for steps recorded before 0018)."""
+    return [(int(a), int(b)) for a, b in conn.execute(_OWN, {"child_id": child_id})]
 
 
 def mark_asked(conn: Connection, child_id: int, names: Sequence[str], attempt: int) -> None:

@@ -370,8 +370,11 @@ steps = Table(
     Column("recorded_at", TIME, nullable=False),
     Column("version", Text),  # the runner version that recorded it (design §34)
     Column("asked_attempt", Integer),  # the newest attempt that asked for it
-    # The execution's last committed event when the step committed: what a rewind to a
-    # later step copies with it (design §35). NULL: recorded before revision 0018.
+    # The execution's last numbered event when the step's function began and when the
+    # step committed: the events between are the step's own (never matched by a resume,
+    # design §26), those up to the second what a rewind to a later step copies with it
+    # (design §35). NULL: recorded before revision 0018.
+    Column("first_sequence", BIG),
     Column("last_sequence", BIG),
     CheckConstraint("ordinal >= 1", name="ordinal_positive"),
     CheckConstraint("raw IN (0, 1)", name="raw_bool"),

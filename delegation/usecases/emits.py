@@ -3,7 +3,9 @@
 A run's emits between its steps are deterministic, as its step names are: a resumed run
 that passes by them again emits them again, in the same order. The events its execution
 committed before this attempt, of the run's own kinds (not the engine's
-:data:`~delegation.records.ENGINE_KINDS`), are read once, when it resumes, and kept as a
+:data:`~delegation.records.ENGINE_KINDS`) and but for those a recorded step's function
+emitted (the step's own, between its ``first_sequence`` and ``last_sequence``: a replayed
+step does not run, so does not emit them again), are read once, when it resumes, and kept as a
 sequence and an 8-byte digest each (16 bytes an event, never a body). The k-th emit of
 the resumed run that is the k-th of them (the same event, cut and encoded as the engine
 stores it, but for its sequence) is not written again: ``emit`` returns that event's
@@ -17,17 +19,19 @@ once, ``emits_diverged``. Nothing committed is ever dropped or rewritten.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 from array import array
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
 import msgspec
 
 from delegation.codec import encode
 from delegation.records import ENGINE_KINDS
-from delegation.store import events
+from delegation.store import events, steps
 from delegation.store.sql import Connection
 from delegation.wire import Event
 
@@ -37,7 +41,7 @@ DIGEST_BYTES = 8
 _stored = msgspec.json.Decoder(Event)
 
 Pages = list[tuple[int, bytes]]
-Read = Callable[[Callable[[Connection], Pages]], Awaitable[Pages]]
+Read = Callable[[Callable[[Connection], Any]], Awaitable[Any]]
 
 
 def is_engine_kind(kind: str) -> bool:
@@ -115,8 +119,10 @@ async def committed(
 ) -> Committed | None:
     """The run's own events its execution committed up to ``last_sequence`` (its
     resume's ``recovery`` event), read by ``read`` in pages of at most ``per_read``
-    events and ``max_bytes``; None when there are none."""
+    events and ``max_bytes``, but for those a step's function emitted (its own, which a
+    replay of the step does not emit again: never matched); None when there are none."""
     found = Committed(run_id)
+    inside = _Ranges(await read(partial(steps.own_events, child_id=child_id)))
     after = 0
     while after < last_sequence:
         page = await read(
@@ -132,6 +138,25 @@ async def committed(
         if not page:
             break
         for sequence, body in page:
-            found.add(sequence, body)
+            if not inside.holds(sequence):
+                found.add(sequence, body)
         after = page[-1][0]
     return found if len(found) else None
+
+
+class _Ranges:
+    """Sequences after the first of each pair, up to its second (overlaps merged)."""
+
+    def __init__(self, pairs: list[tuple[int, int]]) -> None:
+        merged: list[list[int]] = []
+        for first, last in sorted(pairs):
+            if merged and first <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], last)
+            else:
+                merged.append([first, last])
+        self._firsts = [first for first, _ in merged]
+        self._lasts = [last for _, last in merged]
+
+    def holds(self, sequence: int) -> bool:
+        i = bisect.bisect_left(self._firsts, sequence) - 1
+        return i >= 0 and sequence <= self._lasts[i]

@@ -54,10 +54,21 @@ class JournalHooks(Protocol):
     """What the engine does for the journal: committed writes and reads of steps."""
 
     async def record_step(
-        self, name: str, ordinal: int, step: RecordedStep, closes_wait: bool, asked: list[str]
+        self,
+        name: str,
+        ordinal: int,
+        step: RecordedStep,
+        closes_wait: bool,
+        asked: list[str],
+        began: int | None,
     ) -> RecordedStep:
         """Commit the step, and in the same transaction the marks of the recorded steps
-        this attempt replayed since its last record (``asked``)."""
+        this attempt replayed since its last record (``asked``); ``began``: the run's
+        last numbered event when the step's function began (what :meth:`numbered` said)."""
+        ...
+
+    def numbered(self) -> int | None:
+        """The sequence of the run's last numbered event (None: no run's context)."""
         ...
 
     async def read_step(self, name: str, run_id: str | None) -> RecordedStep | None: ...
@@ -147,6 +158,9 @@ class Journal:
         done: asyncio.Future[RecordedStep] = asyncio.get_running_loop().create_future()
         self._running[name] = done
         try:
+            # What the function emits follows this sequence: the step's own events, which
+            # a resume never matches (design §26) and a rewind copies with it (§35).
+            began = self._hooks.numbered()
             inside = _in_step.set(True)
             try:
                 result = fn(*args)
@@ -163,7 +177,7 @@ class Journal:
             asked = self.asked()
             try:
                 stored = await self._hooks.record_step(
-                    name, len(names) + 1, step, closes_wait, asked
+                    name, len(names) + 1, step, closes_wait, asked, began
                 )
             except BaseException:
                 self._asked = asked + (self._asked or [])  # marked with a later commit

@@ -86,7 +86,13 @@ def give(
         # Applied twice (a host died before recording it, two hosts at once), a steer or
         # an answer with its own request id changes nothing the second time.
         request_id = f"op-{secrets.token_hex(8)}"
-    child = service.exact(conn, conversation_id, run_id)
+    try:
+        child = service.exact(conn, conversation_id, run_id)
+    except (errors.ChildNotFound, errors.ChildPurged):
+        # A rewind names its source: one not of this conversation (or purged) is unknown.
+        if isinstance(control, Rewind) and children.find(conn, conversation_id) is not None:
+            raise errors.RewindRunUnknown() from None
+        raise
     children.lock(conn, child.id)  # two operators' controls of one child: one at a time
     child = children.get(conn, child.id) or child  # as it is now that it is locked
     if request_id and not isinstance(control, EventSend):  # an event: its idempotency key

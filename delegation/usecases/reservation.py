@@ -255,6 +255,7 @@ def reserve_rewind(
 
     Raises:
         errors.ChildNotFound: no such conversation.
+        errors.RequestIdReused: the request id made a rewind from another point.
         errors.RewindNoAuthority: its newest execution holds no live lease.
         errors.RewindRunUnknown, errors.ActiveSubmission, errors.RewindStepUnknown: as
             a follow-up that carries the rewind.
@@ -266,8 +267,13 @@ def reserve_rewind(
     # two at once waits here, then finds the first one's execution (its request id).
     children.lock(conn, newest.id)
     executions = children.executions(conn, to.conversation_id)
-    last, lease = executions[-1], rewinding.lease_of(conn, now, executions)
     wire = Rewind(run_id=to.run_id, step=UNSET if to.step is None else to.step)
+    # Asked again (a host that died before recording the control's outcome, a second
+    # host): the execution it made, whatever the lease has become since.
+    again = rewinding.made_before(executions, to.request_id, wire)
+    if again is not None:
+        return plan_of(again)
+    last, lease = executions[-1], rewinding.lease_of(conn, now, executions)
     wire.validate()
     asked = stored.of(rewinding.source_of(executions, wire).child).request
     request = Request(

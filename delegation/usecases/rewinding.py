@@ -78,6 +78,23 @@ def point_of(conn: Connection, source: Source) -> rewinds.Point:
     return found
 
 
+def made_before(
+    executions: list[ChildRecord], request_id: str, rewind: Rewind
+) -> ChildRecord | None:
+    """The rewound execution of the conversation ``request_id`` made before, if any.
+
+    Raises:
+        errors.RequestIdReused: it was made from another source or point.
+    """
+    for execution in executions:
+        if execution.rewound_from is not None and execution.request_id == request_id:
+            step = None if rewind.step is msgspec.UNSET else rewind.step
+            if (execution.rewound_from, execution.rewound_step) != (rewind.run_id, step):
+                raise errors.RequestIdReused()
+            return execution
+    return None
+
+
 def lease_of(conn: Connection, now: float, executions: list[ChildRecord]) -> GrantRecord:
     """The live lease the conversation's newest execution holds: what the host's or an
     operator's rewind runs under (they hold no tool call of their own).

@@ -1,8 +1,10 @@
 """rewind: a new execution seeded from a recorded step of an ended one
 
-design §35. ``steps`` records with each step the last event its execution had committed
-when the step committed (``last_sequence``): a rewind copies the steps before its point
-and the events up to that sequence, with the same numbers. ``children`` records where a
+design §35. ``steps`` records with each step the execution's last numbered event when
+its function began (``first_sequence``) and when the step committed (``last_sequence``):
+the events between are the step's own, which a resume never matches with its emits
+(design §26), and a rewind copies the steps before its point and the events up to that
+sequence, with the same numbers. ``children`` records where a
 rewound execution came from (``rewound_from``: the source's run id; ``rewound_step``:
 the step it was rewound to, NULL for all of them), found both ways through
 ``ix_children_rewound_from``. ``controls`` takes the action ``rewind``. A step recorded
@@ -33,6 +35,7 @@ BIG = sa.Integer().with_variant(sa.BigInteger(), "postgresql")
 
 def upgrade() -> None:
     with op.batch_alter_table("steps", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("first_sequence", BIG, nullable=True))
         batch_op.add_column(sa.Column("last_sequence", BIG, nullable=True))
     with op.batch_alter_table("children", schema=None) as batch_op:
         batch_op.add_column(sa.Column("rewound_from", sa.Text(), nullable=True))
@@ -66,3 +69,4 @@ def downgrade() -> None:
         batch_op.drop_column("rewound_from")
     with op.batch_alter_table("steps", schema=None) as batch_op:
         batch_op.drop_column("last_sequence")
+        batch_op.drop_column("first_sequence")
