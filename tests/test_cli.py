@@ -57,14 +57,16 @@ def wire_keys(
     """Every field of ``record`` once (besides the document's ``extra``), each camelCase:
     those named in ``known``, and any field added since under its camelCase name."""
     keys = set(document) - extra
-    # A child's versions (design §34) are shown only when set: unversioned, none is.
-    unset = VERSION_KEYS - keys if record is ChildRecord else set()
+    # A child's versions (design §34) and where a rewind came from (§35) are shown only
+    # when set: unversioned and not rewound, none is.
+    unset = (VERSION_KEYS | REWIND_KEYS) - keys if record is ChildRecord else set()
     fields = len(dataclasses.fields(record)) - len(unset)
     right = extra <= set(document) and known <= keys and len(keys) == fields
     return right and all(CAMEL.fullmatch(key) for key in document)
 
 
 VERSION_KEYS = {"version", "attemptVersion", "pinnedVersion", "unpinnedAt"}
+REWIND_KEYS = {"rewoundFrom", "rewoundStep"}
 LEASE_KEYS = {
     "leaseId", "runnerId", "extensionId", "runId", "conversationId", "createdAt", "expiresAt",
     "activatedAt", "revokedAt", "revokeReason", "children",
