@@ -55,8 +55,10 @@ WORKERS_PER_RUNNER = 3
 # Several hosts writing the same rows wait for each other's locks, a paused one's until
 # the server ends its idle transaction: a lock timeout or a deadlock is then an answer
 # (database_busy), journaled as contention. Their SQLSTATEs:
-# How long a host keeps trying to open while the server is away (the driver waits longer).
-BOOT_PATIENCE_S = 20.0
+# How long a host keeps trying to open while the server is away (the driver waits longer,
+# READY_TIMEOUT_S): a server restarted every second or two leaves an open on a busy
+# machine few whole windows, and 20 s once ran out on a 2-core machine under load.
+BOOT_PATIENCE_S = 45.0
 CONTENTION = frozenset({"55P03", "40P01", "40001"})
 
 
