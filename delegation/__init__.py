@@ -116,6 +116,7 @@ if TYPE_CHECKING:
     from delegation.codec import decode, encode
     from delegation.config import AdmissionPolicy, EngineConfig
     from delegation.engine import Engine
+    from delegation.host.local import LocalHost
     from delegation.operator import Operator
     from delegation.options import ExecutionOptions, effective_options
     from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
@@ -147,6 +148,7 @@ _LAZY: dict[str, str] = {
     "EngineConfig": "delegation.config",
     "AdmissionPolicy": "delegation.config",
     "Engine": "delegation.engine",
+    "LocalHost": "delegation.host.local",
     "Operator": "delegation.operator",
     "ExecutionOptions": "delegation.options",
     "effective_options": "delegation.options",
@@ -266,6 +268,7 @@ __all__ = [
     "LeaseOwnerMismatch",
     "LeaseRecord",
     "LimitError",
+    "LocalHost",
     "MalformedInput",
     "MethodNotFound",
     "NestingLimit",
