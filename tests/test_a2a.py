@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import threading
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +39,15 @@ from a2a.utils.errors import (
 from google.protobuf.json_format import MessageToDict
 
 from delegation import ChildContext, Event, Operator
+from delegation.usecases.inspector import Inspector
+from delegation.web import a2a as face_module
+from delegation.web import a2a_routes
+from delegation.web.app import Routes, address, allowed_hosts, bind
+from delegation.web.stream import StreamCount
+from delegation.web.token import Token
 from tests import browser
 from tests.test_waiting import hosted, state_is, until
+from tests.test_web_bounds import serving
 
 LEASE = "lease-1"
 
@@ -65,6 +75,43 @@ async def ticking(ctx: ChildContext) -> None:
 def face(db_url: str) -> Iterator[browser.Web]:
     with browser.web(db_url, "--a2a") as web:
         yield web
+
+
+@dataclass
+class Site:
+    """The page and its face served by uvicorn on the test's loop."""
+
+    url: str
+    token: Token
+    page: Routes
+    face: a2a_routes.Served
+
+    @property
+    def bearer(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token.value}"}
+
+
+@contextlib.asynccontextmanager
+async def served(db_url: str) -> AsyncIterator[Site]:
+    """``delegation web --a2a`` of ``db_url`` in this process (on this loop), as
+    :func:`delegation.web.app.serve` builds it."""
+    with Inspector(db_url) as inspector:
+        page = Routes(inspector)
+        listener = bind("127.0.0.1", 0)
+        token = Token.new(listener.getsockname()[1])
+        face = a2a_routes.Served(inspector, page.commits, address(listener), page.streams)
+        app = page.app(
+            allowed_hosts("127.0.0.1"), token, face.routes, face.public, face.bearer_only
+        )
+        try:
+            async with serving(page, app, listener):
+                yield Site(address(listener), token, page, face)
+        finally:
+            face.close()
+
+
+def rpc(method: str, params: dict[str, Any], n: int = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": n, "method": method, "params": params}
 
 
 @contextlib.asynccontextmanager
@@ -271,3 +318,122 @@ async def test_v0_3_names_a_raw_v1_call_and_401_without_the_token(
                 task = await legacy.get_task(GetTaskRequest(id=run_id))
                 assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
                 await legacy.close()
+
+
+async def test_the_endpoint_takes_the_bearer_alone_json_alone_and_no_foreign_origin(
+    db_url: str, workspace: Path
+) -> None:
+    """A page of another port of 127.0.0.1 (the same site: its POSTs carry the cookie)
+    cannot cancel: the endpoint takes no cookie or query token, no text/plain body (a
+    form's, or a fetch's without a preflight) and no foreign Origin."""
+    async with hosted(db_url, workspace, ticking) as h:
+        cid, run_id = await child(h, "running", message="forever")
+        async with served(db_url) as site:
+            endpoint = site.url + "a2a"
+            cancel = json.dumps(rpc("tasks/cancel", {"id": run_id}))
+            cookie = {"Cookie": f"{site.token.cookie}={site.token.value}"}
+            as_json = {"Content-Type": "application/json"}
+            async with httpx.AsyncClient(timeout=30) as http:
+                page = await http.get(site.url + "api/children", headers=cookie)
+                assert page.status_code == 200  # the page keeps its cookie
+                page = await http.get(site.url + f"api/children?token={site.token.value}")
+                assert page.status_code == 200  # and its query token
+                refusals = [
+                    (endpoint, {**cookie, **as_json}, 401),
+                    (f"{endpoint}?token={site.token.value}", as_json, 401),
+                    (endpoint, {**site.bearer, "Content-Type": "text/plain"}, 415),
+                    (endpoint, site.bearer, 415),  # no Content-Type
+                    (endpoint, {**site.bearer, **as_json, "Origin": "http://127.0.0.1:1"}, 403),
+                    (endpoint, {**site.bearer, **as_json, "Origin": "null"}, 403),
+                ]
+                for url, headers, status in refusals:
+                    answer = await http.post(url, content=cancel, headers=headers)
+                    assert answer.status_code == status, (headers, answer.text)
+                own = {**site.bearer, **as_json, "Origin": site.url.rstrip("/")}
+                get = json.dumps(rpc("tasks/get", {"id": run_id}))
+                answer = await http.post(endpoint, content=get, headers=own)
+                assert answer.json()["result"]["id"] == run_id  # its own page's origin
+            with Operator(db_url) as op:
+                assert op.controls(cid) == []
+            record = await h.engine.get_child(cid)
+            assert record is not None and record.state == "running"
+
+
+async def test_a_body_over_the_cap_is_refused_before_the_sdk_reads_it(
+    db_url: str, workspace: Path
+) -> None:
+    big = json.dumps(rpc("tasks/get", {"id": "r-" + "x" * a2a_routes.MAX_BODY}))
+    async with served(db_url) as site:
+        headers = {**site.bearer, "Content-Type": "application/json"}
+        async with httpx.AsyncClient(timeout=30) as http:
+            answer = await http.post(site.url + "a2a", content=big, headers=headers)
+            assert answer.status_code == 413
+            assert answer.json()["error"]["code"] == -32600  # InvalidRequest
+            small = json.dumps(rpc("tasks/get", {"id": "r-nobody"}))
+            answer = await http.post(site.url + "a2a", content=small, headers=headers)
+            assert answer.json()["error"]["code"] == -32001  # read, and answered
+
+
+async def test_the_guard_reads_no_more_than_its_cap_with_or_without_a_length() -> None:
+    reached: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    guard = a2a_routes.Guard(app, StreamCount(), max_body=1000)
+
+    async def call(length: int | None, chunks: int) -> tuple[int, int]:
+        """The status answered to a body of ``chunks`` chunks of 100 bytes, and how many
+        chunks the guard took."""
+        taken, sent = 0, []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal taken
+            taken += 1
+            return {"type": "http.request", "body": b"x" * 100, "more_body": taken < chunks}
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        headers = [(b"content-type", b"application/json"), (b"host", b"127.0.0.1")]
+        if length is not None:
+            headers.append((b"content-length", str(length).encode()))
+        scope = {"type": "http", "method": "POST", "path": "/a2a", "headers": headers}
+        scope |= {"scheme": "http", "query_string": b"", "server": ("127.0.0.1", 1)}
+        await guard(scope, receive, send)
+        return sent[0]["status"], taken
+
+    assert await call(5000, 50) == (413, 0)  # its length says: nothing read
+    assert await call(None, 50) == (413, 11)  # streamed: the cap and one chunk
+    assert not reached
+    assert await call(None, 10) == (200, 10)  # at the cap: handed on whole
+    assert reached == [b"x" * 1000]
+
+
+async def test_streams_count_with_the_pages_and_controls_have_threads_of_their_own(
+    db_url: str, workspace: Path
+) -> None:
+    async with hosted(db_url, workspace, ticking) as h:
+        cid, run_id = await child(h, "running", message="forever")
+        async with served(db_url) as site:
+            site.page.streams.limit = 1
+            headers = {**site.bearer, "Content-Type": "application/json"}
+            subscribe = rpc("SubscribeToTask", {"id": run_id})
+            v1 = {**headers, "A2A-Version": "1.0", "Accept": "text/event-stream"}
+            async with httpx.AsyncClient(timeout=30) as http:
+                first = http.stream("POST", site.url + "a2a", json=subscribe, headers=v1)
+                async with first as open_stream:
+                    assert open_stream.status_code == 200
+                    assert site.page.streams.open == 1
+                    again = await http.post(site.url + "a2a", json=subscribe, headers=v1)
+                    assert "too many open streams" in again.text
+                    events = await http.get(
+                        site.url + f"api/children/{cid}/events?token={site.token.value}"
+                    )
+                    assert events.status_code == 503  # the page's streams are the same ones
+                await until(lambda: _true(site.page.streams.open == 0))
+            thread = await site.face.face._control(threading.current_thread)
+            assert thread.name.startswith("a2a-control")
+            assert site.face.face._controls._max_workers == face_module.CONTROL_THREADS

@@ -55,18 +55,24 @@ async def served(url: str) -> AsyncIterator[tuple[web.Routes, str]]:
     with Inspector(url) as inspector:
         page = web.Routes(inspector)
         listener = web.bind("127.0.0.1", 0)
-        app = page.app(web.allowed_hosts("127.0.0.1"), None)
-        server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning"))
-        serving = asyncio.create_task(server.serve(sockets=[listener]))
-        try:
-            while not server.started:
-                assert not serving.done(), serving.exception()
-                await asyncio.sleep(0.01)
+        async with serving(page, page.app(web.allowed_hosts("127.0.0.1"), None), listener):
             yield page, web.address(listener)
-        finally:
-            page.commits.stop()
-            server.should_exit = True
-            await serving
+
+
+@contextlib.asynccontextmanager
+async def serving(page: web.Routes, app: Any, listener: socket.socket) -> AsyncIterator[None]:
+    """``app`` (of ``page``) served by uvicorn on ``listener``, on this test's loop."""
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning"))
+    running = asyncio.create_task(server.serve(sockets=[listener]))
+    try:
+        while not server.started:
+            assert not running.done(), running.exception()
+            await asyncio.sleep(0.01)
+        yield
+    finally:
+        page.commits.stop()
+        server.should_exit = True
+        await running
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:

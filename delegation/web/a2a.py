@@ -19,15 +19,19 @@ forgets nothing. Identity: a task is an execution (``Task.id`` its ``runId``, it
   status, and end. A reconnecting client is given the whole sequence again, paged.
 * **Bounded.** A history is one page (``PAGE`` events, ``PAGE_BYTES``); a list page is at
   most ``MAX_PAGE`` tasks from at most ``MAX_SCAN`` rows; the SDK's event stream takes a
-  page only as its client reads (§9, §18).
+  page only as its client reads (§9, §18). A subscription takes a place among the web
+  app's ``MAX_STREAMS`` (its request's :class:`Slot`); the controls, which wait for their
+  outcome, run on ``CONTROL_THREADS`` threads of their own, never the pool the reads use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, TypeVar
 
 import msgspec
@@ -73,6 +77,7 @@ from delegation.operator import APPLY_WAIT_S, Operator
 from delegation.records import ChildSummary
 from delegation.usecases.follow import Wake, pages
 from delegation.usecases.inspector import PAGE, ChildPage, Inspector
+from delegation.web.stream import StreamCount
 from delegation.wire import Event, InputRequest, valid_id
 
 T = TypeVar("T")
@@ -81,6 +86,8 @@ CANCEL_WAIT_S = 10.0  # a CancelTask waits this long for the run to stop (then W
 MAX_PAGE = 100  # tasks one ListTasks page holds at most (50 unless asked)
 MAX_SCAN = 1_000  # rows one ListTasks page reads at most looking for its state
 ANSWERS = ("input", "steer")  # the controls a SendMessage gives
+CONTROL_THREADS = 4  # controls given (and waited for) at once; more wait their turn
+SLOT = "delegation.a2a.slot"  # a request's Slot, in its scope and its call context's state
 _WORKING = TaskState.TASK_STATE_WORKING
 _ENDED = (
     TaskState.TASK_STATE_COMPLETED,
@@ -186,16 +193,47 @@ def refusals(ended: type[A2AError] = UnsupportedOperationError) -> Iterator[None
         raise InvalidParamsError(str(exc), {"reason": exc.reason}) from exc
 
 
+class Slot:
+    """A request's place among the open ``streams``: taken by a subscription (when one is
+    free), given back by the endpoint once the answer ended, however it ended."""
+
+    def __init__(self, streams: StreamCount) -> None:
+        self.streams, self.taken = streams, False
+
+    def take(self) -> bool:
+        """Whether the request holds a place (now, or already)."""
+        if not self.taken and not self.streams.full():
+            self.streams.open += 1
+            self.taken = True
+        return self.taken
+
+    def release(self) -> None:
+        if self.taken:
+            self.streams.open -= 1
+            self.taken = False
+
+
 class Face(RequestHandler):
     """The A2A methods over the database at ``inspector.url``: reads through ``inspector``
-    (woken by ``wake`` when the database moves), controls through ``operator``."""
+    (woken by ``wake`` when the database moves), controls through ``operator``
+    (:meth:`close` it after)."""
 
     def __init__(self, inspector: Inspector, operator: Operator, wake: Wake, card: AgentCard):
         self.inspector, self.operator, self.wake, self.card = inspector, operator, wake, card
+        self._controls = ThreadPoolExecutor(CONTROL_THREADS, thread_name_prefix="a2a-control")
+
+    def close(self) -> None:
+        self._controls.shutdown(wait=False, cancel_futures=True)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn`` on a worker thread: the inspector's reads and the operator block."""
+        """``fn`` on a worker thread: the inspector's reads block."""
         return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def _control(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn`` on one of the controls' own threads: the operator blocks, and waits
+        for an outcome for seconds; the reads' pool (the page's too) stays free."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._controls, functools.partial(fn, *args, **kwargs))
 
     async def _child(self, task_id: str) -> ChildSummary:
         found = await self._call(self.inspector.by_run, task_id) if task_id else None
@@ -274,8 +312,8 @@ class Face(RequestHandler):
         if child.terminal:
             raise TaskNotCancelableError(f"the task has ended ({child.state})")
         with refusals(TaskNotCancelableError):
-            await self._call(self.operator.cancel, child.conversation_id, child.run_id)
-            await self._call(
+            await self._control(self.operator.cancel, child.conversation_id, child.run_id)
+            await self._control(
                 self.operator.wait_ended, child.conversation_id, child.run_id, CANCEL_WAIT_S
             )
             return await self._task(child, 0)
@@ -291,7 +329,9 @@ class Face(RequestHandler):
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Streamed, None]:
-        """:meth:`on_message_send`, then the task followed as :meth:`on_subscribe_to_task`."""
+        """:meth:`on_message_send`, then the task followed as :meth:`on_subscribe_to_task`
+        (refused before the message is given when no stream is free)."""
+        _place(context)
         child = await self._give(params.message)
         async for streamed in self._follow(child):
             yield streamed
@@ -316,21 +356,21 @@ class Face(RequestHandler):
         with refusals():
             first = await self._call(self.inspector.control_by_request, cid, ANSWERS, request_id)
             if first is not None:  # idempotency wins, even over an ended task
-                await self._call(self.operator.wait, first.id, APPLY_WAIT_S)
+                await self._control(self.operator.wait, first.id, APPLY_WAIT_S)
                 return child
             if child.terminal:
                 raise UnsupportedOperationError(f"the task has ended ({child.state})")
             text = "".join(part.text for part in message.parts if part.HasField("text"))
             asks = await self._asks(child)
             if not asks:
-                await self._call(self.operator.steer, cid, text, run_id, request_id=request_id)
+                await self._control(self.operator.steer, cid, text, run_id, request_id=request_id)
                 return child
             chosen = str(_meta(message, "inputId") or next(iter(asks)))
             ask = asks.get(chosen)
             decision = str(_meta(message, "decision") or "")
             if not decision and ask is not None and text in ask.options:
                 decision, text = text, ""
-            await self._call(
+            await self._control(
                 self.operator.answer_input, cid, chosen,
                 decision=decision or None, text=text or None, run_id=run_id,
                 request_id=request_id,
@@ -344,7 +384,9 @@ class Face(RequestHandler):
     ) -> AsyncGenerator[Streamed, None]:
         """The task with the first page of its events (``metadata.sequence`` = N), then
         exactly the events after N as they commit, then its artifact and terminal
-        status; an ended task's whole sequence the same way."""
+        status; an ended task's whole sequence the same way. With ``MAX_STREAMS`` open
+        already, InternalError (-32603), as the page's 503: try again later."""
+        _place(context)
         child = await self._child(params.id)
         async for streamed in self._follow(child):
             yield streamed
@@ -410,6 +452,18 @@ class Face(RequestHandler):
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> AgentCard:
         return self.card
+
+
+def _place(context: ServerCallContext) -> None:
+    """Take the request's place among the open streams (none to take: not served by the
+    endpoint's guard, a test's direct call).
+
+    Raises:
+        InternalError: every place is taken.
+    """
+    slot = context.state.get(SLOT)
+    if isinstance(slot, Slot) and not slot.take():
+        raise InternalError("too many open streams: try again later")
 
 
 def _no_push() -> NoReturn:

@@ -227,10 +227,11 @@ class Routes:
         token: Token | None,
         extra: Sequence[BaseRoute] = (),
         public: frozenset[str] = frozenset(),
+        bearer_only: frozenset[str] = frozenset(),
     ) -> Starlette:
         """The app answering ``allowed_hosts`` only; with ``token`` (None: no token asked
-        for), only requests that show it, or ask for a ``public`` path; ``extra``: more
-        routes (the A2A face's)."""
+        for), only requests that show it (as a bearer alone for a ``bearer_only`` path),
+        or ask for a ``public`` path; ``extra``: more routes (the A2A face's)."""
         routes = [
             Route("/", self.index),
             Route("/page.js", self.asset),
@@ -247,7 +248,11 @@ class Routes:
         middleware = [
             Middleware(SecurityHeaders),  # on every refusal too, the Host check's first
             Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)),
-            *([] if token is None else [Middleware(TokenGate, token=token, public=public)]),
+            *(
+                []
+                if token is None
+                else [Middleware(TokenGate, token=token, public=public, bearer_only=bearer_only)]
+            ),
         ]
         handlers = {
             errors.InputError: _refused,
@@ -496,10 +501,12 @@ def serve(
         if a2a:  # the a2a extra's, imported only when asked for
             from delegation.web.a2a_routes import Served
 
-            face = Served(inspector, page.commits, address(listener))
-        extra, public = (face.routes, face.public) if face else ((), frozenset[str]())
+            face = Served(inspector, page.commits, address(listener), page.streams)
+        extra, public, bearer_only = (
+            (face.routes, face.public, face.bearer_only) if face else ((), frozenset(), frozenset())
+        )
         config = uvicorn.Config(
-            page.app(allowed_hosts(host), gate, extra, public),
+            page.app(allowed_hosts(host), gate, extra, public, bearer_only),
             log_config=None,
             log_level="warning",
             access_log=False,

@@ -9,7 +9,10 @@ because cookies are kept per host, not per port, and two servers on one machine 
 overwrite each other's. The page drops ``token`` from its own address once loaded.
 An A2A client (design §29) shows it as ``Authorization: Bearer``; the gate reads that too,
 before any route, so a request without it is a 401 whatever it asks. Paths the app
-names ``public`` (the A2A agent card) pass without it.
+names ``public`` (the A2A agent card) pass without it; paths it names ``bearer_only``
+(the A2A endpoint, the one that writes) take the bearer alone, never the cookie or the
+query: a browser sends the cookie with a page's cross-site POST (another port of
+127.0.0.1 is the same site), never an ``Authorization`` header it was not given.
 """
 
 from __future__ import annotations
@@ -49,20 +52,33 @@ class Token:
 
 class TokenGate:
     """ASGI middleware: a request whose query, cookie or bearer holds the token reaches
-    the app (a query's token also sets the cookie), as does one for a ``public`` path;
-    every other one is answered 401."""
+    the app (a query's token also sets the cookie), as does one for a ``public`` path,
+    and one for a ``bearer_only`` path only with the bearer; every other one is answered
+    401."""
 
-    def __init__(self, app: ASGIApp, token: Token, public: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: Token,
+        public: frozenset[str] = frozenset(),
+        bearer_only: frozenset[str] = frozenset(),
+    ) -> None:
         self.app = app
         self.token = token
         self.public = public
+        self.bearer_only = bearer_only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # the lifespan
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        if self.token.matches(request.query_params.get("token")):
+        if scope["path"] in self.bearer_only:
+            if self.token.matches(bearer(request)):
+                await self.app(scope, receive, send)
+            else:
+                await _refuse(scope, receive, send)
+        elif self.token.matches(request.query_params.get("token")):
             await self.app(scope, receive, self._with_cookie(send))
         elif (
             self.token.matches(request.cookies.get(self.token.cookie))
@@ -71,8 +87,7 @@ class TokenGate:
         ):
             await self.app(scope, receive, send)
         else:
-            challenge = {"WWW-Authenticate": "Bearer"}
-            await PlainTextResponse(REFUSED, 401, challenge)(scope, receive, send)
+            await _refuse(scope, receive, send)
 
     def _with_cookie(self, send: Send) -> Send:
         async def sending(message: Message) -> None:
@@ -82,6 +97,10 @@ class TokenGate:
             await send(message)
 
         return sending
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+    await PlainTextResponse(REFUSED, 401, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
 
 
 def bearer(request: Request) -> str | None:
