@@ -12,12 +12,14 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
+from a2a.server.context import ServerCallContext
 from a2a.types.a2a_pb2 import (
+    AgentCard,
     CancelTaskRequest,
     GetTaskRequest,
     ListTasksRequest,
@@ -36,9 +38,10 @@ from a2a.utils.errors import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
+from a2a.utils.proto_utils import to_stream_response
 from google.protobuf.json_format import MessageToDict
 
-from delegation import ChildContext, Event, Operator
+from delegation import ChildContext, Event, Operator, errors
 from delegation.usecases.inspector import Inspector
 from delegation.web import a2a as face_module
 from delegation.web import a2a_routes
@@ -437,3 +440,60 @@ async def test_streams_count_with_the_pages_and_controls_have_threads_of_their_o
             thread = await site.face.face._control(threading.current_thread)
             assert thread.name.startswith("a2a-control")
             assert site.face.face._controls._max_workers == face_module.CONTROL_THREADS
+
+
+class Flaky:
+    """An inspector whose second and third reads of a page fail as a busy, then an away,
+    database's do."""
+
+    def __init__(self, inspector: Inspector) -> None:
+        self.inspector, self.reads = inspector, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inspector, name)
+
+    def page(self, *args: Any) -> Any:
+        self.reads += 1
+        if self.reads == 2:
+            raise errors.DatabaseBusy("busy")
+        if self.reads == 3:
+            raise errors.StoreUnavailable("away")
+        return self.inspector.page(*args)
+
+
+class Ticks:
+    """A wake that says to read again every 50 ms."""
+
+    def version(self) -> int:
+        return 0
+
+    async def moved(self, since: int) -> bool:
+        await asyncio.sleep(0.05)
+        return True
+
+
+@contextlib.contextmanager
+def direct(db_url: str, wrap: Any = None) -> Iterator[face_module.Face]:
+    """A face over ``db_url`` called directly, its inspector wrapped in ``wrap``."""
+    with Inspector(db_url) as inspector, Operator(db_url) as operator:
+        reads = cast(Inspector, wrap(inspector) if wrap else inspector)
+        made = face_module.Face(reads, operator, Ticks(), AgentCard())
+        try:
+            yield made
+        finally:
+            made.close()
+
+
+async def test_a_busy_or_away_database_delays_a_subscription_and_ends_none(
+    db_url: str, workspace: Path
+) -> None:
+    async with hosted(db_url, workspace, ticking) as h:
+        _, run_id = await child(h, "running")
+        with direct(db_url, Flaky) as face:
+            request = SubscribeToTaskRequest(id=run_id)
+            streamed = face.on_subscribe_to_task(request, ServerCallContext())
+            seen = [to_stream_response(e) async for e in streamed]
+            assert cast(Flaky, face.inspector).reads > 3
+    numbers = sequences(seen)
+    assert numbers == list(range(1, 152))  # 150 ticks and the result, none lost
+    assert seen[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED

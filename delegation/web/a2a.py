@@ -75,7 +75,7 @@ from a2a.utils.errors import (
 from delegation import errors
 from delegation.operator import APPLY_WAIT_S, Operator
 from delegation.records import ChildSummary
-from delegation.usecases.follow import Wake, pages
+from delegation.usecases.follow import PASSING, Wake, pages
 from delegation.usecases.inspector import PAGE, ChildPage, Inspector
 from delegation.web.stream import StreamCount
 from delegation.wire import Event, InputRequest, valid_id
@@ -175,18 +175,26 @@ def control_id(message_id: str) -> str:
 
 
 @contextlib.contextmanager
-def refusals(ended: type[A2AError] = UnsupportedOperationError) -> Iterator[None]:
+def refusals(
+    ended: type[A2AError] = UnsupportedOperationError, *, passing: bool = False
+) -> Iterator[None]:
     """Our refusals as A2A's, one to one: no such child TaskNotFound (-32001); an ended
     child ``ended`` (a cancel's TaskNotCancelable, -32002; a message's
-    UnsupportedOperation, -32004); the store's faults InternalError; every other refusal
-    (an unknown or answered input, a decision not among its options, an empty steer)
-    InvalidParams (-32602) with its message."""
+    UnsupportedOperation, -32004); the store's faults InternalError, except the busy or
+    away database's (:data:`~delegation.usecases.follow.PASSING`) when ``passing`` (a
+    follow's read: it tries again); every other refusal (an unknown or answered input, a
+    decision not among its options, an empty steer) InvalidParams (-32602) with its
+    message."""
     try:
         yield
     except (errors.ChildNotFound, errors.ChildPurged) as exc:
         raise TaskNotFoundError(str(exc)) from exc
     except errors.ChildEnded as exc:
         raise ended(str(exc)) from exc
+    except PASSING as exc:
+        if passing:
+            raise
+        raise InternalError(str(exc)) from exc
     except errors.StoreError as exc:
         raise InternalError(str(exc)) from exc
     except errors.DelegationError as exc:
@@ -395,7 +403,7 @@ class Face(RequestHandler):
         cid, run_id = child.conversation_id, child.run_id
 
         async def read(after: int, limit: int) -> ChildPage:
-            with refusals():
+            with refusals(passing=True):  # a busy or away database: pages() tries again
                 return await self._call(self.inspector.page, cid, run_id, after, limit)
 
         said: tuple[TaskState, tuple[str, ...]] | None = None
