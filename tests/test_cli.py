@@ -236,7 +236,7 @@ async def test_children_filter_by_live_state(cli: Cli, fleet: Fleet, harness: Ha
 
 async def test_children_refuses_an_unknown_state(cli: Cli, fleet: Fleet) -> None:
     code, out, err = cli("children", "--state", "finished")
-    assert (code, out) == (1, "")
+    assert (code, out) == (2, "")  # a usage error (docs/cli.md, "Exit codes")
     assert "unknown state 'finished'" in err
 
 

@@ -101,9 +101,9 @@ async def test_children_patch_lists_live_executions_with_their_recorded_value(
         assert " true " in lines[started["asks"].conversation_id]
         assert " not asked " in lines[started["never"].conversation_id]
         code, _, err = cli("children", "--patch", "p", "--state", "running")
-        assert code == 1 and "take no --state" in err
+        assert code == 2 and "take no --state" in err
         code, _, err = cli("children", "--patch", "")
-        assert code == 1 and "ctx.patched" in err
+        assert code == 2 and "ctx.patched" in err
 
 
 async def test_children_pinned_lists_only_pinned_children_and_their_version(

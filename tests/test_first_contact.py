@@ -160,8 +160,9 @@ def test_the_demo_without_its_extra_names_the_install_line(
     from delegation.cli import demo
 
     monkeypatch.setitem(sys.modules, "pydantic_ai", None)  # as if it were not installed
-    assert demo.run_demo(f"sqlite:///{tmp_path / 'd.db'}", runner="pydantic-ai") == 1
-    said = " ".join(capsys.readouterr().out.split())
+    assert demo.run_demo(f"sqlite:///{tmp_path / 'd.db'}", runner="pydantic-ai") == 2  # usage
+    said = capsys.readouterr().err
+    assert said.startswith("delegation: ") and said.count("\n") == 1
     assert "pip install -e '.[pydantic-ai]' from the checkout" in said
     assert "(once published: pip install 'durable-delegation[pydantic-ai]')" in said
     assert os.listdir(tmp_path) == []

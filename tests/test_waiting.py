@@ -450,7 +450,7 @@ async def test_delegation_input_and_send_from_another_process(db_url: str, works
         code, out, err = await operator("input", cid, "word", "--text", "hello", db=db_url)
         assert code == 0 and out.startswith(f"answered word of {cid}"), (out, err)
         code, out, err = await operator("send", cid, "go", "--data", "{nope", db=db_url)
-        assert code == 1 and "--data is not JSON" in err
+        assert code == 2 and "argument --data: '{nope' is not JSON" in err  # a usage error
         code, out, err = await operator("send", cid, "go", "--data", '{"n": 1}', "--id", "s1",
                                         db=db_url)  # fmt: skip
         assert code == 0 and out.strip() == f"event go to {cid}: sent", (out, err)

@@ -4,12 +4,27 @@ numbers given on the command line. Light to import: ``--help`` loads nothing els
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import sys
+from typing import Any
 
 # What a number given on the command line may be at most: past this a lifetime
 # overflows the scheduler's datetimes and a count the platform's sizes.
 MAX_SECONDS = 10**9  # about 31 years
 MAX_COUNT = 10**9
+
+# Every command's exit codes (docs/cli.md, "Exit codes"): done; refused or failed (the
+# command was well formed, and the database, a child, a host or this machine said no);
+# a usage error (what was typed cannot be right, judged before anything is read or
+# written: argparse's own errors exit 2 too). Ctrl-C exits 130, as shells expect.
+OK, REFUSED, USAGE = 0, 1, 2
+
+
+def usage(message: str) -> int:
+    """A refused command line: one line on stderr; returns :data:`USAGE`."""
+    print(f"delegation: {message}", file=sys.stderr)
+    return USAGE
 
 
 def positive_seconds(text: str) -> float:
@@ -47,6 +62,42 @@ def positive_int(text: str) -> int:
     if value > MAX_COUNT:
         raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_COUNT}")
     return value
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number, zero or more, at most ``MAX_COUNT``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (0 or more)")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_COUNT}")
+    return value
+
+
+def rate(text: str) -> tuple[int, float]:
+    """An argparse type: ``N/SECONDS``, N admissions per SECONDS (``10/60``). A bare
+    ``N`` is refused: per second or per minute, it would be a guess."""
+    n, slash, per = text.partition("/")
+    try:
+        given = (positive_int(n), positive_seconds(per))
+    except argparse.ArgumentTypeError:
+        given = None
+    if not slash or given is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not N/SECONDS (N admissions per SECONDS, both above zero, e.g. 10/60)"
+        )
+    return given
+
+
+def json_value(text: str) -> Any:
+    """An argparse type: a JSON document (``--data``)."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {exc}") from None
 
 
 DEFAULT_DB = "./delegation.db"

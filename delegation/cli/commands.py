@@ -21,9 +21,13 @@ from delegation.cli.arguments import (
     CHILD_HELP,
     DEFAULT_DB,
     PASSWORD_ON_COMMAND_LINE,
+    REFUSED,
     RUN_HELP,
+    count,
     positive_int,
     positive_seconds,
+    rate,
+    usage,
     user_id,
 )
 from delegation.cli.arguments import add_db as _add_db
@@ -190,8 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
         "scope", nargs="?", help="runner:R, extension:R/E, preset:R/E/P or parent:C to set"
     )
     policy.add_argument("--concurrency", type=positive_int, help="children at once")
-    policy.add_argument("--rate", help="admissions per seconds, as N/SECONDS (e.g. 10/60)")
-    policy.add_argument("--max-queued", type=int, help="children waiting at most (1024)")
+    policy.add_argument(
+        "--rate", type=rate, metavar="N/SECONDS", help="N admissions per SECONDS (e.g. 10/60)"
+    )
+    policy.add_argument("--max-queued", type=count, help="children waiting at most (1024)")
     policy.add_argument("--queue-timeout", type=positive_seconds, help="seconds a child waits")
     policy.add_argument("--remove", action="store_true", help="remove the scope's policy")
     _add_json(policy)
@@ -229,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         getattr(args, "log_level", None) or os.environ.get("DELEGATION_LOG", "WARNING")
     ).upper()
     if not isinstance(logging.getLevelName(level), int):
-        return _usage(f"DELEGATION_LOG={level.lower()} is not a log level (try info or debug)")
+        return usage(f"DELEGATION_LOG={level.lower()} is not a log level (try info or debug)")
     handler = logging.StreamHandler(sys.stderr)
     if getattr(args, "log_json", False):
         handler.setFormatter(_JsonFormatter())
@@ -244,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from delegation.cli.terminal import printable  # a message may quote what a peer sent
 
         print(f"delegation: {printable(str(exc))} ({exc.reason}){_why(exc)}", file=sys.stderr)
-        return 1
+        return REFUSED
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -252,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # is. What is still buffered for stdout goes nowhere, not into a traceback.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        return REFUSED
 
 
 def _why(exc: errors.DelegationError) -> str:
@@ -306,7 +312,7 @@ class _JsonFormatter(logging.Formatter):
 def _run(args: argparse.Namespace) -> int:
     # Only --db itself is refused: the same URL from DELEGATION_DB is the way to give it.
     if passwords.in_url(getattr(args, "db", "")):
-        return _usage(PASSWORD_ON_COMMAND_LINE)
+        return usage(PASSWORD_ON_COMMAND_LINE)
     if args.command == "completion":  # needs no database
         print(completion.script(args.shell, build_parser()), end="")
         return 0
@@ -317,7 +323,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         args.url = db_url(args.db)
     except ValueError as exc:
-        return _usage(f"--db {passwords.redacted(args.db)}: {exc}")
+        return usage(f"--db {passwords.redacted(args.db)}: {exc}")
     if args.command == "serve":
         return _serve(args)
     if args.command == "demo":
@@ -346,11 +352,11 @@ def _serve(args: argparse.Namespace) -> int:
     # Every refusal before the engine opens: a refused start creates nothing.
     refusal = _serve_paths(args)
     if refusal is not None:
-        return _usage(refusal)
+        return usage(refusal)
     try:
         runner = load_runner(args.runner, args.runner_config)
     except (ValueError, ImportError, AttributeError, OSError) as exc:
-        return _usage(f"cannot load runner {args.runner!r}: {exc}")
+        return usage(f"cannot load runner {args.runner!r}: {exc}")
     limits = {"lease_lifetime_s": args.lease_lifetime, "max_page_bytes": args.max_page_bytes}
     config = EngineConfig(**{name: value for name, value in limits.items() if value is not None})
     engine = Engine(args.url, runner=runner, config=config)
@@ -367,10 +373,10 @@ def _serve(args: argparse.Namespace) -> int:
             )
         )
     except FileExistsError as exc:
-        return _usage(str(exc))
+        return usage(str(exc))
     except OSError as exc:  # the socket could not be bound, say: one line, no traceback
         print(f"delegation: {exc}", file=sys.stderr)
-        return 1
+        return REFUSED
     return 0
 
 
@@ -393,14 +399,14 @@ def _containment(args: argparse.Namespace) -> int:
             else CommandRunner({"probe": ["true"]})
         )
     except (OSError, CommandConfigError) as exc:
-        return _usage(f"--runner-config: {exc}")
+        return usage(f"--runner-config: {exc}")
     report = observe(runner.containment)
     if args.bench:
         from delegation.runners.check import spawn_cost
 
         report["spawn_to_first_line"] = spawn_cost(runner.containment, args.bench)
     print(json.dumps(report) if args.json else render(report))
-    return 1 if "error" in report else 0
+    return REFUSED if "error" in report else 0
 
 
 def _serve_paths(args: argparse.Namespace) -> str | None:
@@ -432,12 +438,6 @@ def _stdin_open() -> bool:
     except OSError:
         return False
     return True
-
-
-def _usage(message: str) -> int:
-    """A refused command line: one line on stderr, exit code 2 (as argparse does)."""
-    print(f"delegation: {message}", file=sys.stderr)
-    return 2
 
 
 def _db(args: argparse.Namespace) -> int:
@@ -474,7 +474,7 @@ A2A_PACKAGES = ("a2a", "sse_starlette", "google")
 
 def _web(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
-        return _usage(f"--port {args.port}: not a TCP port (0 to 65535)")
+        return usage(f"--port {args.port}: not a TCP port (0 to 65535)")
     try:
         from delegation.web.app import serve
 
@@ -483,13 +483,13 @@ def _web(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").partition(".")[0]
         if missing in A2A_PACKAGES:
-            return _usage(
+            return usage(
                 f"`delegation web --a2a` needs the a2a extra ({missing} is missing):"
                 " pip install -e '.[a2a]' from the checkout"
             )
         if missing not in WEB_PACKAGES:
             raise
-        return _usage(
+        return usage(
             f"`delegation web` needs the web extra ({missing} is missing):"
             " pip install -e '.[web]' from the checkout"
             " (once published: pip install 'durable-delegation[web]')"

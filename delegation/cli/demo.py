@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
+from delegation.cli.arguments import REFUSED, usage
 from delegation.client.api import Client
 from delegation.errors import DelegationError
 from delegation.store import passwords
@@ -276,13 +276,12 @@ def run_demo(db: str, *, fast: bool = False, runner: str = "scripted") -> int:
     if runner not in RUNNERS:
         raise ValueError(f"the demo runs {' or '.join(RUNNERS)}, not {runner!r}")
     if runner == "pydantic-ai" and importlib.util.find_spec("pydantic_ai") is None:
-        # Escaped: rich would take "[pydantic-ai]" for markup and print nothing of it.
-        install = escape(
-            "pip install -e '.[pydantic-ai]' from the checkout"
+        # What was asked cannot run here, as `delegation web` without its extra: exit 2.
+        return usage(
+            "`delegation demo --runner pydantic-ai` needs the pydantic-ai extra (pydantic_ai"
+            " is missing): pip install -e '.[pydantic-ai]' from the checkout"
             " (once published: pip install 'durable-delegation[pydantic-ai]')"
         )
-        out(f"[bold red]demo failed:[/bold red] the pydantic-ai runner needs its extra: {install}")
-        return 1
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "host.log"
         started = time.monotonic()
@@ -295,6 +294,6 @@ def run_demo(db: str, *, fast: bool = False, runner: str = "scripted") -> int:
             out(f"[bold red]demo failed:[/bold red] {exc}")
             with contextlib.suppress(OSError):
                 out(log.read_text()[-4000:], markup=False)
-            return 1
+            return REFUSED
         out(f"[dim]done in {time.monotonic() - started:.1f} s[/dim]")
         return 0

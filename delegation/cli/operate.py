@@ -19,7 +19,16 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from delegation.cli.arguments import CHILD_HELP, RUN_HELP, add_db, add_json, wait_seconds
+from delegation.cli.arguments import (
+    CHILD_HELP,
+    REFUSED,
+    RUN_HELP,
+    add_db,
+    add_json,
+    json_value,
+    positive_int,
+    wait_seconds,
+)
 
 if TYPE_CHECKING:
     from delegation.operator import Operator, Outcome
@@ -58,7 +67,9 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "send", help="send an event to a child's conversation (ctx.wait_event takes it)"
     )
     _child(send, "key", help="the event's key", run=False)
-    send.add_argument("--data", default="null", help="its payload, as JSON (default: null)")
+    send.add_argument(
+        "--data", type=json_value, default=None, help="its payload, as JSON (default: null)"
+    )
     send.add_argument("--id", dest="idempotency_key", help="sent once per conversation")
     send.set_defaults(run=None)  # to the conversation: its newest execution waits for it
     _wait(send)
@@ -86,7 +97,9 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     add_db(listing)
     listing.add_argument("child", nargs="?", help=f"{CHILD_HELP} (default: every child)")
-    listing.add_argument("--limit", type=int, default=50, help="at most this many, newest first")
+    listing.add_argument(
+        "--limit", type=positive_int, default=50, help="at most this many, newest first"
+    )
     listing.add_argument(
         "--wait", type=wait_seconds, default=0.0, metavar="SECONDS",
         help="first wait up to SECONDS for the pending ones to be applied",
@@ -112,7 +125,8 @@ def _wait(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace, url: str) -> int:
-    """Run one of :data:`COMMANDS`; returns the exit code (1: refused, 0: done or pending)."""
+    """Run one of :data:`COMMANDS`; returns the exit code (1: refused, 0: done or pending;
+    a usage error exits 2 in argparse, before this)."""
     from delegation import errors
     from delegation.cli.show import missing_child, resolve_ids
     from delegation.operator import Operator
@@ -134,8 +148,6 @@ def command(args: argparse.Namespace, url: str) -> int:
             outcome = _give(operator, args, child.run_id)
         except errors.DelegationError as exc:
             return _fail(args, str(exc), exc.reason)
-        except ValueError as exc:
-            return _fail(args, str(exc), "malformed_input")
         fields = dict(outcome.fields)
         if args.command == "cancel" and args.wait is not None and outcome.status == "applied":
             ended = operator.wait_ended(child.conversation_id, child.run_id, args.wait)
@@ -148,7 +160,6 @@ def _give(operator: Operator, args: argparse.Namespace, run_id: str) -> Outcome:
     """The control a command gives, given and waited for.
 
     Raises:
-        ValueError: what the command was given cannot make one (``--data`` not JSON).
         errors.DelegationError: refused.
     """
     child = args.child
@@ -167,12 +178,8 @@ def _give(operator: Operator, args: argparse.Namespace, run_id: str) -> Outcome:
             child, args.input_id, decision=decision, text=args.text, run_id=run_id,
             request_id=request_id, wait=args.wait,
         )  # fmt: skip
-    try:
-        payload = json.loads(args.data)
-    except ValueError as exc:
-        raise ValueError(f"--data is not JSON: {exc}") from None
     key = args.idempotency_key or ""
-    return operator.send_event(child, args.key, payload, idempotency_key=key, wait=args.wait)
+    return operator.send_event(child, args.key, args.data, idempotency_key=key, wait=args.wait)
 
 
 def _cancel_wait(args: argparse.Namespace) -> float:
@@ -230,7 +237,7 @@ def _controls(operator: Operator, args: argparse.Namespace) -> int:
     from delegation.cli.terminal import printable
 
     conversation = args.child  # None: every child's
-    listed = operator.controls(conversation, max(1, args.limit))
+    listed = operator.controls(conversation, args.limit)
     deadline = time.monotonic() + args.wait
     for pending in [o for o in listed if o.status == "pending"]:
         left = deadline - time.monotonic()
@@ -239,7 +246,7 @@ def _controls(operator: Operator, args: argparse.Namespace) -> int:
         with contextlib.suppress(errors.DelegationError):  # a refusal is listed with the rest
             operator.wait(pending.id, left)
     if args.wait:
-        listed = operator.controls(conversation, max(1, args.limit))
+        listed = operator.controls(conversation, args.limit)
     if args.json:
         print(json.dumps([_control_json(outcome) for outcome in listed]))
         return 0
@@ -274,4 +281,4 @@ def _fail(args: argparse.Namespace, message: str, reason: str | None = None) -> 
     if args.json:
         print(json.dumps({"error": message, "reason": reason or "refused"}))
     print(f"delegation: {printable(message)}", file=sys.stderr)
-    return 1
+    return REFUSED

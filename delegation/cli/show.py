@@ -27,6 +27,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from delegation.cli.arguments import REFUSED, usage
 from delegation.cli.listing import Column, table
 from delegation.cli.terminal import cells, line_console, printable, printable_json, table_console
 from delegation.codec import encode
@@ -78,6 +79,9 @@ def command(args: argparse.Namespace, url: str) -> int:
         "leases": _leases,
         "admission": _admission,
     }
+    misused = misuse(args)
+    if misused is not None:
+        return usage(misused)
     with Inspector(url) as inspector:
         inspector.check()
         revision, head = inspector.revision(), migrate.head()
@@ -88,6 +92,32 @@ def command(args: argparse.Namespace, url: str) -> int:
         if refusal is not None:
             return _fail(refusal)
         return commands[args.command](inspector, args)
+
+
+def misuse(args: argparse.Namespace) -> str | None:
+    """Why an inspection command line cannot be right (a usage error, exit 2), judged
+    before the database is opened; or None."""
+    if args.command == "children":
+        if args.state is not None and args.state not in set(State):
+            return f"unknown state {args.state!r}; use one of {', '.join(State)}"
+        versioned = args.patch is not None or args.pinned
+        if versioned and any(f is not None for f in (args.state, args.lease, args.parent)):
+            return "--patch and --pinned take no --state, --lease or --parent"
+        if args.patch is not None and (not args.patch or args.patch.startswith(PATCH_PREFIX[0])):
+            return "--patch takes the name given to ctx.patched"
+    if args.command == "admission":
+        limits = (args.concurrency, args.rate, args.max_queued, args.queue_timeout)
+        given = any(value is not None for value in limits)
+        if args.scope is None and (given or args.remove):
+            return "--concurrency, --rate, --max-queued, --queue-timeout and --remove need a SCOPE"
+        if args.remove and given:
+            return "--remove takes no --concurrency, --rate, --max-queued or --queue-timeout"
+        if args.scope is not None:
+            try:
+                admission_change(args)
+            except ValueError as exc:
+                return str(exc)
+    return None
 
 
 def resolve_ids(inspector: Inspector, args: argparse.Namespace) -> str | None:
@@ -121,8 +151,6 @@ def missing_child(args: argparse.Namespace) -> str:
 
 
 def _children(inspector: Inspector, args: argparse.Namespace) -> int:
-    if args.state is not None and args.state not in set(State):
-        return _fail(f"unknown state {args.state!r}; use one of {', '.join(State)}")
     if args.patch is not None or args.pinned:
         return _versioned(inspector, args)
     records = inspector.list_children(
@@ -146,8 +174,6 @@ def _children(inspector: Inspector, args: argparse.Namespace) -> int:
 def _versioned(inspector: Inspector, args: argparse.Namespace) -> int:
     """``children --patch NAME``: the live executions and the value each recorded for
     the patch; ``children --pinned``: the children pinned to a runner version (§34)."""
-    if args.state is not None or args.lease is not None or args.parent is not None:
-        return _fail("--patch and --pinned take no --state, --lease or --parent")
     now = time.time()
     if args.pinned:
         records = inspector.pinned(args.limit)
@@ -156,8 +182,6 @@ def _versioned(inspector: Inspector, args: argparse.Namespace) -> int:
             _print_json([child_json(record) for record in records])
             return 0
     else:
-        if not args.patch or args.patch.startswith(PATCH_PREFIX[0]):
-            return _fail("--patch takes the name given to ctx.patched")
         found = inspector.patch_values(args.patch, args.limit)
         if args.json:
             _print_json([{**child_json(record), "patch": value} for record, value in found])
@@ -298,7 +322,7 @@ def ended(record: ChildRecord | None, as_json: bool) -> int:
     else:
         how = f"{record.state}: {record.error}" if record.error else record.state
         line_console().print(Text(f"-- {printable(how)}", style="bold"))
-    return 0 if record is not None else 1
+    return 0 if record is not None else REFUSED
 
 
 def event_line(event: Event) -> Text:
@@ -395,13 +419,19 @@ def byte_size(size: int) -> str:
 
 
 def _admission(inspector: Inspector, args: argparse.Namespace) -> int:
-    """``delegation admission``: set or remove a scope's policy, then list them all."""
+    """``delegation admission``: set or remove a scope's policy, then list them all. A
+    policy for a scope whose runner, extension or preset the database has never seen is
+    stored (a runner may bring it later) with one warning line: it may be misspelled."""
     if args.scope is not None:
-        try:
-            changed = admission_change(args)
-        except ValueError as exc:
-            return _fail(str(exc))
+        changed = admission_change(args)
         write_once(inspector.url, lambda c: stored_policy(c, time.time(), args.scope, changed))
+        unseen = None if changed is None else inspector.unseen(args.scope)
+        if unseen is not None:
+            print(
+                f"delegation: warning: this database has never seen {printable(unseen)}: the"
+                " policy is stored, and holds once a host brings it (never, if misspelled)",
+                file=sys.stderr,
+            )
     found = inspector.admission()
     if args.json:
         _print_json([scope_json(use) for use in found])
@@ -423,16 +453,9 @@ def admission_change(args: argparse.Namespace) -> AdmissionPolicy | None:
     parse_scope(args.scope)
     if args.remove:
         return None
-    rate = None
-    if args.rate is not None:
-        n, _, per = args.rate.partition("/")
-        try:
-            rate = (int(n), float(per or "1"))
-        except ValueError:
-            raise ValueError(f"--rate {args.rate!r}: give N/SECONDS, e.g. 10/60") from None
     return AdmissionPolicy(
         concurrency=args.concurrency,
-        rate=rate,
+        rate=args.rate,
         max_queued=1024 if args.max_queued is None else args.max_queued,
         queue_timeout_s=args.queue_timeout,
     )
@@ -537,5 +560,6 @@ def _missing(args: argparse.Namespace) -> int:
 
 
 def _fail(message: str) -> int:
+    """A refusal (exit 1): the database has no such thing, or cannot be read."""
     print(f"delegation: {message}", file=sys.stderr)
-    return 1
+    return REFUSED

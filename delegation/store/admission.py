@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from delegation.config import AdmissionPolicy, parse_scope
 from delegation.store.sql import Connection, run, spelling_of
 from delegation.store.tables import ADMISSION
@@ -298,3 +300,59 @@ def stop_ids(conn: Connection, child_ids: Iterable[int], now: float, reason: str
         if row is not None:
             ended.append(int(row[0]))
     return ended
+
+
+def unseen(conn: Connection, scope: str) -> str | None:
+    """What ``scope`` names that this database has never seen (``runner 'R'``,
+    ``extension 'R/E'``, ``preset 'R/E/P'``: the widest unknown part), or None.
+
+    A runner is seen once registered, or named by a grant or a child; an extension once
+    a grant or a child names it; a preset once a tool call offered it or a child ran
+    under it. A parent conversation is not judged: a new one may start any moment.
+    """
+    kind, ids = parse_scope(scope)
+    if kind == "parent":
+        return None
+    runner = ids[0]
+    if not (
+        _any(conn, "runners WHERE runner_id = ?", runner)
+        or _any(conn, "grants WHERE runner_id = ?", runner)
+        or _any(conn, "children WHERE runner_id = ?", runner)
+    ):
+        return f"runner {runner!r}"
+    if kind == "runner":
+        return None
+    owner = (runner, ids[1])
+    if not (
+        _any(conn, "grants WHERE runner_id = ? AND extension_id = ?", *owner)
+        or _any(conn, "children WHERE runner_id = ? AND extension_id = ?", *owner)
+    ):
+        return f"extension {'/'.join(owner)!r}"
+    if kind == "extension" or _any(
+        conn, "children WHERE runner_id = ? AND extension_id = ? AND profile = ?", *ids
+    ):
+        return None
+    offered = run(
+        conn,
+        "SELECT DISTINCT presets FROM grants WHERE runner_id = ? AND extension_id = ?"
+        " AND presets IS NOT NULL",
+        owner,
+    ).fetchall()
+    if any(ids[2] in _preset_names(raw) for (raw,) in offered):
+        return None
+    return f"preset {scope.partition(':')[2]!r}"
+
+
+def _any(conn: Connection, where: str, *params: str) -> bool:
+    return run(conn, f"SELECT 1 FROM {where} LIMIT 1", params).fetchone() is not None
+
+
+def _preset_names(raw: bytes) -> set[str]:
+    """The names of a grant's presets (a JSON list of presets, as the grant stored it)."""
+    try:
+        presets = msgspec.json.decode(bytes(raw))
+    except msgspec.DecodeError:  # unreadable: it names none, so the scope may warn
+        return set()
+    if not isinstance(presets, list):
+        return set()
+    return {p["name"] for p in presets if isinstance(p, dict) and isinstance(p.get("name"), str)}

@@ -259,6 +259,12 @@ class Inspector:
         """Every admission policy, with the slots its scope holds and its queue now."""
         return self._db.read(admission.listing)
 
+    def unseen(self, scope: str) -> str | None:
+        """What an admission ``scope`` names that this database has never seen (``runner
+        'R'``, ``extension 'R/E'``, ``preset 'R/E/P'``), or None: a policy for it holds
+        once a runner brings it (design §22), or never, when it was misspelled."""
+        return self._db.read(lambda c: store_admission.unseen(c, scope))
+
     def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
         return self._db.read(lambda c: queries.leases(c, runner_id))
 
