@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -33,6 +34,7 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 from a2a.utils.errors import (
+    InvalidParamsError,
     PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -42,7 +44,7 @@ from a2a.utils.proto_utils import to_stream_response
 from google.protobuf.json_format import MessageToDict
 
 from delegation import ChildContext, Event, Operator, errors
-from delegation.usecases.inspector import Inspector
+from delegation.usecases.inspector import PAGE, Inspector
 from delegation.web import a2a as face_module
 from delegation.web import a2a_routes
 from delegation.web.app import Routes, address, allowed_hosts, bind
@@ -56,9 +58,11 @@ LEASE = "lease-1"
 
 
 async def approving(ctx: ChildContext) -> None:
-    """A child that plans, asks for an approval, and reports what it did."""
+    """A child that plans (more than a page of lines when asked "chatty"), asks for an
+    approval, and reports what it did."""
     await ctx.admit()
-    ctx.emit(Event(kind="text", text="planning"))
+    for _ in range(PAGE + 72 if ctx.request.message == "chatty" else 1):
+        ctx.emit(Event(kind="text", text="planning"))
     ok = await ctx.ask("deploy", "deploy to production?", kind="approval", tool_name="deploy")
     ctx.emit(Event(kind="result", text=f"deploy: {ok}"))
 
@@ -497,3 +501,67 @@ async def test_a_busy_or_away_database_delays_a_subscription_and_ends_none(
     numbers = sequences(seen)
     assert numbers == list(range(1, 152))  # 150 ticks and the result, none lost
     assert seen[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+async def test_a_subscription_catches_up_working_then_says_the_state_now(
+    db_url: str, workspace: Path
+) -> None:
+    async with hosted(db_url, workspace, approving) as h:
+        _, run_id = await child(h, "waiting", message="chatty")
+        with direct(db_url) as face:
+            streamed = face.on_subscribe_to_task(
+                SubscribeToTaskRequest(id=run_id), ServerCallContext()
+            )
+            seen: list[StreamResponse] = []
+            async with asyncio.timeout(20):
+                async for item in streamed:
+                    seen.append(to_stream_response(item))
+                    update = seen[-1].status_update.status
+                    if update.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+                        break
+            await streamed.aclose()
+    first, *updates, now = seen
+    assert first.task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert len(first.task.history) == PAGE
+    states = {u.status_update.status.state for u in updates}
+    assert states == {TaskState.TASK_STATE_WORKING}  # past events: not the state now
+    assert now.status_update.status.state == TaskState.TASK_STATE_INPUT_REQUIRED  # then it
+    assert "inputRequests" in MessageToDict(now.status_update.status.message)["metadata"]
+
+
+async def test_a_message_id_is_needed_and_names_one_task(db_url: str, workspace: Path) -> None:
+    async with hosted(db_url, workspace, ticking) as h:
+        cid, run_id = await child(h, "running", message="forever")
+        with direct(db_url) as face:
+            context = ServerCallContext()
+            with pytest.raises(InvalidParamsError, match="message_id"):
+                await face.on_message_send(said("", "go on", run_id), context)
+            given = await face.on_message_send(said("m-1", "go on", run_id), context)
+            assert given.status.state == TaskState.TASK_STATE_WORKING  # a steer of it
+            first = face.inspector.control_by_request(cid, ["steer"], "m-1")
+            assert first is not None and first.run_id == run_id
+            other = dataclasses.replace(first, run_id="r-another-execution")
+            face.inspector = cast(Inspector, Found(face.inspector, other))
+            with pytest.raises(InvalidParamsError, match="already used") as refused:
+                await face.on_message_send(said("m-1", "go on", run_id), context)
+            assert refused.value.data == {"reason": "steer_request_id_reused"}
+            with pytest.raises(InvalidParamsError, match="page_token"):  # -32602, not -32603
+                await face.on_list_tasks(ListTasksRequest(page_token="²"), context)
+            with pytest.raises(InvalidParamsError, match="page_token"):
+                await face.on_list_tasks(ListTasksRequest(page_token="9" * 20), context)
+        with Operator(db_url) as op:
+            steers = [c.request_id for c in op.controls(cid) if c.action == "steer"]
+        assert steers == ["m-1"]
+
+
+class Found:
+    """An inspector that finds ``control`` for every request id."""
+
+    def __init__(self, inspector: Inspector, control: Any) -> None:
+        self.inspector, self.control = inspector, control
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inspector, name)
+
+    def control_by_request(self, *args: Any) -> Any:
+        return self.control

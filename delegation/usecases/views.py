@@ -1,6 +1,7 @@
 """The read models for people and scripts: a child, a step, a lease as JSON (the wire's
 camelCase names; a time stored unreadable as null), and a lease's status and a span of
-time as text. What ``delegation … --json`` prints and the web page serves alike."""
+time as text. What ``delegation … --json`` prints and the web page serves alike; and
+:func:`number`, a number a query gives (the page's, the A2A face's page token)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import math
 from typing import Any, TypeVar, cast
 
+from delegation import errors
 from delegation.records import ChildRecord, LeaseRecord, StepRow
 from delegation.store.steps import PATCH_PREFIX
 
@@ -117,3 +119,20 @@ def json_safe(value: T) -> T:
     elif isinstance(value, list):
         safe = [json_safe(item) for item in value]
     return cast(T, safe)
+
+
+def number(text: str | None, name: str, least: int, most: int, default: int) -> int:
+    """``text`` as a whole number from ``least`` to ``most``; ``default`` when absent
+    or empty. Only ASCII digits count (``"²".isdigit()`` is true), and no more of them
+    than ``most`` has, so nothing long is ever converted.
+
+    Raises:
+        errors.InputError: anything else, in one line naming ``name``.
+    """
+    if not text:
+        return default
+    if len(text) <= len(str(most)) and text.isascii() and text.isdigit():
+        value = int(text)
+        if least <= value <= most:
+            return value
+    raise errors.InputError(f"{name} must be a whole number from {least} to {most}")

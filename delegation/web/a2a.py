@@ -73,10 +73,12 @@ from a2a.utils.errors import (
 )
 
 from delegation import errors
+from delegation._struct import I64_MAX
 from delegation.operator import APPLY_WAIT_S, Operator
 from delegation.records import ChildSummary
 from delegation.usecases.follow import PASSING, Wake, pages
 from delegation.usecases.inspector import PAGE, ChildPage, Inspector
+from delegation.usecases.views import number
 from delegation.web.stream import StreamCount
 from delegation.wire import Event, InputRequest, valid_id
 
@@ -279,9 +281,12 @@ class Face(RequestHandler):
         token of the next when more may follow. Histories only when asked for
         (``history_length``), artifacts only with ``include_artifacts``."""
         size = params.page_size if params.HasField("page_size") else 50
-        if not 1 <= size <= MAX_PAGE or (params.page_token and not params.page_token.isdigit()):
-            raise InvalidParamsError(f"page_size is 1 to {MAX_PAGE}; page_token as given")
-        before = int(params.page_token[:19]) if params.page_token else None
+        if not 1 <= size <= MAX_PAGE:
+            raise InvalidParamsError(f"page_size must be a whole number from 1 to {MAX_PAGE}")
+        try:  # ASCII digits only, an int64 at most: a token this face gave
+            before = number(params.page_token, "page_token", 1, I64_MAX, 0) or None
+        except errors.InputError as exc:
+            raise InvalidParamsError(f"{exc} (a next_page_token as given)") from exc
         history = params.history_length if params.HasField("history_length") else 0
         found: list[ChildSummary] = []
         scanned, more = 0, True
@@ -358,11 +363,18 @@ class Face(RequestHandler):
             raise UnsupportedOperationError(
                 "a child is started by its extension; send a message to a task (its runId)"
             )
+        if not message.message_id:  # else every message without one would be one answer
+            raise InvalidParamsError("a message needs its message_id (its request id)")
         child = await self._child(message.task_id)
         request_id = control_id(message.message_id)
         cid, run_id = child.conversation_id, child.run_id
         with refusals():
             first = await self._call(self.inspector.control_by_request, cid, ANSWERS, request_id)
+            if first is not None and first.run_id != run_id:  # as operating.give refuses it
+                raise InvalidParamsError(
+                    "message_id was already used for another task of this context",
+                    {"reason": errors.SteerRequestIdReused.reason},
+                )
             if first is not None:  # idempotency wins, even over an ended task
                 await self._control(self.operator.wait, first.id, APPLY_WAIT_S)
                 return child
@@ -416,15 +428,16 @@ class Face(RequestHandler):
             asks = await self._asks(now)
             if said is None:
                 yield task_of(now, last.events, asks)
-            else:
+            else:  # an event's own state is not kept: WORKING, the current one after
                 for event in last.events:
-                    status = TaskStatus(state=_WORKING if state in _ENDED else state)
+                    status = TaskStatus(state=_WORKING)
                     status.message.CopyFrom(event_message(now, event))
                     yield _update(now, status)
-            if state not in _ENDED and said != (state, tuple(asks)):
-                if said is not None:
+                if last.events:
+                    said = (_WORKING, ())  # what the client saw last
+                if state not in _ENDED and said != (state, tuple(asks)):
                     yield _update(now, status_of(now, asks))
-                said = (state, tuple(asks))
+            said = (state, tuple(asks))
         if last is None or last.child is None or not last.done:
             return  # the server is stopping: the client subscribes again
         ended = last.child

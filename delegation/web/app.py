@@ -68,7 +68,7 @@ from delegation.records import ChildSummary, LeaseRecord
 from delegation.store import migrate, passwords, stores
 from delegation.usecases.follow import pages
 from delegation.usecases.inspector import PAGE, WATCH_INTERVAL_S, ChildPage, Inspector
-from delegation.usecases.views import camel, json_safe, lease_status, step_json
+from delegation.usecases.views import camel, json_safe, lease_status, number, step_json
 from delegation.web.stream import (
     MAX_STREAMS,
     MAX_UNSENT_BYTES,
@@ -187,23 +187,6 @@ def frame(data: str, kind: str | None = None, event_id: int | None = None) -> st
 
 def encode_json(value: Any) -> str:
     return encode(value).decode()
-
-
-def number(text: str | None, name: str, least: int, most: int, default: int) -> int:
-    """``text`` as a whole number from ``least`` to ``most``; ``default`` when absent
-    or empty. Only ASCII digits count (``"²".isdigit()`` is true), and no more of them
-    than ``most`` has, so nothing long is ever converted.
-
-    Raises:
-        errors.InputError: anything else, in one line naming ``name``.
-    """
-    if not text:
-        return default
-    if len(text) <= len(str(most)) and text.isascii() and text.isdigit():
-        value = int(text)
-        if least <= value <= most:
-            return value
-    raise errors.InputError(f"{name} must be a whole number from {least} to {most}")
 
 
 def _asset(name: str) -> bytes:
