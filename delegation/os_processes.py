@@ -65,8 +65,9 @@ def alive(process: ProcessId) -> bool:
 
 def kill_group(process: ProcessId) -> bool:
     """SIGKILL a recorded process and its process group (it led one), if they are still
-    the recorded ones; wait briefly until the leader is gone. Returns whether anything
-    was signalled.
+    the recorded ones; wait briefly until the leader and every process left in its
+    group are gone (a killed process runs on until the kernel delivers the signal: a
+    resume must not overlap it). Returns whether anything was signalled.
 
     The group is signalled when its leader is this very process, or when no process
     has the leader's pid any more: Linux gives out no pid still in use as a process
@@ -86,9 +87,26 @@ def kill_group(process: ProcessId) -> bool:
             os.kill(process.pid, signal.SIGKILL)
             signalled = True
     deadline = time.monotonic() + _GONE_WAIT_S
-    while alive(process) and time.monotonic() < deadline:
+    while (alive(process) or (signalled and _group_alive(process.pid))) and (
+        time.monotonic() < deadline
+    ):
         time.sleep(0.005)
     return signalled
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group ``pgid`` has not ended yet (a zombie has)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):  # pgrp (field 5)
+            return True
+    return False
 
 
 _undumpable = False
