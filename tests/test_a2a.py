@@ -565,3 +565,61 @@ class Found:
 
     def control_by_request(self, *args: Any) -> Any:
         return self.control
+
+
+async def bulky(ctx: ChildContext) -> None:
+    """A child whose 20 events of 30,000 characters pass a page's 256 KiB."""
+    await ctx.admit()
+    for n in range(20):
+        ctx.emit(Event(kind="text", text=f"{n:02} " + "x" * 30_000))
+    ctx.emit(Event(kind="result", text="said"))
+
+
+async def test_a_task_with_large_events_gives_its_newest(db_url: str, workspace: Path) -> None:
+    async with hosted(db_url, workspace, bulky) as h:
+        _, run_id = await child(h, "done")
+        with direct(db_url) as face:
+            task = await face.on_get_task(GetTaskRequest(id=run_id), ServerCallContext())
+    numbers = [int(m.metadata["sequence"]) for m in task.history]
+    assert numbers[-1] == 21 == task.metadata["sequence"]  # the result, the newest
+    assert 1 < len(numbers) < 21 and numbers == list(range(22 - len(numbers), 22))
+    assert sum(len(m.parts[0].text) for m in task.history) <= 256 * 1024
+
+
+class Counted:
+    """An inspector that counts its listings and refuses to read a child again."""
+
+    def __init__(self, inspector: Inspector) -> None:
+        self.inspector, self.listings = inspector, 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("tail", "summary", "by_run", "page"):
+            raise AssertionError(f"a listed child read again ({name})")
+        return getattr(self.inspector, name)
+
+    def listing(self, *args: Any) -> Any:
+        self.listings += 1
+        return self.inspector.listing(*args)
+
+
+async def test_list_tasks_scans_in_batches_and_builds_tasks_from_the_rows(
+    db_url: str, workspace: Path
+) -> None:
+    async with hosted(db_url, workspace, approving) as h:
+        for n in range(3):
+            await child(h, "waiting", request_id=f"q{n}")
+        with direct(db_url, Counted) as face:
+            context = ServerCallContext()
+            by_state = ListTasksRequest(page_size=1, status=TaskState.TASK_STATE_COMPLETED)
+            assert list((await face.on_list_tasks(by_state, context)).tasks) == []
+            counted = cast(Counted, face.inspector)
+            assert counted.listings == 1  # one batch, not a read a row
+            asking = ListTasksRequest(
+                page_size=2, status=TaskState.TASK_STATE_INPUT_REQUIRED, history_length=1
+            )
+            page = await face.on_list_tasks(asking, context)
+            assert len(page.tasks) == 2 and page.next_page_token
+            assert all(len(t.history) == 1 for t in page.tasks)  # the newest event each
+            asking.page_token = page.next_page_token
+            rest = await face.on_list_tasks(asking, context)
+            assert len(rest.tasks) == 1 and counted.listings == 3

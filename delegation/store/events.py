@@ -22,6 +22,11 @@ _UP_TO = (
     " ORDER BY sequence"
 )
 
+# The newest first (sizes only): a tail is measured from its newest end.
+_NEWEST_SIZES = (
+    "SELECT sequence, length(body) FROM events WHERE child_id = ? ORDER BY sequence DESC LIMIT ?"
+)
+
 _NUMBERED = (
     "SELECT sequence, body FROM events WHERE child_id = ? AND sequence > ? AND sequence <= ?"
     " ORDER BY sequence"
@@ -83,6 +88,25 @@ def page_within(
         return [], False
     bodies = [body for (body,) in run(conn, _UP_TO, (child_id, after, last)).fetchall()]
     return bodies, count < len(found)
+
+
+def tail_within(
+    conn: Connection, child_id: int, count: int, max_bytes: int
+) -> tuple[list[bytes], bool]:
+    """The newest ``count`` event bodies, oldest first, no more than ``max_bytes`` of them
+    counted from the newest (which always comes), and whether older ones of the ``count``
+    were left out for that bound: no more bodies than that are ever read."""
+    rows = run(conn, _NEWEST_SIZES, (child_id, count)).fetchall()
+    found = [(int(sequence), int(size)) for sequence, size in rows]
+    first, total = None, 0
+    for sequence, size in found:
+        if first is not None and total + size > max_bytes:
+            break
+        first, total = sequence, total + size
+    if first is None:
+        return [], False
+    bodies = run(conn, _UP_TO, (child_id, first - 1, found[0][0])).fetchall()
+    return [body for (body,) in bodies], len(bodies) < len(found)
 
 
 def numbered_within(

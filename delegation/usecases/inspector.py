@@ -166,8 +166,15 @@ class Inspector:
         self, conversation_id: str, run_id: str, count: int, max_bytes: int = PAGE_BYTES
     ) -> ChildPage:
         """An execution and its newest ``count`` events (at most ``max_bytes`` of them,
-        always one), oldest first, read in one transaction."""
+        counted from the newest, which always comes), oldest first, read in one
+        transaction."""
         return self._db.read(lambda c: _tail(c, conversation_id, run_id, count, max_bytes))
+
+    def newest(self, child_id: int, count: int, max_bytes: int = PAGE_BYTES) -> list[Event]:
+        """The newest ``count`` events of the execution ``child_id`` (a summary's ``id``),
+        as :meth:`tail` reads them, without the execution's row."""
+        bodies, _ = self._db.read(lambda c: event_rows.tail_within(c, child_id, count, max_bytes))
+        return queries.decode_events(bodies)
 
     def control_by_request(
         self, conversation_id: str, actions: Iterable[str], request_id: str
@@ -353,8 +360,7 @@ def _tail(
     child = children.summary(conn, conversation_id, run_id)
     if child is None:
         return ChildPage(None)
-    after = max(0, event_rows.last_sequence(conn, child.id) - count)
-    bodies, more = event_rows.page_within(conn, child.id, after, count, max_bytes)
+    bodies, more = event_rows.tail_within(conn, child.id, count, max_bytes)
     return ChildPage(child, queries.decode_events(bodies), more)
 
 

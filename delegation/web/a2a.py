@@ -87,6 +87,8 @@ T = TypeVar("T")
 CANCEL_WAIT_S = 10.0  # a CancelTask waits this long for the run to stop (then WORKING)
 MAX_PAGE = 100  # tasks one ListTasks page holds at most (50 unless asked)
 MAX_SCAN = 1_000  # rows one ListTasks page reads at most looking for its state
+SCAN_BATCH = 200  # rows one read of that scan takes
+CLIP = 2_000  # characters of an error or output a ListTasks page gives (GetTask: whole)
 ANSWERS = ("input", "steer")  # the controls a SendMessage gives
 CONTROL_THREADS = 4  # controls given (and waited for) at once; more wait their turn
 SLOT = "delegation.a2a.slot"  # a request's Slot, in its scope and its call context's state
@@ -291,20 +293,26 @@ class Face(RequestHandler):
         found: list[ChildSummary] = []
         scanned, more = 0, True
         while len(found) < size and scanned < MAX_SCAN and more:
+            # By state: a batch of rows at a time; else just the rows the page needs.
+            limit = min(SCAN_BATCH, MAX_SCAN - scanned) if params.status else size - len(found)
             batch = await self._call(
-                self.inspector.listing, params.context_id or None, before, size, 2_000
+                self.inspector.listing, params.context_id or None, before, limit, CLIP
             )
-            more = len(batch) == size
+            more = len(batch) == limit
             scanned += len(batch)
-            for child in batch:
+            for n, child in enumerate(batch, 1):
                 before = child.id
                 if not params.status or task_state(child) == params.status:
                     found.append(child)
                 if len(found) == size:
+                    more = more or n < len(batch)
                     break
         tasks = []
-        for child in found:
-            task = await self._task(child, history)
+        for child in found:  # the rows as listed: no second read of each
+            events = []
+            if history > 0:
+                events = await self._call(self.inspector.newest, child.id, min(history, PAGE))
+            task = task_of(child, events, await self._asks(child))
             if not params.include_artifacts:
                 del task.artifacts[:]
             tasks.append(task)
