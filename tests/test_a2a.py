@@ -44,6 +44,7 @@ from a2a.utils.proto_utils import to_stream_response
 from google.protobuf.json_format import MessageToDict
 
 from delegation import ChildContext, Event, Operator, errors
+from delegation.records import ChildSummary
 from delegation.usecases.inspector import PAGE, Inspector
 from delegation.web import a2a as face_module
 from delegation.web import a2a_routes
@@ -218,11 +219,16 @@ async def test_an_sdk_client_lists_follows_answers_and_sees_the_artifact(
                 ]
                 assert artifact.parts[0].text == "deploy: approve"
                 numbers = sequences(seen)
-                assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 3
+                with Inspector(db_url) as inspector:
+                    stored = [e.sequence for e in inspector.all_events(cid, run_id)]
+                assert numbers == stored and len(numbers) >= 3  # each event once, none lost
 
                 done = await a2a.get_task(GetTaskRequest(id=run_id))
                 assert done.status.state == TaskState.TASK_STATE_COMPLETED
                 assert done.artifacts[0].parts[0].text == "deploy: approve"
+                async with client(web, streaming=False) as plain:  # once more, now it ended
+                    (late,) = [r async for r in plain.send_message(answer)]
+                assert late.task.status.state == TaskState.TASK_STATE_COMPLETED  # not refused
         with Operator(db_url) as op:
             answers = [c for c in op.controls(cid) if c.action == "input"]
         assert [(c.request_id, c.status) for c in answers] == [("approve-1", "applied")]
@@ -276,11 +282,13 @@ async def test_a_restart_mid_stream_and_a_resubscribe_lose_no_event(
         before: list[StreamResponse] = []
         with face(db_url) as web:
             async with client(web) as a2a:
+                stopped: list[int] = []
                 with contextlib.suppress(Exception):  # the server goes away mid-stream
                     async for response in a2a.subscribe(SubscribeToTaskRequest(id=run_id)):
                         before.append(response)
-                        if len(sequences(before)) >= 20:
-                            assert web.stop() == 0  # Ctrl-C: the stream ends, the child runs on
+                        if len(sequences(before)) >= 20 and not stopped:
+                            stopped.append(web.stop())  # Ctrl-C: the stream ends, the child runs on
+                assert stopped == [130]  # as a Ctrl-C'd command (not swallowed with the stream)
         got = sequences(before)
         assert got == list(range(1, len(got) + 1)) and len(got) >= 20
         with face(db_url) as web:  # a new server: a new port and token, the same database
@@ -311,6 +319,9 @@ async def test_v0_3_names_a_raw_v1_call_and_401_without_the_token(
                 assert answer["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
                 refused = await http.post(endpoint, json=new, headers={"A2A-Version": "1.0"})
                 assert refused.status_code == 401
+                stream = {**new, "method": "SubscribeToTask"}
+                refused = await http.post(endpoint, json=stream, headers={"A2A-Version": "1.0"})
+                assert refused.status_code == 401  # a stream too, before anything is read
                 assert refused.headers["www-authenticate"] == "Bearer"
                 wrong = {"Authorization": "Bearer nope", "A2A-Version": "1.0"}
                 assert (await http.post(endpoint, json=new, headers=wrong)).status_code == 401
@@ -623,3 +634,33 @@ async def test_list_tasks_scans_in_batches_and_builds_tasks_from_the_rows(
             asking.page_token = page.next_page_token
             rest = await face.on_list_tasks(asking, context)
             assert len(rest.tasks) == 1 and counted.listings == 3
+
+
+SUMMARY = ChildSummary(
+    *(1, "c-1", "r-1", "running", "ops", None, "c-0", "r-0", "ext", "runner", 1.0, None),
+    *(None, 0, None, 2.0, 0, "", ""),
+)
+
+
+@pytest.mark.parametrize(
+    ("changes", "state"),
+    [
+        ({"state": "prepared", "admitted_at": None}, TaskState.TASK_STATE_SUBMITTED),
+        ({"state": "queued", "admitted_at": None}, TaskState.TASK_STATE_SUBMITTED),
+        ({"state": "admitted"}, TaskState.TASK_STATE_WORKING),
+        ({"state": "running"}, TaskState.TASK_STATE_WORKING),
+        ({"state": "waiting", "inputs_open": 1}, TaskState.TASK_STATE_INPUT_REQUIRED),
+        ({"state": "waiting"}, TaskState.TASK_STATE_WORKING),  # on a sleep or an event
+        ({"state": "done", "output": "ok"}, TaskState.TASK_STATE_COMPLETED),
+        ({"state": "done", "error": "it broke"}, TaskState.TASK_STATE_FAILED),
+        ({"state": "done", "admitted_at": None, "error": "no"}, TaskState.TASK_STATE_REJECTED),
+        ({"state": "cancelled", "cancel_reason": "asked"}, TaskState.TASK_STATE_CANCELED),
+    ],
+)
+def test_each_state_of_the_table(changes: dict[str, Any], state: TaskState) -> None:
+    summary = dataclasses.replace(SUMMARY, **changes)
+    assert face_module.task_state(summary) == state
+    status = face_module.status_of(summary, {})
+    assert status.state == state != TaskState.TASK_STATE_AUTH_REQUIRED
+    why = changes.get("error") or changes.get("cancel_reason")
+    assert [p.text for p in status.message.parts] == ([why] if why else [])
