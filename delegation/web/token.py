@@ -10,9 +10,9 @@ overwrite each other's. The page drops ``token`` from its own address once loade
 An A2A client (design §29) shows it as ``Authorization: Bearer``; the gate reads that too,
 before any route, so a request without it is a 401 whatever it asks. Paths the app
 names ``public`` (the A2A agent card) pass without it; paths it names ``bearer_only``
-(the A2A endpoint, the one that writes) take the bearer alone, never the cookie or the
-query: a browser sends the cookie with a page's cross-site POST (another port of
-127.0.0.1 is the same site), never an ``Authorization`` header it was not given.
+(the A2A endpoint, the one that writes) take the bearer or the query's token, never the
+cookie: a browser sends the cookie with a page's cross-site POST (another port of
+127.0.0.1 is the same site), never a header or a token it was not given.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ class TokenGate:
             return
         request = Request(scope)
         if scope["path"] in self.bearer_only:
-            if self.token.matches(bearer(request)):
+            given = bearer(request) or request.query_params.get("token")  # never the cookie
+            if self.token.matches(given):
                 await self.app(scope, receive, send)
             else:
                 await _refuse(scope, receive, send)
