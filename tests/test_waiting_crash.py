@@ -70,7 +70,6 @@ def test_a_child_waiting_on_a_killed_host_is_answered_from_a_third_process(
     until_state(db_url, "waiting")
     first.kill()
     second = launch(hosts, db_url, str(log), "ask")
-    begun = time.monotonic()
     answered = subprocess.run(
         [sys.executable, "-m", "delegation.cli", "input", conversation, "go-ahead", "--approve",
          "--json", "--db", db_url],
@@ -78,8 +77,9 @@ def test_a_child_waiting_on_a_killed_host_is_answered_from_a_third_process(
     )  # fmt: skip
     assert answered.returncode == 0, answered.stderr
     outcome = json.loads(answered.stdout)
+    # Applied by the live host within the command's wait (3 s by default): no timing
+    # is asserted beyond it, as a busy machine starts the command slowly.
     assert outcome["applied"] is True and outcome["action"] == "input", outcome
-    assert time.monotonic() - begun < 3  # the live host applied it within a second or so
     second.wait(lambda lines: any(x.startswith("DONE") for x in lines), 30, "DONE")
     until_state(db_url, "done")
     assert steps_ran(log) == {"before": 1, "after": 1}
