@@ -39,14 +39,20 @@ def boot_id() -> str:
         return ""
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """The state letter and start ticks of a live process, or None."""
+def _fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` from the state on (field 3), or None when the
+    process is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": comm may hold spaces
-    return fields[0], int(fields[19])  # state (field 3), starttime (field 22)
+    return text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": comm may hold spaces
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """The state letter and start ticks of a live process, or None."""
+    fields = _fields(pid)
+    return None if fields is None else (fields[0], int(fields[19]))  # fields 3 and 22
 
 
 def identify(pid: int) -> ProcessId | None:
@@ -97,15 +103,9 @@ def kill_group(process: ProcessId) -> bool:
 def _group_alive(pgid: int) -> bool:
     """Whether a process of the group ``pgid`` has not ended yet (a zombie has)."""
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        fields = text[text.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):  # pgrp (field 5)
-            return True
+        fields = _fields(entry.name) if entry.name.isdigit() else None  # None: gone meanwhile
+        if fields is not None and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True  # pgrp is field 5
     return False
 
 
