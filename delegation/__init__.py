@@ -120,7 +120,7 @@ if TYPE_CHECKING:
     from delegation.operator import Operator
     from delegation.options import ExecutionOptions, effective_options
     from delegation.records import ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
-    from delegation.runs import ChildContext, NotResumable, Recovery, Run, Runner, admit
+    from delegation.run.context import ChildContext, NotResumable, Recovery, Run, Runner, admit
     from delegation.wire import (
         CANCEL_METHOD,
         READ_METHOD,
@@ -156,12 +156,12 @@ _LAZY: dict[str, str] = {
     "LeaseRecord": "delegation.records",
     "RunnerConnection": "delegation.records",
     "ToolHandle": "delegation.records",
-    "ChildContext": "delegation.runs",
-    "NotResumable": "delegation.runs",
-    "Recovery": "delegation.runs",
-    "Run": "delegation.runs",
-    "Runner": "delegation.runs",
-    "admit": "delegation.runs",
+    "ChildContext": "delegation.run.context",
+    "NotResumable": "delegation.run.context",
+    "Recovery": "delegation.run.context",
+    "Run": "delegation.run.context",
+    "Runner": "delegation.run.context",
+    "admit": "delegation.run.context",
     "CANCEL_METHOD": "delegation.wire",
     "READ_METHOD": "delegation.wire",
     "RELEASE_METHOD": "delegation.wire",

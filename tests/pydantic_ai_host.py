@@ -25,8 +25,8 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from delegation import ChildContext, Engine, EngineConfig, Params, Preset, Request
+from delegation.run.context import Run
 from delegation.runners.pydantic_ai import PydanticAIRunner
-from delegation.runs import Run
 
 PRESET = Preset(name="worker", extension_id="ext", generation=7)
 OWNER = {"run_id": "parent-run", "tool_call_id": "call-1", "extension_id": "ext"}

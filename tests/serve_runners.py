@@ -7,7 +7,7 @@ import json
 import re
 
 from delegation import ChildContext, Event, Identity, Preset, Recovery, Request
-from delegation.runs import Run
+from delegation.run.context import Run
 
 
 def number_in(message: str) -> float:

@@ -19,8 +19,8 @@ import pytest
 
 from delegation import ChildContext, Engine, EngineConfig, Event
 from delegation.records import ENGINE_KINDS
+from delegation.run.emits import Committed, digest
 from delegation.runners.command import CommandRunner
-from delegation.usecases.emits import Committed, digest
 from tests import rows
 from tests.support import ScriptRunner, open_harness, wait_terminal
 

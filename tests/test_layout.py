@@ -99,7 +99,18 @@ def test_the_library_never_waits_with_wait_for() -> None:
     assert found == []
 
 
-ROOMS = ("cli", "client", "engine", "host", "operator", "runners", "store", "usecases", "web")
+ROOMS = (
+    "cli",
+    "client",
+    "engine",
+    "host",
+    "operator",
+    "run",
+    "runners",
+    "store",
+    "usecases",
+    "web",
+)
 # Packages of the contract itself, at the top beside its modules (not rooms of roles).
 CONTRACT = ("errors",)
 

@@ -32,7 +32,7 @@ from delegation import (
     Result,
     Runner,
 )
-from delegation.runs import Recovery, Run
+from delegation.run.context import Recovery, Run
 from delegation.wire import Identity
 from tests import rows
 

@@ -12,7 +12,7 @@ import pytest
 
 from delegation import ChildContext, EngineConfig, Event, Result
 from delegation.codec import encode
-from delegation.runs import NAME_LIMIT
+from delegation.run.context import NAME_LIMIT
 from tests.support import Harness, Script
 
 FIELD_LIMIT = 32 * 1024

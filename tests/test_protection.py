@@ -23,9 +23,7 @@ import msgspec
 import pytest
 
 from delegation import Engine, Identity, Preset, Recovery, Request, Run
-from delegation.runners.command import CommandConfigError, CommandRunner
-from delegation.runners.containment import ContainmentRefused
-from delegation.usecases.protection import (
+from delegation.run.protection import (
     DATABASE_REACHED,
     HOST_REACHED,
     PACKAGE,
@@ -33,6 +31,8 @@ from delegation.usecases.protection import (
     host_code,
     host_imports,
 )
+from delegation.runners.command import CommandConfigError, CommandRunner
+from delegation.runners.containment import ContainmentRefused
 from tests.contain_host import start
 
 HERE = Path(__file__).resolve().parent
@@ -244,7 +244,7 @@ def test_the_hosts_code_is_its_prefixes_site_packages_and_package() -> None:
     code = host_code()
     for path in (sys.prefix, sys.base_prefix, sysconfig.get_path("purelib"), PACKAGE):
         assert path in code
-    assert os.path.isfile(os.path.join(PACKAGE, "usecases", "protection.py"))
+    assert os.path.isfile(os.path.join(PACKAGE, "run", "protection.py"))
 
 
 def test_protect_paths_still_protects_a_directory(tmp_path: Path) -> None:

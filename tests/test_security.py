@@ -54,8 +54,8 @@ from delegation import (
 )
 from delegation.clock import ManualClock
 from delegation.host.serve import CHUNK, serve_socket
+from delegation.run.context import Run
 from delegation.runners.command import DEFAULT_ENV_ALLOW, CommandRunner
-from delegation.runs import Run
 from tests import rows
 from tests.support import PRESET, Harness, ScriptRunner, open_harness
 from tests.test_authority import snapshot

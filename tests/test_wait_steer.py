@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from delegation import Preset, Request
-from delegation.runs import ChildContext
+from delegation.run.context import ChildContext
 from tests.support import identity
 
 

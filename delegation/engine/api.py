@@ -47,13 +47,13 @@ from delegation.engine.waking import OperatorWaits, Waking
 from delegation.options import ExecutionOptions
 from delegation.protocol import ToolBegin
 from delegation.records import RunnerConnection, ToolHandle
-from delegation.runs import Runner
+from delegation.run.context import Runner
+from delegation.run.protection import Protected, host_code, host_imports
 from delegation.store import processes as store_processes
 from delegation.store.interface import Store
 from delegation.store.sql import Connection
 from delegation.store.stores import open_store
 from delegation.usecases import maintenance, service
-from delegation.usecases.protection import Protected, host_code, host_imports
 from delegation.wire import (
     CANCEL_METHOD,
     INPUT_METHOD,

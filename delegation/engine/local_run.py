@@ -33,6 +33,7 @@ from delegation import authority, errors
 from delegation import os_processes as processes
 from delegation.engine.runtime import Runtime, Use
 from delegation.records import ChildRecord, RecordedStep
+from delegation.run import emits
 from delegation.store import processes as store_processes
 from delegation.store import steps
 from delegation.store import waits as store_waits
@@ -40,11 +41,11 @@ from delegation.store.events import EventRow
 from delegation.store.sql import Connection
 from delegation.store.steers import mark_delivered
 from delegation.store.waits import WaitRow
-from delegation.usecases import emits, queries, service, waiting
+from delegation.usecases import queries, service, waiting
 from delegation.wire import Result
 
 if TYPE_CHECKING:
-    from delegation.runs import ChildContext, Recovery
+    from delegation.run.context import ChildContext, Recovery
 
 T = TypeVar("T")
 

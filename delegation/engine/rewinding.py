@@ -13,7 +13,7 @@ from __future__ import annotations
 from delegation.config import EngineConfig
 from delegation.engine.local_run import LocalRun
 from delegation.records import ChildRecord
-from delegation.runs import Recovery
+from delegation.run.context import Recovery
 from delegation.usecases import rewinding
 
 REASON = rewinding.REASON

@@ -25,16 +25,16 @@ from delegation.engine.runtime import Runtime, Use, refused, unreadable
 from delegation.engine.versions import recovery_of
 from delegation.options import ExecutionOptions
 from delegation.records import ChildRecord, Resumable
-from delegation.runs import (
+from delegation.run.context import (
     ChildContext,
     NotResumable,
     Recovery,
     Runner,
     truncate,
 )
+from delegation.run.journal import Journal
+from delegation.run.protection import Protected
 from delegation.usecases import admission, maintenance, orphans, queries, reservation, service
-from delegation.usecases.journal import Journal
-from delegation.usecases.protection import Protected
 from delegation.usecases.redaction import redact_secrets
 from delegation.wire import Result
 

@@ -7,7 +7,7 @@ import dataclasses
 
 from delegation.config import EngineConfig
 from delegation.records import Resumable
-from delegation.runs import Recovery, Runner
+from delegation.run.context import Recovery, Runner
 from delegation.usecases import versions
 
 

@@ -15,7 +15,7 @@ from types import TracebackType
 from delegation.config import EngineConfig
 from delegation.engine import Engine
 from delegation.records import RunnerConnection, ToolHandle
-from delegation.runs import Recovery, Run
+from delegation.run.context import Recovery, Run
 from delegation.wire import Event, Identity, Params, Preset, Request, Result, valid_id
 
 # The ids one local host always uses: a restarted script must present the same ones

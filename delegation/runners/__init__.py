@@ -26,7 +26,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from delegation.runs import Runner
+from delegation.run.context import Runner
 
 BUILT_IN = {
     "scripted": "delegation.runners.scripted:ScriptedRunner",

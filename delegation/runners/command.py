@@ -59,6 +59,8 @@ from types import MappingProxyType
 from typing import Any
 
 from delegation import os_processes as processes
+from delegation.run.context import ChildContext, Recovery
+from delegation.run.protection import Protected, host_code, host_imports
 from delegation.runners import limits, tmpdirs
 from delegation.runners.command_config import (
     DATABASE_CREDENTIALS,
@@ -97,8 +99,6 @@ from delegation.runners.containment import (
     refusal,
 )
 from delegation.runners.limits import ChildLimits
-from delegation.runs import ChildContext, Recovery
-from delegation.usecases.protection import Protected, host_code, host_imports
 from delegation.wire import Identity, Preset, Request
 
 __all__ = [

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 
 from delegation import errors
 from delegation.codec import decode
+from delegation.run.context import ChildContext
+from delegation.run.emits import is_engine_kind
 from delegation.runners.limits import ChildLimits
-from delegation.runs import ChildContext
-from delegation.usecases.emits import is_engine_kind
 from delegation.wire import Event
 
 log = logging.getLogger("delegation.runners.command")

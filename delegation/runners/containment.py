@@ -14,7 +14,7 @@ What each command child gets is decided here and carried out in the child itself
   :mod:`delegation.runners.child_view`); the directory of the host's database is refused
   as any of these, and the host's own code, the directories it imports from and its
   configuration (``ctx.protected``, the runner's TOML) as any it may write (design §17,
-  :mod:`delegation.usecases.protection`); from ABI 4 on, TCP may connect only to
+  :mod:`delegation.run.protection`); from ABI 4 on, TCP may connect only to
   ``net_connect`` ports and bind none;
 * where namespaces are allowed (as root, or with unprivileged user namespaces), it is
   the first process of its own PID namespace with its own ``/proc``: it sees no other
@@ -45,9 +45,9 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from delegation.run.protection import NOTHING, Protected
 from delegation.runners import child_launcher, child_view, limits, seccomp_filter
 from delegation.runners.limits import ChildLimits
-from delegation.usecases.protection import NOTHING, Protected
 
 log = logging.getLogger("delegation.runners.command")
 

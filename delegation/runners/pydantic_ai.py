@@ -76,7 +76,7 @@ from pydantic_core import to_json, to_jsonable_python
 
 from delegation.config import check_version
 from delegation.options import ExecutionOptions
-from delegation.runs import ChildContext, Recovery, Run
+from delegation.run.context import ChildContext, Recovery, Run
 from delegation.usecases.redaction import redact_secrets
 from delegation.wire import Event, Identity, Preset, Request
 

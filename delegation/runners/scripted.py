@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from delegation.runs import ChildContext, Recovery, Run
+from delegation.run.context import ChildContext, Recovery, Run
 from delegation.wire import Event, Identity, Preset, Request
 
 DELAY_ENV = "DELEGATION_SCRIPTED_DELAY"

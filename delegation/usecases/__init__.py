@@ -9,15 +9,11 @@ Each is a function ``fn(conn, now, ...)`` the engine's runtime runs in one trans
   retention, operators' control requests;
 * :mod:`~delegation.usecases.queries` - the read models (pages, records, lists);
 * :mod:`~delegation.usecases.followups` - a follow-up's frozen configuration;
-* :mod:`~delegation.usecases.protection` - what no child process may reach;
 * :mod:`~delegation.usecases.redaction` - the credentials a run's error may quote, redacted
   before anyone reads it (SPEC §26);
-* :mod:`~delegation.usecases.journal` - a run's step journal;
-* :mod:`~delegation.usecases.emits` - a resumed run's emits matched with the events its
-  execution committed (design §26);
 * :mod:`~delegation.usecases.waiting` - a child that waits (design §21): its waits
-  opened, suspended, woken, answered, and events sent; :mod:`~delegation.usecases.waits`
-  - the run's side of it (``ctx.ask``, ``sleep``, ``wait_event``);
+  opened, suspended, woken, answered, and events sent (the run's side of it is
+  :mod:`delegation.run.waits`);
 * :mod:`~delegation.usecases.admission` - admission waits its turn (design §22): a
   child's slots taken or its place queued, the queue admitted, policies stored;
 * :mod:`~delegation.usecases.operating` - an operator's control judged when given and

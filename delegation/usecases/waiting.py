@@ -1,7 +1,7 @@
 """A child that waits (design §21), on the database's side: each function is one
 transaction (see :mod:`delegation.usecases.service`).
 
-A run asks, sleeps or waits for an event through :mod:`delegation.usecases.waits`,
+A run asks, sleeps or waits for an event through :mod:`delegation.run.waits`,
 which opens a wait here (an input request commits with its ``input-required`` event),
 reads it again as news comes, and past ``hold_s`` suspends its child (``running`` →
 ``waiting``: the engine then ends its task, and it holds nothing). An answer

@@ -25,10 +25,10 @@ import msgspec
 
 from delegation import errors
 from delegation.codec import encode
-from delegation.usecases.emits import Committed, is_engine_kind
-from delegation.usecases.journal import Journal, in_step
-from delegation.usecases.protection import NOTHING, Protected
-from delegation.usecases.waits import WaitHooks, Waits
+from delegation.run.emits import Committed, is_engine_kind
+from delegation.run.journal import Journal, in_step
+from delegation.run.protection import NOTHING, Protected
+from delegation.run.waits import WaitHooks, Waits
 from delegation.wire import Event, Identity, Preset, Request
 
 T = TypeVar("T")

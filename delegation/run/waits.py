@@ -24,8 +24,8 @@ import msgspec
 from delegation import errors
 from delegation._struct import utf8_len
 from delegation.records import INPUT_REQUIRED_KIND
+from delegation.run.journal import Journal
 from delegation.store.waits import WaitRow
-from delegation.usecases.journal import Journal
 from delegation.usecases.waiting import APPROVAL_OPTIONS, MAX_KEY_BYTES, WaitSpec
 from delegation.wire import MAX_MESSAGE_BYTES, Event
 
