@@ -33,7 +33,7 @@ import msgspec
 
 from delegation import Engine, Event, Params, Result
 from delegation.cli.progress import Progress
-from delegation.runs import ChildContext, Run
+from delegation.run.context import ChildContext, Run
 from delegation.store import stores
 from tools import bench_admission, bench_rewind, bench_waiting
 from tools.bench_base import Bench, Runner, machine, median, rss_mb, starter_of

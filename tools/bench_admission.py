@@ -15,7 +15,7 @@ import asyncio
 import time
 
 from delegation import AdmissionPolicy, Preset, Request
-from delegation.runs import ChildContext, Recovery, Run
+from delegation.run.context import ChildContext, Recovery, Run
 from delegation.wire import Identity
 from tools.bench_base import PRESET, Bench, Runner, starter_of
 

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from delegation import Engine, EngineConfig, Event, Params, Preset, Request, Result
-from delegation.runs import ChildContext, Recovery, Run
+from delegation.run.context import ChildContext, Recovery, Run
 from delegation.wire import Identity
 
 PRESET = Preset(name="bench", extension_id="ext", generation=1)

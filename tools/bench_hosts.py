@@ -72,7 +72,7 @@ from delegation import (
     Result,
 )
 from delegation.cli.progress import Progress
-from delegation.runs import Recovery, Run
+from delegation.run.context import Recovery, Run
 from delegation.store import stores
 from delegation.wire import Identity, Preset
 from tools import environment

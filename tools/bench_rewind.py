@@ -16,7 +16,7 @@ import asyncio
 import time
 
 from delegation import Engine, Event, Preset, Request
-from delegation.runs import ChildContext, Recovery, Run
+from delegation.run.context import ChildContext, Recovery, Run
 from delegation.wire import Identity
 from tools.bench_base import Bench, Runner, median, starter_of
 

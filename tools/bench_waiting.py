@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from delegation import Engine, Preset, Request
-from delegation.runs import ChildContext, Recovery, Run
+from delegation.run.context import ChildContext, Recovery, Run
 from delegation.wire import Identity
 from tools.bench_base import Bench, Runner, median, rss_mb, starter_of
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from delegation.runs import ChildContext, Recovery, Run
+from delegation.run.context import ChildContext, Recovery, Run
 from delegation.wire import Event, Identity, Preset, Request
 from tools.serve_flood import Flood, host, memory_mb
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from delegation import Engine, Event
-from delegation.runs import ChildContext, Run
+from delegation.run.context import ChildContext, Run
 from tools.bench_base import CONFIG, Starter, machine, median
 from tools.serve_flood import memory_mb, stop_process
 

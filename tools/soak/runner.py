@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from delegation.runs import ChildContext, NotResumable, Recovery, Run
+from delegation.run.context import ChildContext, NotResumable, Recovery, Run
 from delegation.wire import Event, Identity, Preset, Request
 from tools.soak.journal import Journal
 
