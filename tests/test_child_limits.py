@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from delegation import Engine, EngineConfig, Preset
 from delegation import os_processes as processes
 from delegation.runners import limits, tmpdirs
 from delegation.runners.command import CommandConfigError, CommandRunner
+from delegation.runners.containment import Containment
 from tests.support import PRESET, Harness, open_harness
 from tests.test_child_reach import ended, first_text, hosted, script
 from tests.trees import alive
@@ -170,3 +172,71 @@ def test_sizes_read_as_bytes(text: object, size: int | None) -> None:
             limits.parse_size(text)  # text of digits alone: say the unit
         return
     assert limits.parse_size(text) == size
+
+
+SHARED = """
+    import ctypes, json, mmap, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    size, seen = 256 * 1024 * 1024, {}
+
+    def touch(view):
+        for at in range(0, size, 4096):
+            view[at] = 1
+
+    def memfd():
+        fd = libc.memfd_create(b"held", 0)
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size, mmap.MAP_SHARED) as view:
+            touch(view)
+
+    def shared():
+        with mmap.mmap(-1, size, mmap.MAP_SHARED) as view:
+            touch(view)
+
+    for name, fn in (("memfd", memfd), ("shared", shared)):
+        try:
+            fn()
+            seen[name] = "held 256 MiB"
+        except (OSError, MemoryError) as exc:
+            seen[name] = type(exc).__name__
+    held = bytearray(16 * 1024 * 1024)  # well within its 64 MiB: still allowed
+    seen["private"] = len(held) // 2**20
+    print(json.dumps({"kind": "result", "text": json.dumps(seen)}), flush=True)
+"""
+
+
+async def test_without_groups_max_memory_bounds_shared_and_memfd_mappings(
+    tmp_path: Path,
+) -> None:
+    """The fifth attack on a host without control groups: with ``max_memory = "64MiB"``
+    a child touched 256 MiB through ``memfd_create`` + ``MAP_SHARED``, and 256 MiB of
+    ``MAP_SHARED|MAP_ANONYMOUS``: RLIMIT_DATA counts private memory only. RLIMIT_AS
+    bounds what each process maps, shared memory included."""
+    toml = tmp_path / "runner.toml"
+    toml.write_text(
+        '[command]\nmax_memory = "64 MiB"\n[command.profiles.worker]\n'
+        f"argv = {json.dumps(script(SHARED))}\n"
+    )
+    runner = CommandRunner.from_file(toml)
+    runner.containment.cgroups = None  # as on a host that is not root: rlimits alone
+    async with hosted(tmp_path, runner) as h:
+        started = await h.start("q1")
+        assert await ended(h, started.conversation_id) == ""
+        record = await h.engine.get_child(started.conversation_id)
+    assert record is not None
+    seen = json.loads(record.output)
+    assert seen == {"memfd": "OSError", "shared": "OSError", "private": 16}, seen
+
+
+def test_without_groups_what_holds_memory_is_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Where only rlimits hold memory, the host's log says so once, and where it stops."""
+    contained = Containment(cgroups=None)
+    caplog.set_level(logging.WARNING, logger="delegation.runners.command")
+    contained.announce()
+    contained.announce()
+    said = [r for r in caplog.records if getattr(r, "action", "") == "cgroups_unavailable"]
+    assert len(said) == 1
+    assert "RLIMIT_AS" in said[0].getMessage()
+    assert "memory-backed files" in said[0].getMessage()

@@ -442,6 +442,8 @@ def test_delegation_containment_prints_what_a_child_got(tmp_path: Path) -> None:
     assert (report["no_new_privs"], report["seccomp"]) == ("1", "2")
     assert report["write_workspace"] == "allowed"
     assert report["unix_socket"].startswith("denied (13")
+    assert report["keyring"].startswith("denied (1 "), report  # SPEC §31: no channel
+    assert report["user_namespace"].startswith("denied (1 "), report
     denied = ["write_outside", "read_outside"] if landlock_abi() else []
     denied += ["tcp_connect_other_port", "tcp_bind"] if landlock_abi() >= 4 else []
     assert [key for key in denied if not report[key].startswith("denied")] == [], report

@@ -312,3 +312,111 @@ async def test_a_clean_close_leaves_no_process_record(place: Path, db_url: str) 
             await asyncio.sleep(0.01)
         assert _processes(db_url)
     assert _processes(db_url) == [], "reaped at close, yet killpg'd at next boot"
+
+
+# --- no channel between children, no user namespace (SPEC §31) ---------------------------
+
+# add_key, request_key, keyctl, unshare, clone per architecture; clone3 is 435 on each.
+_CHANNELS = {
+    "x86_64": (0xC000003E, (248, 249, 250), 272, 56),
+    "aarch64": (0xC00000B7, (217, 218, 219), 97, 220),
+    "i386": (0x40000003, (286, 287, 288), 310, 120),
+}
+ENOSYS = 0x00050000 | 38
+CLONE_NEWUSER, CLONE_NEWNET, SIGCHLD = 0x10000000, 0x40000000, 17
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_filter_closes_keyrings_user_namespaces_and_clone3(machine: str) -> None:
+    """The fifth attack: a key a child of parent A stored was read by a later child of
+    parent B (every child of a root host runs as one user), and unshare(CLONE_NEWUSER)
+    succeeded inside a child."""
+    program = seccomp_filter.compiled(machine)
+    archs = [machine] + (["i386"] if machine == "x86_64" else [])
+    for arch in archs:
+        audit, keyrings, unshare, clone = _CHANNELS[arch]
+        for nr in keyrings:
+            assert _run_bpf(program, nr, audit, 0, 0) == EPERM, (arch, nr)
+        for nr in (unshare, clone):
+            assert _run_bpf(program, nr, audit, CLONE_NEWUSER) == EPERM, (arch, nr)
+            assert _run_bpf(program, nr, audit, CLONE_NEWUSER | CLONE_NEWNET) == EPERM
+        assert _run_bpf(program, clone, audit, SIGCHLD) == ALLOW, "fork as glibc makes it"
+        assert _run_bpf(program, unshare, audit, CLONE_NEWNET) == ALLOW, "the kernel's to judge"
+        assert _run_bpf(program, 435, audit, 0) == ENOSYS, "clone3: flags behind a pointer"
+
+
+CHANNELS = """
+import ctypes, os, platform, subprocess, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+keyctl = {"x86_64": 250, "aarch64": 219}[platform.machine()]
+add_key = {"x86_64": 248, "aarch64": 217}[platform.machine()]
+def errno(result):
+    return "ok" if result >= 0 else os.strerror(ctypes.get_errno())
+print("keyctl", errno(libc.syscall(keyctl, 0, -4, 1)))  # KEYCTL_GET_KEYRING_ID, user keyring
+print("add_key", errno(libc.syscall(add_key, b"user", b"note", b"secret", 6, -4)))
+print("unshare", errno(libc.unshare(0x10000000 | 0x40000000)))
+seen = []
+thread = threading.Thread(target=lambda: seen.append(1)); thread.start(); thread.join()
+print("thread", "ok" if seen else "none")
+print("spawn", subprocess.run([sys.executable, "-c", "print(7)"], capture_output=True,
+      text=True).stdout.strip())
+pid = os.fork()
+if pid == 0:
+    os._exit(3)
+print("fork", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+@linux
+def test_a_child_gets_no_keyring_and_no_user_namespace_yet_forks_and_threads(
+    place: Path,
+) -> None:
+    """The same through the real launcher: the C library's clone3 falls back to clone,
+    so threads, fork and subprocess still work."""
+    if not seccomp_filter.available():
+        pytest.skip("no filter for this architecture")
+    tmp = place / "tmp"
+    tmp.mkdir()
+    done = _launch([sys.executable, "-c", CHANNELS], place / "ws", tmp)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:7] == [
+        "keyctl Operation not permitted",
+        "add_key Operation not permitted",
+        "unshare Operation not permitted",
+        "thread ok",
+        "spawn 7",
+        "fork 3",
+        "",
+    ], done.stdout
+
+
+SYSV = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+key, make = int(sys.argv[1]), sys.argv[2] == "make"
+shm = libc.shmget(key, 4096, (0o1000 | 0o600) if make else 0)  # IPC_CREAT
+print("made" if make and shm >= 0 else "found" if shm >= 0 else os.strerror(ctypes.get_errno()))
+"""
+
+
+@linux
+def test_no_system_v_segment_of_one_child_is_anothers(place: Path) -> None:
+    """Each child has an IPC namespace of its own: a System V segment (a channel, and
+    memory that outlives its maker) one child left is not there for the next."""
+    if Containment().namespaces is None:
+        pytest.skip("namespaces are not allowed here")
+    tmp = place / "tmp"
+    tmp.mkdir()
+    key = str(0x5EED0000 + os.getpid() % 0xFFFF)
+    made = _launch([sys.executable, "-c", SYSV, key, "make"], place / "ws", tmp)
+    found = _launch([sys.executable, "-c", SYSV, key, "find"], place / "ws", tmp)
+    assert made.stdout.strip() == "made", made.stderr
+    assert found.stdout.strip() == "No such file or directory", found.stdout
+    assert not _host_segment(int(key)), "the segment outlived its child on the host"
+
+
+def _host_segment(key: int) -> bool:
+    """Whether the host's IPC namespace has a System V segment of ``key``."""
+    with open("/proc/sysvipc/shm") as table:
+        next(table)
+        return any(int(line.split()[0]) == key for line in table if line.strip())

@@ -5,8 +5,9 @@ It starts a real child through the same launcher and confinement a command runne
 uses (with a runner TOML's settings, if given) in a scratch workspace, and the child
 reports what it could and could not do: its user, its view of processes, its
 capabilities, the file system (``/etc/shadow`` too), the network, the sockets it may
-create, and the host's environment; the host adds the child's limits. Nothing is assumed
-from the kernel's version: every line is something a child just tried.
+create, the host's environment, the kernel's keyring and a new user namespace; the host
+adds the child's limits. Nothing is assumed from the kernel's version: every line is
+something a child just tried.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from delegation.runners.limits import ChildLimits
 # Run by the child with -I: the standard library only. Each attempt is "allowed",
 # "denied (errno)" or what it saw.
 _PROBE = r"""
-import json, os, socket, sys
+import ctypes, json, os, platform, socket, sys
 host, outside, port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 
 def attempt(fn):
@@ -76,6 +77,15 @@ def read(path):
         f.read(1)
     return "allowed"
 
+libc = ctypes.CDLL(None, use_errno=True)
+KEYCTL = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
+
+def syscall(result):
+    if result < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+    return "allowed"
+
 pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
 print(json.dumps({
     "uid": os.getuid(),
@@ -98,6 +108,9 @@ print(json.dumps({
     "netlink_socket": attempt(lambda: make(16, socket.SOCK_RAW)),
     "udp_socket": attempt(lambda: make(socket.AF_INET, socket.SOCK_DGRAM)),
     "read_etc_shadow": attempt(lambda: read("/etc/shadow")),
+    "keyring": attempt(lambda: syscall(libc.syscall(KEYCTL, 0, -4, 1))) if KEYCTL else "?",
+    # The last: where it is allowed, the probe is in a user namespace of its own after it.
+    "user_namespace": attempt(lambda: syscall(libc.unshare(0x10000000))),
 }))
 """
 
@@ -172,6 +185,8 @@ _LINES = (
     ("mptcp_socket", "MPTCP socket"),
     ("netlink_socket", "netlink socket"),
     ("read_etc_shadow", "read /etc/shadow"),
+    ("keyring", "its user's kernel keyring"),
+    ("user_namespace", "a new user namespace"),
     ("limits", "limits (cgroups or rlimits)"),
     ("max_processes", "max processes"),
     ("max_memory", "max memory, bytes"),

@@ -15,8 +15,9 @@ in order what only the child itself can do soundly:
    the directory it is in really is the one the engine confined to the workspace: a
    directory swapped for a symlink at any moment before cannot move it out, since the
    check reads where the process is, not where a path leads;
-4. where the host found namespaces allowed, makes a PID namespace (and, for a host that
-   is not root, a user namespace mapping only its own uid and gid) and forks: the fork
+4. where the host found namespaces allowed, makes a PID namespace and an IPC namespace
+   (and, for a host that is not root, a user namespace mapping only its own uid and
+   gid) and forks: the fork
    is the namespace's first process and becomes the program, with a ``/proc`` of its
    own in a private mount namespace; this launcher stays outside as its *keeper*
    (:func:`keep`), dies with the host, and the program dies with it (a second
@@ -36,8 +37,9 @@ in order what only the child itself can do soundly:
    and scopes abstract Unix sockets and signals to itself (ABI 6+);
 7. installs the host's seccomp filter (``seccomp``, :mod:`delegation.runners.seccomp_filter`):
    only TCP and UDP sockets and Unix socket pairs, ``listen`` only where allowed, no
-   setuid or setgid bit set, no parent-death signal but SIGKILL, no io_uring, no foreign
-   system calls; filters are inherited and cannot be removed;
+   setuid or setgid bit set, no parent-death signal but SIGKILL, no io_uring, no
+   keyring, no user namespace, no foreign system calls; filters are inherited and
+   cannot be removed;
 8. gives up every capability for good (bounding and ambient sets cleared, the
    securebits that keep uid 0 from regaining them locked, ``no_new_privs``): a child
    of a root host is as powerless towards the host as an ordinary user's;
@@ -78,6 +80,7 @@ _EPERM, _EINVAL = 1, 22
 
 # Namespaces (include/uapi/linux/sched.h, mount.h).
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
+_CLONE_NEWIPC = 0x08000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 NAMESPACE_MODES = ("root", "user")  # as root alone; in a user namespace of its own
 # Signals whose default action ends a process: one the program does not catch is dropped
@@ -105,7 +108,7 @@ _OPEN_TREE_CLONE, _AT_FDCWD, _AT_EMPTY_PATH, _MOVE_MOUNT_F_EMPTY_PATH = 1, -100,
 _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_IDMAP = 1, 2, 4, 0x100000
 
 # Resource limits (include/uapi/asm-generic/resource.h).
-_RLIMITS = {"data": 2, "nproc": 6}  # RLIMIT_DATA, RLIMIT_NPROC
+_RLIMITS = {"data": 2, "nproc": 6, "as": 9}  # RLIMIT_DATA, RLIMIT_NPROC, RLIMIT_AS
 
 
 def _libc() -> ctypes.CDLL:
@@ -240,13 +243,16 @@ def wait_go(fd: int) -> None:
 
 
 def unshare(libc: ctypes.CDLL, mode: str) -> None:
-    """Enter a new PID namespace (its first process is this one's next child) and, in
-    ``"user"`` mode, a user namespace where this process keeps its own uid and gid.
+    """Enter a new PID namespace (its first process is this one's next child) and IPC
+    namespace and, in ``"user"`` mode, a user namespace where this process keeps its own
+    uid and gid.
 
     The user namespace is what lets a host that is not root do this; its powers there
     are dropped (:func:`drop_capabilities`) before the program runs."""
     uid, gid = os.geteuid(), os.getegid()
-    flags = _CLONE_NEWPID | (_CLONE_NEWUSER if mode == "user" else 0)
+    # An IPC namespace of its own: no System V segment, semaphore or queue (nor POSIX
+    # message queue) of one child is another's, and what it made there goes with it.
+    flags = _CLONE_NEWPID | _CLONE_NEWIPC | (_CLONE_NEWUSER if mode == "user" else 0)
     if libc.unshare(flags) != 0:
         refuse(f"cannot make the child's namespaces: {os.strerror(ctypes.get_errno())}")
     if mode == "user":
@@ -484,7 +490,7 @@ def join_cgroups(procs: list[str]) -> None:
 
 
 def set_limits(limits: dict[str, int]) -> None:
-    """Set resource limits (``data``, ``nproc``: soft and hard)."""
+    """Set resource limits (``data``, ``as``, ``nproc``: soft and hard)."""
     import resource  # the standard library's; only where limits are asked for
 
     for name, value in limits.items():

@@ -217,7 +217,9 @@ class Containment:
                 else "no kernel limit on a child's processes (one reaching max_processes is ended)"
             )
             log.warning(
-                "no control groups for command children: %s, each process's memory by RLIMIT_DATA",
+                "no control groups for command children: %s; each process's memory by"
+                " RLIMIT_DATA and RLIMIT_AS (what it maps, shared and memfd memory too), not"
+                " the child's processes together, nor memory-backed files it keeps unmapped",
                 held,
                 extra={"action": "cgroups_unavailable"},
             )
@@ -318,7 +320,9 @@ class Containment:
             spec["idmapped"] = [tmpdir, *self.read_write]
             spec.update(plan)
         if bounds is None or not bounds.groups:
-            spec["rlimits"] = {"data": self.max_memory}
+            # What each process maps, shared and memfd mappings too (RLIMIT_DATA counts
+            # private memory only): SPEC §31.
+            spec["rlimits"] = {"data": self.max_memory, "as": self.max_memory}
             if self.namespaces == "user":  # counted in its own user namespace only
                 spec["nproc"] = self.max_processes + 1  # and its keeper
         return [*LAUNCHER, json.dumps(spec), *argv]

@@ -13,8 +13,10 @@ bytes (2 GiB), set in the runner's TOML. How the kernel holds it depends on the 
 * **Resource limits** (:data:`RLIMITS`) otherwise: in a user namespace of its own (an
   ordinary user's host where they are allowed) ``RLIMIT_NPROC`` counts the child's own
   processes; without one it would count every process of the host's user, so none is
-  set. ``RLIMIT_DATA`` bounds each process's data (heap and private mappings), not the
-  child's processes together.
+  set. ``RLIMIT_DATA`` bounds each process's data (heap and private mappings) and
+  ``RLIMIT_AS`` all it maps (shared and ``memfd`` mappings too: SPEC §31), each process
+  alone, not the child's processes together; what a process keeps in a memory-backed file
+  it no longer maps (a ``memfd``, a file on ``tmpfs``) only a control group counts.
 
 Either way the host watches each child (:meth:`ChildLimits.exceeded`): one whose
 process count reaches ``max_processes`` (a fork bomb), or whose group the kernel's OOM

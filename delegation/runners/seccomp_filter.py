@@ -18,6 +18,15 @@ local user root. (Writing a file clears those bits, so ``chmod`` is the one way 
 process and dies with its keeper only by that signal; ``PR_SET_PDEATHSIG`` with any
 other signal (0 clears it) fails with ``EPERM``, so a program cannot outlive its host.
 
+**No channel between children, no user namespace** (SPEC §31). The kernel's keyrings
+(``add_key``, ``keyctl``, ``request_key``) fail with ``EPERM``: every child of a root
+host runs as one unprivileged user, whose keyring outlives each child and would carry
+what one tenant's child stored to another's. ``unshare`` and ``clone`` asking for a new
+user namespace (``CLONE_NEWUSER``) fail with ``EPERM``, as under Docker's default
+profile: it is kernel attack surface a child has no use for. ``clone3``, whose flags
+lie behind a pointer no filter may read, fails with ``ENOSYS``: the C library then
+falls back to ``clone`` (glibc, musl, Go and Rust all do).
+
 ``io_uring_setup`` fails with ``ENOSYS`` (io_uring makes sockets no filter sees;
 programs fall back to plain I/O), and a process making system calls of a foreign
 architecture (32-bit ARM on aarch64, x32) is killed or refused; i386 code on x86_64 is
@@ -48,17 +57,44 @@ class _Calls:
     fchmod: int
     fchmodat: int
     prctl: int
+    keyrings: tuple[int, int, int]  # add_key, request_key, keyctl
+    unshare: int
+    clone: int
     chmod: int | None = None  # aarch64 has fchmodat only
     socketcall: int | None = None  # i386's multiplexer: refused whole
 
 
 _NATIVE = {
-    "x86_64": _Calls(41, 53, 50, fchmod=91, fchmodat=268, prctl=157, chmod=90),
-    "aarch64": _Calls(198, 199, 201, fchmod=52, fchmodat=53, prctl=167),
+    "x86_64": _Calls(
+        41,
+        53,
+        50,
+        fchmod=91,
+        fchmodat=268,
+        prctl=157,
+        keyrings=(248, 249, 250),
+        unshare=272,
+        clone=56,
+        chmod=90,
+    ),
+    "aarch64": _Calls(
+        198,
+        199,
+        201,
+        fchmod=52,
+        fchmodat=53,
+        prctl=167,
+        keyrings=(217, 218, 219),
+        unshare=97,
+        clone=220,
+    ),
 }
-_I386 = _Calls(359, 360, 363, fchmod=94, fchmodat=306, prctl=172, chmod=15, socketcall=102)
+_I386 = _Calls(
+    359, 360, 363, fchmod=94, fchmodat=306, prctl=172, keyrings=(286, 287, 288),
+    unshare=310, clone=120, chmod=15, socketcall=102,
+)  # fmt: skip
 # The same numbers on x86_64, i386 and aarch64.
-_IO_URING_SETUP, _FCHMODAT2 = 425, 452
+_IO_URING_SETUP, _CLONE3, _FCHMODAT2 = 425, 435, 452
 
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
 SOCK_STREAM, SOCK_DGRAM = 1, 2
@@ -66,6 +102,7 @@ _SOCK_TYPE_MASK = 0xF  # SOCK_NONBLOCK and SOCK_CLOEXEC sit above it
 IPPROTO_TCP, IPPROTO_UDP = 6, 17
 S_ISUID_ISGID = 0o6000
 PR_SET_PDEATHSIG, SIGKILL = 1, 9
+CLONE_NEWUSER = 0x10000000  # the flags are the first argument of clone and unshare alike
 _EPERM, _EACCES, _ENOSYS = 1, 13, 38
 
 # Offsets in struct seccomp_data: nr, arch, then args[6] as u64 (their low halves here,
@@ -95,6 +132,10 @@ def _dispatch(calls: _Calls) -> list[Instruction]:
         ("ld", _NR, "", ""),
         *refused_whole,
         ("jeq", _IO_URING_SETUP, "nosys", ""),
+        ("jeq", _CLONE3, "nosys", ""),
+        *[("jeq", number, "eperm", "") for number in calls.keyrings],
+        ("jeq", calls.unshare, "flags0", ""),
+        ("jeq", calls.clone, "flags0", ""),
         ("jeq", calls.socket, "socket", ""),
         ("jeq", calls.socketpair, "pair", ""),
         ("jeq", calls.listen, "listen", ""),
@@ -148,6 +189,8 @@ def program(machine: str | None = None, *, listen: bool = False) -> list[Instruc
         ("jeq", PR_SET_PDEATHSIG, "", "allow"),
         ("ld", _arg(1), "", ""),
         ("jeq", SIGKILL, "allow", "eperm"),
+        ("flags0:ld", _arg(0), "", ""),  # clone's and unshare's flags
+        ("jset", CLONE_NEWUSER, "eperm", "allow"),
         ("listen:ret", _RET_ALLOW if listen else _RET_ERRNO | _EACCES, "", ""),
         ("allow:ret", _RET_ALLOW, "", ""),
         ("deny:ret", _RET_ERRNO | _EACCES, "", ""),
