@@ -1,7 +1,7 @@
 """The package's shape (issues 25, 37): no import circle between any two of its modules,
-every module under 600 lines, a top level of at most 30 entries grouped by role, each
-folder's ``__init__`` its map, the tools outside the package. import-linter holds the
-layers (pyproject.toml)."""
+the store's dialects reached only through their records, every module under 600 lines,
+a top level of at most 30 entries grouped by role, each folder's ``__init__`` its map,
+the tools outside the package. import-linter holds the layers (pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import grimp
 
 import delegation
+from delegation.store import registry
 
 MAX_LINES = 600  # every module is under this (issue 25)
 
@@ -49,6 +50,28 @@ def test_the_cycle_finder_finds_a_planted_circle() -> None:
     graph.add_import(importer="delegation.wire", imported="delegation.engine.api")
     modules = {m for m in graph.modules if m.startswith("delegation")}
     assert _cycle(graph, modules) is not None
+
+
+def test_the_stores_own_modules_reach_a_dialect_only_through_its_record() -> None:
+    """A dialect is a folder of ``store/`` and its line in ``store/registry.py``; the
+    store's own modules reach it only through its record, never by an import (no circle
+    between the store and its dialects: the ``acyclic_siblings`` contract on
+    ``delegation.store`` holds that too)."""
+    store = Path(delegation.__file__).parent / "store"
+    folders = sorted(p.parent.name for p in store.glob("*/__init__.py"))
+    graph = grimp.build_graph("delegation")
+    inside = {
+        m for m in graph.modules for f in folders if f"{m}.".startswith(f"delegation.store.{f}.")
+    }
+    own = {f"delegation.store.{p.stem}".removesuffix(".__init__") for p in store.glob("*.py")}
+    reaching = {
+        (m, i) for m in own for i in graph.find_modules_directly_imported_by(m) if i in inside
+    }
+    assert reaching == set()
+    found = {name: registry.record(name) for name in registry.DIALECTS}
+    assert {name: record.name for name, record in found.items()} == {n: n for n in found}
+    homes = sorted(registry.DIALECTS[name].split(".")[2] for name in found)
+    assert homes == folders
 
 
 def test_every_module_is_under_600_lines() -> None:

@@ -9,9 +9,12 @@ The one writer, the same on both stores, and what it asks of a dialect:
   provides, and how it spells the shared SQL; :mod:`~delegation.store.failures` - its
   errors as the package's; :mod:`~delegation.store.watch` - commit notices;
 * :mod:`~delegation.store.backend` - one record per store, found once by the URL's
-  scheme; :mod:`~delegation.store.stores` - what the package asks of a store by URL;
+  scheme; :mod:`~delegation.store.registry` - the dialects known, one line each, and
+  the part of a record the store's own modules reach (its spelling, its driver's
+  errors); :mod:`~delegation.store.stores` - what the package asks of a store by URL;
 * :mod:`~delegation.store.sql` - the plain SQL the hot paths run, on either store;
-* ``sqlite/`` and ``postgres/`` - each dialect, exporting its record;
+* ``sqlite/`` and ``postgres/`` - each dialect, exporting its record: a new dialect is
+  a folder and its line in the registry, and no module here imports one;
 * the aggregates' SQL: :mod:`~delegation.store.children`, :mod:`~delegation.store.grants`,
   :mod:`~delegation.store.lifecycle` (and :mod:`~delegation.store.retention`, the
   purge of finished children), :mod:`~delegation.store.events`,

@@ -5,11 +5,13 @@
 PostgreSQL one (:mod:`delegation.store.postgres`, extra ``durable-delegation[postgres]``).
 Each dialect's package has a ``backend`` module exporting ``BACKEND``, a :class:`Backend`:
 everything the package asks of a store by URL (open it, watch it, read or write it once
-beside a live host, migrate it). :func:`backend_of` finds it by the scheme and imports
-only that dialect, so a SQLite host never imports psycopg. Nothing outside ``store/``
-looks at a URL's scheme, and nothing in it switches on a store's name: the record is
-the switch, built once per dialect (as SQLAlchemy's dialect registry and DBOS's
-``SystemDatabase.create`` pick theirs).
+beside a live host, migrate it), and what the store's own modules ask of its dialect
+(its spelling of the shared SQL, what its driver's errors mean). :func:`backend_of`
+finds it by the scheme (its line in :data:`delegation.store.registry.DIALECTS`) and
+imports only that dialect, so a SQLite host never imports psycopg. Nothing outside
+``store/`` looks at a URL's scheme, and nothing in it switches on a store's name: the
+record is the switch, built once per dialect (as SQLAlchemy's dialect registry and
+DBOS's ``SystemDatabase.create`` pick theirs).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sqlalchemy import Connection
 
 from delegation.store import migrate
 from delegation.store.interface import Store
+from delegation.store.registry import DIALECTS, Record
 from delegation.store.watch import Watch
 
 T = TypeVar("T")
@@ -30,10 +33,6 @@ T = TypeVar("T")
 ACCEPTED_URLS = (
     "a SQLite file (a path, or sqlite:///PATH) or a PostgreSQL URL (postgresql://USER@HOST/DB)"
 )
-_BY_SCHEME = {
-    "sqlite": "delegation.store.sqlite.backend",
-    "postgresql": "delegation.store.postgres.backend",
-}
 
 
 class Reader(Protocol):
@@ -42,11 +41,12 @@ class Reader(Protocol):
     def close(self) -> None: ...
 
 
-class Backend(Protocol):
+class Backend(Record, Protocol):
     """What the package asks of one store by URL. Each method takes the URL as
-    :meth:`normalize` made it."""
+    :meth:`normalize` made it. Its ``name`` ("sqlite", "postgresql") is what reports
+    name, its line in :data:`~delegation.store.registry.DIALECTS`, and SQLAlchemy's
+    name of its connections' dialect."""
 
-    name: str  # "sqlite", "postgresql": what reports name
     shared: bool  # several hosts may share one database of it (design §12)
 
     def normalize(self, url: str) -> str:
@@ -83,6 +83,11 @@ class Backend(Protocol):
         """The database's file, for a store that has one."""
         ...
 
+    def dsn(self, url: str) -> str:
+        """What the driver's own ``connect`` takes for ``url`` (psycopg's connection
+        string, sqlite3's path), for a connection of a tool's beside the store's."""
+        ...
+
 
 def backend_of(url: str) -> Backend:
     """The store ``url`` names, by its scheme (a plain path is a SQLite file's).
@@ -91,7 +96,7 @@ def backend_of(url: str) -> Backend:
         ValueError: a URL of neither store.
     """
     scheme = url.partition("://")[0].partition("+")[0].lower() if "://" in url else "sqlite"
-    module = _BY_SCHEME.get(scheme)
+    module = DIALECTS.get(scheme)
     if module is None:
         raise ValueError(f"delegation needs {ACCEPTED_URLS}")
     backend: Backend = importlib.import_module(module).BACKEND

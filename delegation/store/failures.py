@@ -1,6 +1,7 @@
 """The store's one boundary for failures: SQLAlchemy's and the drivers' exceptions as
-domain errors. What each driver's codes mean is its dialect's (``sqlite.errors``,
-``postgres.errors``); this module only asks them."""
+domain errors. What each driver's codes mean is its dialect's (``sqlite/errors.py``,
+``postgres/errors.py``), carried by its record; this module only asks them, through
+:func:`delegation.store.registry.drivers`."""
 
 from __future__ import annotations
 
@@ -12,11 +13,8 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from delegation import errors
-from delegation.store.postgres import errors as postgres
+from delegation.store import registry
 from delegation.store.sql import dbapi
-from delegation.store.sqlite import errors as sqlite
-
-_DRIVERS = (sqlite, postgres)
 
 
 def closed() -> errors.StoreError:
@@ -37,10 +35,11 @@ def translate(exc: BaseException, *, reading: bool = False) -> errors.Delegation
     if isinstance(exc, errors.DelegationError):
         return exc
     cause = _cause(exc)
-    own = reading and postgres.read_only_server(cause)
+    drivers = registry.drivers()
+    own = reading and any(driver.read_only_server(cause) for driver in drivers)
     if unavailable(exc) and not own:
         return errors.StoreUnavailable()
-    driver = next((d for d in _DRIVERS if d.owns(cause)), None)
+    driver = next((d for d in drivers if d.owns(cause)), None)
     if driver is None:
         return errors.InternalError()
     if driver.is_busy(cause):
@@ -55,13 +54,14 @@ def unavailable(exc: BaseException) -> bool:
         return True
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
-    return postgres.away(_cause(exc))
+    cause = _cause(exc)
+    return any(driver.away(cause) for driver in registry.drivers())
 
 
 def refused(exc: BaseException) -> bool:
     """Whether ``exc`` is a constraint's refusal (the same statement would fail again)."""
     cause = getattr(exc, "orig", exc)
-    return any(driver.refused(cause) for driver in _DRIVERS)
+    return any(driver.refused(cause) for driver in registry.drivers())
 
 
 @contextlib.contextmanager

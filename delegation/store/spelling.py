@@ -1,8 +1,9 @@
 """What a store's aggregates ask of its dialect's SQL (children, grants, lifecycle …):
 the few fragments and statements SQLite and PostgreSQL spell differently. Each
-dialect holds its own (``sqlite/spelling.py``, ``postgres/spelling.py``); an aggregate
-gets its connection's with :func:`delegation.store.sql.spelling_of` and never asks which
-store it is on.
+dialect holds its own (``sqlite/spelling.py``, ``postgres/spelling.py``), which its
+record carries (:class:`delegation.store.backend.Backend`); an aggregate gets its
+connection's with :func:`delegation.store.sql.spelling_of` and never asks which store
+it is on.
 
 The store's plain SQL (:func:`delegation.store.sql.run`) marks parameters with ``?``, the
 one marker it has; PostgreSQL's dialect runs a text with psycopg's ``%s`` in its place.

@@ -5,7 +5,8 @@ Hot paths run plain SQL through :func:`run` on the DBAPI connection under a SQLA
 lookup. That SQL is written once, with ``?`` parameters and only what both stores
 accept (``ON CONFLICT … DO UPDATE``, ``RETURNING``); what the stores spell differently
 (an index hint, the clock, a row lock, a notice) each dialect holds in its
-:class:`~delegation.store.spelling.Spelling`, which an aggregate asks for with
+:class:`~delegation.store.spelling.Spelling`, which its record carries (found by the
+connection's dialect, :mod:`delegation.store.registry`) and an aggregate asks for with
 :func:`spelling_of`. Everything else uses Core.
 """
 
@@ -17,9 +18,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
-from delegation.store.postgres.spelling import POSTGRES
+from delegation.store import registry
 from delegation.store.spelling import Cursor, Spelling
-from delegation.store.sqlite.spelling import SQLITE
 
 __all__ = [
     "IN_LIST_MAX",
@@ -41,12 +41,10 @@ T = TypeVar("T")
 # than 32,766 variables, and one revocation can reach tens of thousands of children.
 IN_LIST_MAX = 500
 
-_BY_DIALECT: dict[str, Spelling] = {"sqlite": SQLITE, "postgresql": POSTGRES}
-
 
 def spelling_of(conn: Connection) -> Spelling:
     """The spelling of ``conn``'s store (see :mod:`delegation.store.spelling`)."""
-    return _BY_DIALECT[conn.dialect.name]
+    return registry.spelling(conn.dialect.name)
 
 
 def dbapi(conn: Connection) -> Any:
@@ -67,12 +65,13 @@ def run(
     statements keep theirs: each one's plan is an index's at any size (tested).
     """
     raw = conn.connection.dbapi_connection
-    return _BY_DIALECT[conn.dialect.name].run(raw, sql, params, planned_each_time)
+    return registry.spelling(conn.dialect.name).run(raw, sql, params, planned_each_time)
 
 
 def run_many(conn: Connection, sql: str, rows: Iterable[Sequence[Any]]) -> None:
     """Execute one plain statement once for each of ``rows``."""
-    _BY_DIALECT[conn.dialect.name].run_many(conn.connection.dbapi_connection, sql, rows)
+    spelling = registry.spelling(conn.dialect.name)
+    spelling.run_many(conn.connection.dbapi_connection, sql, rows)
 
 
 def chunks(values: Iterable[T], size: int = IN_LIST_MAX) -> Iterator[list[T]]:

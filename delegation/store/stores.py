@@ -12,7 +12,6 @@ from sqlalchemy import Connection, make_url
 from delegation.store import migrate
 from delegation.store.backend import Backend, Reader, as_url, backend_of
 from delegation.store.interface import Store
-from delegation.store.postgres.connect import libpq
 from delegation.store.watch import Watch
 
 T = TypeVar("T")
@@ -89,6 +88,12 @@ def upgrade(
 def with_database(url: str, name: str) -> str:
     """``url`` naming database ``name`` on the same server."""
     return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+def libpq(url: str) -> str:
+    """psycopg's connection string for a PostgreSQL URL (its record's
+    :meth:`~delegation.store.backend.Backend.dsn`), for a tool's own connection."""
+    return backend_of(as_url(url)).dsn(url)
 
 
 def file_of(url: str) -> Path | None:

@@ -1,7 +1,8 @@
 """The PostgreSQL store's record (:class:`delegation.store.backend.Backend`): several
 hosts on one database (design §12), through psycopg 3 (extra
 ``durable-delegation[postgres]``), the one writer composed with
-:class:`~delegation.store.postgres.dialect.PostgresDialect`."""
+:class:`~delegation.store.postgres.dialect.PostgresDialect`, its spelling of the shared
+SQL (:mod:`.spelling`) and what psycopg's errors mean (:mod:`.errors`)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ from sqlalchemy import Connection, make_url
 from sqlalchemy.exc import ArgumentError
 
 from delegation.store import dburl, migrate
-from delegation.store.backend import Reader
+from delegation.store.backend import Backend, Reader
 from delegation.store.database import Database
 from delegation.store.interface import Store
 from delegation.store.postgres import admin
+from delegation.store.postgres import errors as postgres_errors
+from delegation.store.postgres.connect import libpq
 from delegation.store.postgres.dialect import PostgresDialect
+from delegation.store.postgres.spelling import POSTGRES
 from delegation.store.postgres.watch import PostgresWatch
+from delegation.store.registry import DriverErrors
+from delegation.store.spelling import Spelling
 from delegation.store.watch import Watch
 
 T = TypeVar("T")
@@ -27,6 +33,8 @@ T = TypeVar("T")
 class PostgresBackend:
     name = "postgresql"
     shared = True
+    spelling: Spelling = POSTGRES
+    errors: DriverErrors = postgres_errors
 
     def normalize(self, url: str) -> str:
         """The driver made explicit (psycopg 3), several hosts named in one spelling
@@ -75,5 +83,8 @@ class PostgresBackend:
     def file_of(self, url: str) -> Path | None:
         return None
 
+    def dsn(self, url: str) -> str:
+        return libpq(url)
 
-BACKEND = PostgresBackend()
+
+BACKEND: Backend = PostgresBackend()

@@ -1,5 +1,7 @@
 """The SQLite store's record (:class:`delegation.store.backend.Backend`): one file, one
-live host (design §9), the one writer composed with :class:`SqliteDialect`."""
+live host (design §9), the one writer composed with :class:`SqliteDialect`, its
+spelling of the shared SQL (:mod:`.spelling`) and what sqlite3's errors mean
+(:mod:`.errors`)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,15 @@ from typing import TypeVar
 from sqlalchemy import Connection
 
 from delegation.store import migrate
-from delegation.store.backend import Reader
+from delegation.store.backend import Backend, Reader
 from delegation.store.database import Database
 from delegation.store.interface import Store
+from delegation.store.registry import DriverErrors
+from delegation.store.spelling import Spelling
+from delegation.store.sqlite import errors as sqlite_errors
 from delegation.store.sqlite import files
 from delegation.store.sqlite.dialect import SqliteDialect
+from delegation.store.sqlite.spelling import SQLITE
 from delegation.store.sqlite.watch import FileWatch
 from delegation.store.watch import Watch
 
@@ -24,6 +30,8 @@ T = TypeVar("T")
 class SqliteBackend:
     name = "sqlite"
     shared = False
+    spelling: Spelling = SQLITE
+    errors: DriverErrors = sqlite_errors
 
     def normalize(self, url: str) -> str:
         files.sqlite_path(url)  # refuses an in-memory database and a file: URI
@@ -50,5 +58,8 @@ class SqliteBackend:
     def file_of(self, url: str) -> Path | None:
         return files.sqlite_path(url)
 
+    def dsn(self, url: str) -> str:
+        return str(files.sqlite_path(url))
 
-BACKEND = SqliteBackend()
+
+BACKEND: Backend = SqliteBackend()

@@ -1,4 +1,5 @@
-"""What SQLite's failures mean: busy (another connection holds the lock), a refusal."""
+"""What SQLite's failures mean: busy (another connection holds the lock), a refusal. A
+file is never away nor read-only the way a server is."""
 
 from __future__ import annotations
 
@@ -12,9 +13,19 @@ def owns(cause: BaseException) -> bool:
     return isinstance(cause, sqlite3.Error)
 
 
-def is_busy(exc: BaseException) -> bool:
+def is_busy(cause: BaseException) -> bool:
     """Another connection holds the lock: the same work may succeed a moment later."""
-    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    return (getattr(cause, "sqlite_errorcode", 0) & 0xFF) in (_SQLITE_BUSY, _SQLITE_LOCKED)
+
+
+def away(cause: BaseException) -> bool:
+    """Never: there is no server to lose."""
+    return False
+
+
+def read_only_server(cause: BaseException) -> bool:
+    """Never: there is no server to turn read-only."""
+    return False
 
 
 def refused(cause: BaseException) -> bool:
