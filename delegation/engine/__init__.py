@@ -11,6 +11,8 @@
 - :mod:`~delegation.engine.supervisor` and :mod:`~delegation.engine.local_run`: the
   runs this process executes, from their spawn to their end, and
   :mod:`~delegation.engine.ends`: their ends, written together;
+- :mod:`~delegation.engine.resuming`: the children run again from where they stopped,
+  a takeover's (resumed) and a wake-up's or the pump's (woken);
 - :mod:`~delegation.engine.membership`: this host among the hosts of its database (§12),
   and :mod:`~delegation.engine.adoption`: what a lost commit answer left unrun here,
   run once the database is back (§32);

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 
 from delegation import errors
 from delegation.engine.notices import keep_running
+from delegation.engine.resuming import Resuming
 from delegation.engine.runtime import Runtime, Use, refused, unreadable
 from delegation.engine.supervisor import Supervisor
 from delegation.store import admission as store
@@ -35,9 +36,10 @@ BATCH = 256  # children admitted in one transaction at most
 class Admitting:
     """The admission pump of one engine (see the module)."""
 
-    def __init__(self, rt: Runtime, supervisor: Supervisor) -> None:
+    def __init__(self, rt: Runtime, supervisor: Supervisor, resuming: Resuming) -> None:
         self._rt = rt
         self._supervisor = supervisor
+        self._resuming = resuming
         self._pumping: asyncio.Task[None] | None = None
         self._again = False
         self._timer: asyncio.TimerHandle | None = None
@@ -114,7 +116,7 @@ class Admitting:
                 slotted=True,
             )
             supervisor.spawn(child, plan, None)
-        supervisor.wake(turn.resumable)
+        self._resuming.wake(turn.resumable)
         moved = [child.id for child, _ in turn.fresh] + [r.child.id for r in turn.resumable]
         if moved or turn.ended:
             self._rt.notices.bump(moved + turn.ended)

@@ -4,6 +4,7 @@ One engine owns one database (a SQLite file, or a PostgreSQL database). Its part
 a :class:`~delegation.engine.runtime.Runtime` (the store, the clock, the one write
 entry): the :class:`~delegation.engine.supervisor.Supervisor` runs the children, the
 :class:`~delegation.engine.starting.Starting` reserves and answers their starts, the
+:class:`~delegation.engine.resuming.Resuming` runs again those that ran before, the
 :class:`~delegation.engine.membership.Membership` keeps this host among the others, the
 :class:`~delegation.engine.operators.ControlWatcher` applies operators' requests and
 :class:`~delegation.engine.timers.Timers` wake lease expiry and retention. The host's own
@@ -38,9 +39,10 @@ from delegation.engine.methods import ChildMethods
 from delegation.engine.notices import Notices
 from delegation.engine.operators import WATCH_INTERVAL_S, ControlWatcher
 from delegation.engine.reads import EngineReads
+from delegation.engine.resuming import Resuming, collector_paused
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.starting import Starting
-from delegation.engine.supervisor import Supervisor, collector_paused
+from delegation.engine.supervisor import Supervisor
 from delegation.engine.timers import Timers
 from delegation.engine.upkeep import Upkeep
 from delegation.engine.waking import OperatorWaits, Waking
@@ -116,15 +118,16 @@ class Engine(EngineReads, HostControls):
             wake=self._wake_on_time,
         )
         self._supervisor = Supervisor(self._rt, runner)
+        self._resuming = Resuming(self._rt, self._supervisor)
         self._upkeep = Upkeep(self._rt, self._supervisor, self.timers)
-        self._membership = Membership(self._rt, self._supervisor, self.timers)
+        self._membership = Membership(self._rt, self._supervisor, self._resuming, self.timers)
         starting = Starting(self._rt, self._supervisor, self.timers)
         self._methods = ChildMethods(self._rt, self._supervisor, starting)
-        self._waking = Waking(self._rt, self._supervisor, self.timers)
-        self._admitting = Admitting(self._rt, self._supervisor)
+        self._waking = Waking(self._rt, self._supervisor, self._resuming, self.timers)
+        self._admitting = Admitting(self._rt, self._supervisor, self._resuming)
         self._methods.on_delivered = self._waking.delivered
         self._db.on_lost = self._membership.lost
-        self._db.on_back = Adoption(self._rt, self._supervisor).back
+        self._db.on_back = Adoption(self._rt, self._supervisor, self._resuming).back
         # The host's own controls act through these parts (cancel_child, steer_child ...).
         parts = (self._rt, self._supervisor, self._methods, self._waking, self._admitting)
         controls = ControlParts(*parts, starting, require_open=self._require_open)
@@ -220,7 +223,7 @@ class Engine(EngineReads, HostControls):
         self.timers.start(loop)
         self.timers.arm(deadline)
         await self._admitting.boot()  # the configured policies, before any start (§22)
-        self._supervisor.resume(takeover)
+        self._resuming.resume(takeover)
         await self._waking.arm()  # the waiting children it owns now (design §21)
         self._controls = ControlWatcher(
             self._rt,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from delegation import errors
 from delegation import os_processes as processes
 from delegation.clock import ServerClock
+from delegation.engine.resuming import Resuming
 from delegation.engine.runtime import Runtime, Use
 from delegation.engine.supervisor import Supervisor
 from delegation.engine.timers import WAKE_JOB, Timers
@@ -35,9 +36,12 @@ CLOCK_TRUSTED_S = 0.25  # the longest round trip a reading of the server's clock
 class Membership:
     """One engine's place among the hosts of its database (see the module)."""
 
-    def __init__(self, rt: Runtime, supervisor: Supervisor, timers: Timers) -> None:
+    def __init__(
+        self, rt: Runtime, supervisor: Supervisor, resuming: Resuming, timers: Timers
+    ) -> None:
         self._rt = rt
         self._supervisor = supervisor
+        self._resuming = resuming
         self._timers = timers
         self._task: asyncio.Task[None] | None = None
         self._alive_deadline = math.inf  # see _alive_since; none before the first beat
@@ -52,7 +56,7 @@ class Membership:
         """Name a new host instance and take over from the previous ones (design §7):
         kill what lost runs left running, remove the private temp dirs hosts that ended
         left (:mod:`delegation.runners.tmpdirs`), and stop what the takeover cancelled. Returns
-        the takeover, whose children :meth:`Supervisor.resume` runs once the engine is
+        the takeover, whose children :meth:`Resuming.resume` runs once the engine is
         open."""
         rt = self._rt
         loop = asyncio.get_running_loop()
@@ -206,7 +210,7 @@ class Membership:
             rt.db.reconnected,  # read as the beat runs: after any reconnect
         )
         try:
-            takeover = await rt.write(use, committed=self._supervisor.will_resume)
+            takeover = await rt.write(use, committed=self._resuming.will_resume)
         except errors.HostFenced:
             await self._fenced()
             return
@@ -239,7 +243,7 @@ class Membership:
         try:
             await self._supervisor.stop(takeover.stopping)
         finally:
-            self._supervisor.resume(takeover)
+            self._resuming.resume(takeover)
         self._timers.arm(await self._rt.db.read(maintenance.next_deadline))
         # The waiting children it took are this host's to wake (design §21).
         me = self._rt.instance_id
@@ -311,7 +315,7 @@ class Membership:
         old = rt.instance_id
         await self._rejoin()
         use = Use(maintenance.hand_over, rt.config, old, rt.instance_id)
-        takeover = await rt.write(use, committed=self._supervisor.will_resume)
+        takeover = await rt.write(use, committed=self._resuming.will_resume)
         self._rt.cut_off = False  # only now: a failure on the way is tried again at the next beat
         log.warning(
             "the database is back: this host goes on as a new instance",

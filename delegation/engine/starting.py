@@ -136,7 +136,7 @@ class Starting:
             self._timers.arm_earlier(plan.new_lease_deadline)
         supervisor, child_id = self._supervisor, plan.child.id
         already = supervisor.runs.get(child_id) is not None
-        if plan.replay and not already and not supervisor.resuming(child_id):
+        if plan.replay and not already and child_id not in supervisor.to_resume:
             plan = reservation.unspawned(plan, self._rt.instance_id) or plan
         if plan.replay or plan.queued or already:  # a queued child runs once the pump admits it
             if not first.done():

@@ -3,28 +3,27 @@
 admitted, finished, stopped and drained.
 
 A start is reserved and answered in :mod:`delegation.engine.starting`, whose commit
-spawns its run here (see :mod:`delegation.engine.local_run` for one run's lifecycle).
+spawns its run here (see :mod:`delegation.engine.local_run` for one run's lifecycle);
+a child run again (resumed by a takeover, woken) is spawned by
+:mod:`delegation.engine.resuming`, one a lost commit answer left unrun by
+:mod:`delegation.engine.adoption`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
-import gc
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from delegation import authority, errors, machine
 from delegation.engine import rewinding
 from delegation.engine.answers import Answers
 from delegation.engine.ends import Ends
 from delegation.engine.local_run import LocalRun, LocalRuns
-from delegation.engine.runtime import Runtime, Use, refused, unreadable
-from delegation.engine.versions import recovery_of
+from delegation.engine.runtime import Runtime, Use
 from delegation.options import ExecutionOptions
-from delegation.records import ChildRecord, Resumable
+from delegation.records import ChildRecord
 from delegation.run.context import (
     ChildContext,
     NotResumable,
@@ -34,7 +33,7 @@ from delegation.run.context import (
 )
 from delegation.run.journal import Journal
 from delegation.run.protection import Protected
-from delegation.usecases import admission, maintenance, orphans, queries, reservation, service
+from delegation.usecases import admission, maintenance, queries, reservation, service
 from delegation.usecases.redaction import redact_secrets
 from delegation.wire import Result
 
@@ -64,6 +63,41 @@ def run_limit(engine_limit: float | None, run: object) -> float | None:
     return float(own) if engine_limit is None else min(engine_limit, float(own))
 
 
+class ToResume:
+    """The children a committed takeover gave this host whose runs are not spawned yet
+    (:mod:`delegation.engine.resuming`): until spawned, they are this host's runs to
+    stop (a lease expiring meanwhile would find no run and finish the child, then see
+    it resumed); and those among them whose cancellation came meanwhile."""
+
+    __slots__ = ("_cancelled", "_ids")
+
+    def __init__(self) -> None:
+        self._ids: set[int] = set()
+        self._cancelled: set[int] = set()
+
+    def __contains__(self, child_id: object) -> bool:
+        return child_id in self._ids
+
+    def add(self, child_ids: Iterable[int]) -> None:
+        self._ids.update(child_ids)
+
+    def forget(self, child_ids: Iterable[int]) -> None:
+        """Not spawned here after all (the host closes)."""
+        self._ids.difference_update(child_ids)
+
+    def cancel(self, child_id: int) -> None:
+        """Stop its run as it is spawned (its cancellation came first)."""
+        self._cancelled.add(child_id)
+
+    def spawned(self, child_id: int) -> bool:
+        """Its run is spawned: whether that run is to be cancelled at once."""
+        self._ids.discard(child_id)
+        if child_id not in self._cancelled:
+            return False
+        self._cancelled.discard(child_id)
+        return True
+
+
 class Supervisor:
     """The local runs of one engine (see the module's docstring)."""
 
@@ -72,11 +106,9 @@ class Supervisor:
         self._runner = runner
         self.runs = LocalRuns()
         self.protected = Protected()  # what no child process may reach; set at open
-        # Children a committed takeover gave this host, not yet spawned; and those among
-        # them whose cancellation came meanwhile (see stop).
-        self._resuming: set[int] = set()
-        self.closing = False  # the engine closes: nothing is adopted any more (unrun)
-        self._cancel_on_resume: set[int] = set()
+        self.to_resume = ToResume()  # a takeover's children, until their runs spawn
+        # The engine closes: nothing is resumed, woken, adopted or admitted here any more.
+        self.closing = False
         # A run here suspended its child (design §21): when it wakes at the latest.
         self.on_parked: Callable[[float | None], None] | None = None
         # Admission (design §22): the scopes with a policy, as this host last read them,
@@ -114,105 +146,6 @@ class Supervisor:
             name=f"delegation-child-{child.run_id}",
         )
         return local
-
-    def will_resume(self, takeover: maintenance.Takeover) -> None:
-        """At the takeover's commit, before any other task sees it: until spawned, its
-        children are this host's runs to stop (a lease expiring meanwhile would find no
-        run and finish the child, then see it resumed)."""
-        self._resuming.update(item.child.id for item in takeover.resumable)
-
-    def resuming(self, child_id: int) -> bool:
-        """Whether a takeover committed the child here and its run is not spawned yet."""
-        return child_id in self._resuming
-
-    def resume(self, takeover: maintenance.Takeover) -> None:
-        """Run the children a takeover committed here, unless the host closes meanwhile
-        (a hand-over at the end of a close through a cut-off): they stay this instance's,
-        closed with it, and the next boot or another host's takeover resumes them."""
-        if self.closing:
-            self._resuming.difference_update(item.child.id for item in takeover.resumable)
-            return
-        unreadable(takeover.unreadable)
-        refused(takeover.refused)
-        for item in takeover.resumable:
-            recovery = recovery_of(item, self._rt.config)
-            plan = reservation.plan_of(item.child, item.policy)
-            local = self.spawn(item.child, plan, recovery, item.steers)
-            self._resuming.discard(item.child.id)
-            if item.child.id in self._cancel_on_resume:
-                self._cancel_on_resume.discard(item.child.id)
-                local.cancel()
-            log.info(
-                "child resumed",
-                extra={"action": "child_recovered", "run_id": item.child.run_id},
-            )
-
-    def wake(self, woken: Sequence[Resumable]) -> None:
-        """Run again the children a wake-up committed ``running`` here (design §21);
-        none once the host closes (as :meth:`resume`)."""
-        if self.closing:
-            return
-        for item in woken:
-            recovery = recovery_of(item, self._rt.config)
-            plan = reservation.plan_of(item.child, item.policy)
-            self.spawn(item.child, plan, recovery, item.steers)
-            log.info("child woken", extra={"action": "child_woken", "run_id": item.child.run_id})
-
-    def unrun(self, child_ids: Sequence[int]) -> list[int]:
-        """Those of ``child_ids`` that no run here runs, none is about to (a takeover's),
-        and this host is not closing, cut off or rejoining: a lost commit answer's
-        children (design §32). A cut-off stopped runs that nothing runs now, and the
-        rejoin after it resumes their children as a new instance: adopted first, each
-        would run twice, under the old instance and then the new."""
-        if not self._adopts():
-            return []
-        return [i for i in child_ids if self.runs.get(i) is None and i not in self._resuming]
-
-    def _adopts(self) -> bool:
-        """Whether this host adopts now: it is not closing, cut off or rejoining."""
-        return not (self.closing or self._rt.cut_off or self._rt.rejoining)
-
-    def adopt(self, adopted: orphans.Adopted) -> None:
-        """Run the children :func:`orphans.adopt` committed here: each once (a start's
-        commit, or the pump's, that spawned one since was answered by it). None if this
-        host closes, was cut off or went on as another instance meanwhile: what the
-        adoption wrote is the old instance's, which the rejoin's hand-over (or the next
-        boot) takes."""
-        if not self._adopts() or self._rt.instance_id != adopted.instance_id:
-            return
-        if adopted.ended:
-            self.ended({machine.Outcome.CANCELLED: len(adopted.ended)})
-        unreadable(adopted.unreadable)
-        for child, policy in adopted.fresh:
-            if not self.unrun([child.id]):
-                continue
-            plan = dataclasses.replace(
-                reservation.plan_of(child, policy),
-                replay=False,
-                lease_pending=bool(child.lease_id),
-                slotted=child.state == machine.State.ADMITTED,  # the queue's turn admitted it
-            )
-            self.spawn(child, plan, None)
-            log.warning(
-                "child held here with no run (a commit whose answer was lost): run now",
-                extra={"action": "child_adopted", "run_id": child.run_id},
-            )
-        self.wake([item for item in adopted.resumable if self.unrun([item.child.id])])
-
-    def notify_waits(self, child_id: int) -> bool:
-        """Tell a run here that something it waits for may have come; False when the
-        child runs nowhere here."""
-        local = self.runs.get(child_id)
-        if local is None or local.ctx is None or local.parked:
-            return False
-        local.ctx.wake_waits()
-        return True
-
-    def notify_all_waits(self) -> None:
-        """Every run here reads its waits again (another host committed something)."""
-        for local in self.runs:
-            if local.ctx is not None and not local.parked:
-                local.ctx.wake_waits()
 
     async def _execute(
         self,
@@ -390,8 +323,8 @@ class Supervisor:
         orphans: list[int] = []
         for child_id in child_ids:
             local = self.runs.get(child_id)
-            if local is None and child_id in self._resuming:
-                self._cancel_on_resume.add(child_id)  # stopped as it is spawned
+            if local is None and child_id in self.to_resume:
+                self.to_resume.cancel(child_id)  # stopped as it is spawned
                 continue
             if local is None or local.parked:  # a waiting child: no run to stop
                 orphans.append(child_id)
@@ -484,20 +417,3 @@ class Supervisor:
 def _deadline_s(request: object) -> float | None:
     options = getattr(request, "options", None)
     return admission.deadline_seconds(options if isinstance(options, ExecutionOptions) else None)
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while a boot resumes its children.
-
-    Resuming 10k children allocates a few hundred thousand long-lived objects, none
-    of them garbage, and the full collections they trigger each scan the whole heap:
-    half the boot went there. The collector is restored on the way out.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from delegation import errors
+from delegation.engine.resuming import Resuming
 from delegation.engine.runtime import OWED_PAUSE_MAX_S, Runtime, Use, refused, unreadable
 from delegation.engine.supervisor import Supervisor
 from delegation.engine.timers import WAKE_JOB, Timers
@@ -33,9 +34,12 @@ BATCH = 500  # children woken in one transaction
 class Waking:
     """The wake-ups of one engine's waiting children (see the module)."""
 
-    def __init__(self, rt: Runtime, supervisor: Supervisor, timers: Timers) -> None:
+    def __init__(
+        self, rt: Runtime, supervisor: Supervisor, resuming: Resuming, timers: Timers
+    ) -> None:
         self._rt = rt
         self._supervisor = supervisor
+        self._resuming = resuming
         self._timers = timers
         self._soon: asyncio.Task[None] | None = None
         supervisor.on_parked = self.parked
@@ -64,7 +68,7 @@ class Waking:
             woken = await rt.write(Use(waiting.wake_due, rt.instance_id, BATCH, host))
             unreadable(woken.unreadable)
             refused(woken.refused)
-            self._supervisor.wake(woken.resumable)
+            self._resuming.wake(woken.resumable)
             if woken.settled < BATCH:
                 break
         self._timers.arm(woken.next_wake, WAKE_JOB)
@@ -99,7 +103,7 @@ class Waking:
         """An answer or an event committed here for a child: its run here reads again,
         or a child of this host waiting for it wakes now. Another host that runs or
         owns it was woken by the database in the same commit."""
-        if self._supervisor.notify_waits(delivered.child_id):
+        if self._notify_waits(delivered.child_id):
             return
         if delivered.owner in (self._rt.instance_id, None):
             self.soon()  # waiting here (or suspended since it was read): due now
@@ -107,8 +111,23 @@ class Waking:
     async def from_other_hosts(self) -> None:
         """Several hosts: what another host committed may concern runs here that wait in
         memory (they read again) and children of this host that wait (due ones wake)."""
-        self._supervisor.notify_all_waits()
+        self._notify_all_waits()
         await self.wake_on_time()
+
+    def _notify_waits(self, child_id: int) -> bool:
+        """Tell a run here that something it waits for may have come; False when the
+        child runs nowhere here."""
+        local = self._supervisor.runs.get(child_id)
+        if local is None or local.ctx is None or local.parked:
+            return False
+        local.ctx.wake_waits()
+        return True
+
+    def _notify_all_waits(self) -> None:
+        """Every run here reads its waits again (another host committed something)."""
+        for local in self._supervisor.runs:
+            if local.ctx is not None and not local.parked:
+                local.ctx.wake_waits()
 
 
 AnswerInput = Callable[..., Awaitable[Result]]
