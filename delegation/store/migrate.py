@@ -1,10 +1,11 @@
-"""Alembic, driven from the package: the only way the schema changes."""
+"""Alembic, driven from the package: the only way the schema changes. What a dialect
+does around a migration is its record's (:meth:`~delegation.store.registry.Record.migrating`:
+SQLite keeps the rows a table's rebuild would delete)."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect
 
 from delegation import errors
+from delegation.store import registry
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 
@@ -90,40 +92,15 @@ def upgrade(connection: Connection, revision: str = "head", on_step: OnStep | No
             on_step(steps, next(done))
 
         cfg.attributes["on_version_apply"] = applied
-    with _rebuilds_keep_rows(connection):
+    with registry.record(connection.dialect.name).migrating(connection):
         command.upgrade(cfg, revision)
         connection.commit()
 
 
 def downgrade(connection: Connection, revision: str) -> None:
-    with _rebuilds_keep_rows(connection):
+    with registry.record(connection.dialect.name).migrating(connection):
         command.downgrade(config(connection), revision)
         connection.commit()
-
-
-@contextlib.contextmanager
-def _rebuilds_keep_rows(connection: Connection) -> Iterator[None]:
-    """SQLite: a revision that rebuilds a table (a CHECK changed) drops the old one, and
-    with foreign keys on, that drop deletes every row that references it, cascading
-    (``children``'s events, steps, steers). Foreign keys are off while it migrates,
-    and checked after: a dangling reference refuses the migration. Only between
-    transactions may they be switched; inside one (a caller's), nothing changes."""
-    raw = connection.connection.dbapi_connection
-    if connection.dialect.name != "sqlite" or raw is None or raw.in_transaction:
-        yield
-        return
-    (before,) = raw.execute("PRAGMA foreign_keys").fetchone()
-    raw.execute("PRAGMA foreign_keys=OFF")
-    try:
-        yield
-        dangling = raw.execute("PRAGMA foreign_key_check").fetchall()
-        if dangling:
-            first = dangling[0]
-            raise errors.SchemaMismatch(
-                f"the migration left {len(dangling)} rows referencing nothing (first: {first})"
-            )
-    finally:
-        raw.execute(f"PRAGMA foreign_keys={'ON' if before else 'OFF'}")
 
 
 def checked_revision(conn: Connection) -> str | None:

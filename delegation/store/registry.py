@@ -7,15 +7,19 @@ A record is found by its name, which is both a URL's scheme (``postgresql`` of
 SQLAlchemy's name of a connection's dialect (``conn.dialect.name``); its module is
 imported when first asked for. The store's own modules reach a dialect only here, through
 the part of its record they read (:class:`Record`): how it spells the shared SQL (for
-:mod:`delegation.store.sql`) and what its driver's errors mean (for
-:mod:`delegation.store.failures`). None of them imports a dialect's module.
+:mod:`delegation.store.sql`), what its driver's errors mean (for
+:mod:`delegation.store.failures`) and what it does around a migration (for
+:mod:`delegation.store.migrate`). None of them imports a dialect's module.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+from contextlib import AbstractContextManager
 from typing import Protocol
+
+from sqlalchemy import Connection
 
 from delegation.store.spelling import Spelling
 
@@ -58,6 +62,11 @@ class Record(Protocol):
     name: str  # its key in DIALECTS
     spelling: Spelling
     errors: DriverErrors
+
+    def migrating(self, connection: Connection) -> AbstractContextManager[None]:
+        """Around a migration on ``connection`` (SQLite: the rows a table's rebuild
+        would delete are kept)."""
+        ...
 
 
 def record(name: str) -> Record:

@@ -6,7 +6,9 @@ SQL (:mod:`.spelling`) and what psycopg's errors mean (:mod:`.errors`)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TypeVar
 
@@ -85,6 +87,9 @@ class PostgresBackend:
 
     def dsn(self, url: str) -> str:
         return libpq(url)
+
+    def migrating(self, connection: Connection) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()  # a rebuild's drop deletes no row it keeps
 
 
 BACKEND: Backend = PostgresBackend()

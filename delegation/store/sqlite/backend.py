@@ -6,6 +6,7 @@ spelling of the shared SQL (:mod:`.spelling`) and what sqlite3's errors mean
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TypeVar
 
@@ -60,6 +61,9 @@ class SqliteBackend:
 
     def dsn(self, url: str) -> str:
         return str(files.sqlite_path(url))
+
+    def migrating(self, connection: Connection) -> AbstractContextManager[None]:
+        return files.keeping_rows(connection)
 
 
 BACKEND: Backend = SqliteBackend()

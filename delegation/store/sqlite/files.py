@@ -1,11 +1,13 @@
 """SQLite's files: what a URL names, how a connection is set up (pragmas, our own
-``BEGIN``), and the short-lived views and writes the operator's tools use beside a
-live host (a read-only view, an upgrade, a control request)."""
+``BEGIN``), a migration's rows kept through a table's rebuild, and the short-lived views
+and writes the operator's tools use beside a live host (a read-only view, an upgrade, a
+control request)."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
@@ -20,8 +22,6 @@ from delegation.store.sql import dbapi
 from delegation.store.sqlite.hostlock import HostLock
 
 T = TypeVar("T")
-
-# What --db and Engine(url) accept, said whenever a URL is neither.
 
 
 def sqlite_path(url: str) -> Path:
@@ -126,6 +126,31 @@ def check_file(url: str) -> None:
         return  # a new database
     alone = not Path(f"{path}-wal").exists()
     ReadOnly.read_once(url, migrate.check, immutable=alone)
+
+
+@contextlib.contextmanager
+def keeping_rows(connection: Connection) -> Iterator[None]:
+    """A revision that rebuilds a table (a CHECK changed) drops the old one, and with
+    foreign keys on, that drop deletes every row that references it, cascading
+    (``children``'s events, steps, steers). Foreign keys are off while it migrates,
+    and checked after: a dangling reference refuses the migration. Only between
+    transactions may they be switched; inside one (a caller's), nothing changes."""
+    raw = connection.connection.dbapi_connection
+    if raw is None or raw.in_transaction:
+        yield
+        return
+    (before,) = raw.execute("PRAGMA foreign_keys").fetchone()
+    raw.execute("PRAGMA foreign_keys=OFF")
+    try:
+        yield
+        dangling = raw.execute("PRAGMA foreign_key_check").fetchall()
+        if dangling:
+            first = dangling[0]
+            raise errors.SchemaMismatch(
+                f"the migration left {len(dangling)} rows referencing nothing (first: {first})"
+            )
+    finally:
+        raw.execute(f"PRAGMA foreign_keys={'ON' if before else 'OFF'}")
 
 
 def upgrade_file(
