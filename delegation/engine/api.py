@@ -9,7 +9,9 @@ entry): the :class:`~delegation.engine.supervisor.Supervisor` runs the children,
 :class:`~delegation.engine.operators.ControlWatcher` applies operators' requests and
 :class:`~delegation.engine.timers.Timers` wake lease expiry and retention. The host's own
 controls (``cancel_child``, ``steer_child``, ``answer_input``, ``send_event``,
-``set_admission``) are :class:`~delegation.engine.controlling.HostControls`. Every child
+``set_admission``) are :class:`~delegation.engine.controlling.HostControls`, and its
+reads (``get_child``, ``events``, ``follow`` ...) hand over to
+:class:`~delegation.engine.reads.EngineReads`. Every child
 method checks authority inside the transaction that acts on it (see
 :mod:`delegation.usecases.service`); what must follow a commit (starting, stopping or waking a
 run) happens here, after the commit.
@@ -18,8 +20,9 @@ run) happens here, after the commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -48,7 +51,7 @@ from delegation.engine.upkeep import Upkeep
 from delegation.engine.waking import OperatorWaits, Waking
 from delegation.options import ExecutionOptions
 from delegation.protocol import ToolBegin
-from delegation.records import RunnerConnection, ToolHandle
+from delegation.records import ChildFilter, ChildRecord, LeaseRecord, RunnerConnection, ToolHandle
 from delegation.run.context import Runner
 from delegation.run.protection import Protected, host_code, host_imports
 from delegation.store import processes as store_processes
@@ -64,6 +67,7 @@ from delegation.wire import (
     SEND_METHOD,
     START_METHOD,
     STEER_METHOD,
+    Event,
     ParamsLike,
     Preset,
     Result,
@@ -78,7 +82,7 @@ T = TypeVar("T")
 _json = msgspec.json.Encoder()
 
 
-class Engine(EngineReads, HostControls):
+class Engine(HostControls):
     """Durable child runs on SQLite or PostgreSQL.
 
     Use as ``async with Engine(url, runner=...) as engine``.
@@ -123,6 +127,7 @@ class Engine(EngineReads, HostControls):
         self._membership = Membership(self._rt, self._supervisor, self._resuming, self.timers)
         starting = Starting(self._rt, self._supervisor, self.timers)
         self._methods = ChildMethods(self._rt, self._supervisor, starting)
+        self._reads = EngineReads(self._rt, self._methods, self._require_open)
         self._waking = Waking(self._rt, self._supervisor, self._resuming, self.timers)
         self._admitting = Admitting(self._rt, self._supervisor, self._resuming)
         self._methods.on_delivered = self._waking.delivered
@@ -310,11 +315,80 @@ class Engine(EngineReads, HostControls):
             await rt.stop_background()
             await self._db.aclose()
 
+    def _announced(self, wanted: bool) -> None:
+        """The store announces committed events only while a child is followed: a
+        batch then wakes the loop once more, which no one should pay for unasked."""
+        self._db.on_events = self._rt.notices.bump if wanted else None
+
     def _require_open(self) -> None:
         # Closing counts as closed: a connection or tool call opened after close() ended
         # this instance's would outlive the instance, open in the database.
         if not self._open:
             raise errors.StoreError("the engine is not open")
+
+    # --- reads (design §6) --------------------------------------------------------------
+
+    async def get_child(
+        self, conversation_id: str, run_id: str | None = None
+    ) -> ChildRecord | None:
+        """The newest execution of a conversation (or the one ``run_id`` names), or None."""
+        return await self._reads.get_child(conversation_id, run_id)
+
+    async def list_children(
+        self,
+        *,
+        state: str | None = None,
+        lease_id: str | None = None,
+        parent_run_id: str | None = None,
+        parent_conversation_id: str | None = None,
+        limit: int = 100,
+    ) -> list[ChildRecord]:
+        """Child records, newest first, filtered by state, lease and parent."""
+        wanted = ChildFilter(state, lease_id, parent_run_id, parent_conversation_id, limit)
+        return await self._reads.list_children(wanted)
+
+    async def events(
+        self,
+        conversation_id: str,
+        run_id: str | None = None,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """Committed events of an execution with ``sequence > after``, oldest first."""
+        return await self._reads.events(conversation_id, run_id, after, limit)
+
+    async def follow(
+        self, conversation_id: str, run_id: str | None = None, after: int = 0
+    ) -> AsyncIterator[Event]:
+        """Every committed event of an execution after ``after``, each once, in order,
+        as it commits; the iterator ends once the execution is terminal and its last
+        event was given, whoever ended it (this host, another one, a takeover). Woken by
+        the commit itself (another host's by its ``NOTIFY``); with no wake-up for a
+        second it reads again anyway, so a lost notice only delays the end. A read the
+        database could not answer is tried again (see :mod:`delegation.usecases.follow`).
+
+        Raises:
+            errors.ChildNotFound: no such execution.
+            errors.ChildPurged: the execution was purged before its end was read.
+            errors.HostClosing: the engine closed while following.
+        """
+        committed = self._reads.follow(conversation_id, run_id, after)
+        async with contextlib.aclosing(committed) as events:
+            async for event in events:
+                yield event
+
+    def follow_read(
+        self, conn: RunnerConnection, params: ParamsLike, *, room: Room = UNBOUNDED
+    ) -> AsyncGenerator[Result]:
+        """``child.follow``: the pages ``child.read`` answers from ``params.after`` on,
+        each read as the child's commits land, until the one that finds it terminal.
+        Every page is a read: its authority and refusals (see ``owned_pages``), and its
+        room reserved in ``room`` (see :meth:`call`)."""
+        return self._reads.follow_read(conn, params, room)
+
+    async def leases(self, runner_id: str | None = None) -> list[LeaseRecord]:
+        """Leases and tombstones, newest first."""
+        return await self._reads.leases(runner_id)
 
     # --- runners, tools, runs ---------------------------------------------------------
 
