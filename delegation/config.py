@@ -44,6 +44,7 @@ class _PolicyTypes(TypedDict):
     rate: tuple[int, float] | None
     max_queued: int
     queue_timeout_s: float | None
+    max_priority: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,8 @@ class AdmissionPolicy:
     ``max_queued``: children waiting their turn at most; a start past it is refused
     (``queue_full``). ``queue_timeout_s``: a child waiting longer ends cancelled
     ("cancelled: admission wait timed out"; None: it waits as long as it takes).
+    ``max_priority``: the highest priority (0-9) a child of the scope may ask; a start
+    asking more is refused (``priority_above_cap``; None: 9, no cap).
 
     A value of the wrong type (``concurrency="3"``, ``rate="5/s"``) raises
     :class:`errors.MalformedInput` naming the field, as the wire words it; a value out of
@@ -65,6 +68,7 @@ class AdmissionPolicy:
     rate: tuple[int, float] | None = None
     max_queued: int = 1024
     queue_timeout_s: float | None = None
+    max_priority: int | None = None
 
     def __post_init__(self) -> None:
         values = {name: getattr(self, name) for name in _PolicyTypes.__annotations__}
@@ -90,6 +94,9 @@ class AdmissionPolicy:
             raise ValueError("admission max_queued must be a whole number, zero or more")
         if self.queue_timeout_s is not None and not _seconds(self.queue_timeout_s):
             raise ValueError("admission queue_timeout_s must be a positive number, or None")
+        p = self.max_priority
+        if p is not None and not 0 <= p <= 9:
+            raise ValueError("admission max_priority must be a whole number from 0 to 9, or None")
 
 
 def _seconds(value: object) -> bool:

@@ -525,3 +525,104 @@ def test_a_priority_outside_0_to_9_is_refused() -> None:
         with pytest.raises(errors.BadPriority):
             Request(request_id="r", profile="p", message="m", priority=bad).validate()
     Request(request_id="r", profile="p", message="m", priority=0).validate()
+
+
+async def _other_parent(h: Harness) -> Any:
+    """A second parent conversation's tool call, to start children under."""
+    return await h.engine.open_tool(
+        h.conn, run_id="parent-run-2", conversation_id="parent-conv-2",
+        tool_call_id="call-2", extension_id=PRESET.extension_id, presets=[PRESET],
+        workspace=h.workspace,
+    )  # fmt: skip
+
+
+async def _start_at(h: Harness, key: str, priority: int, tool: Any = None) -> Any:
+    params = h.start_params(key, message=key)
+    params = replace(params, request=replace(params.request, priority=priority))
+    if tool is not None:
+        params = replace(params, run_id=tool.run_id, tool_call_id=tool.tool_call_id)
+    return await h.engine.call(h.conn, "child.start", params)
+
+
+async def test_a_parent_flooding_at_priority_9_cannot_starve_another(
+    db_url: str, workspace: Path
+) -> None:
+    """The fifth attack (SPEC §31): bands were strict, and a parent submitting at 9 kept
+    another parent's earlier child (priority 5) waiting behind all of its work. Now a
+    priority is a head start of 8 turns a level: the other parent's child waits behind
+    at most 4 * 8 + 1 of the flooding parent's children (the +1: the turn they share),
+    however many it queues."""
+    gates = Gates()
+    policy = {SCOPE: AdmissionPolicy(concurrency=1)}
+    async with hosted(db_url, workspace, gates.run, admission=policy) as h:
+        other = await _other_parent(h)
+        await _start_at(h, "first", 9)
+        for n in range(60):
+            assert (await _start_at(h, f"a{n}", 9)).queued
+        assert (await _start_at(h, "b", 5, other)).queued
+        await release_in_turn(gates, 40)
+        before = gates.order.index("b") - 1  # "first" ran before either
+        assert before == (9 - 5) * 8 + 1, gates.order
+        assert gates.order[1:4] == ["a0", "a1", "a2"], "priority still goes first"
+
+
+async def test_a_parent_trickling_at_priority_9_cannot_starve_another(
+    db_url: str, workspace: Path
+) -> None:
+    """The same with one child queued at a time: a parent's turns never go back, so
+    keeping the queue short buys it no new head start."""
+    gates = Gates()
+    policy = {SCOPE: AdmissionPolicy(concurrency=1)}
+    async with hosted(db_url, workspace, gates.run, admission=policy) as h:
+        other = await _other_parent(h)
+        await _start_at(h, "a0", 9)
+        assert (await _start_at(h, "a1", 9)).queued
+        assert (await _start_at(h, "b", 5, other)).queued
+        for n in range(2, 60):
+            await until(lambda n=n: _ran(gates, n - 2))
+            gates.gate(gates.order[n - 2]).set()
+            if "b" in gates.order:
+                break
+            assert (await _start_at(h, f"a{n}", 9)).queued
+        assert "b" in gates.order, gates.order
+        assert gates.order.index("b") - 1 <= (9 - 5) * 8 + 1, gates.order
+        for name in gates.order:
+            gates.gate(name).set()
+
+
+async def test_a_scope_caps_the_priority_its_children_ask(db_url: str, workspace: Path) -> None:
+    gates = Gates()
+    policy = {SCOPE: AdmissionPolicy(concurrency=1, max_priority=5)}
+    async with hosted(db_url, workspace, gates.run, admission=policy) as h:
+        before = await h.engine.list_children()
+        with pytest.raises(errors.PriorityAboveCap) as refused:
+            await _start_at(h, "greedy", 9)
+        assert str(refused.value) == (
+            f"child priority 9 is above max_priority 5 of admission scope {SCOPE}"
+        )
+        assert refused.value.reason == "priority_above_cap"
+        assert await h.engine.list_children() == before, "a refusal writes nothing"
+        fair = await _start_at(h, "fair", 5)
+        gates.gate("fair").set()
+        await h.wait_done(fair.conversation_id, **LEASE)
+    with pytest.raises(ValueError, match="max_priority"):
+        AdmissionPolicy(max_priority=10)
+    with pytest.raises(errors.MalformedInput, match="max_priority"):
+        AdmissionPolicy(max_priority="9")  # type: ignore[arg-type]
+
+
+async def test_the_cli_sets_and_lists_a_priority_cap(
+    db_url: str, workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from delegation.cli import main
+
+    async with hosted(db_url, workspace, Gates().run) as h:
+        await h.start("q0", message="seen")  # the scope is one the database knows
+        assert main(["admission", SCOPE, "--max-priority", "3", "--db", db_url]) == 0
+        capsys.readouterr()
+        assert main(["admission", "--json", "--db", db_url]) == 0
+        listed = json.loads(capsys.readouterr().out)
+        mine = [scope for scope in listed if scope["scope"] == SCOPE]
+        assert [(s["maxPriority"], s["concurrency"]) for s in mine] == [(3, None)]
+        (use,) = [use for use in await h.engine.admission() if use.scope == SCOPE]
+        assert use.row.policy.max_priority == 3

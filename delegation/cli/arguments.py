@@ -77,6 +77,13 @@ def count(text: str) -> int:
     return value
 
 
+def priority(text: str) -> int:
+    """An argparse type: a priority, a whole number from 0 to 9."""
+    if text.strip() not in tuple("0123456789"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a priority (0 to 9)")
+    return int(text)
+
+
 def rate(text: str) -> tuple[int, float]:
     """An argparse type: ``N/SECONDS``, N admissions per SECONDS (``10/60``). A bare
     ``N`` is refused: per second or per minute, it would be a guess."""

@@ -26,6 +26,7 @@ from delegation.cli.arguments import (
     count,
     positive_int,
     positive_seconds,
+    priority,
     rate,
     usage,
     user_id,
@@ -199,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     policy.add_argument("--max-queued", type=count, help="children waiting at most (1024)")
     policy.add_argument("--queue-timeout", type=positive_seconds, help="seconds a child waits")
+    policy.add_argument(
+        "--max-priority", type=priority, help="the highest priority a child may ask (0-9)"
+    )
     policy.add_argument("--remove", action="store_true", help="remove the scope's policy")
     _add_json(policy)
 

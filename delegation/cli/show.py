@@ -106,12 +106,15 @@ def misuse(args: argparse.Namespace) -> str | None:
         if args.patch is not None and (not args.patch or args.patch.startswith(PATCH_PREFIX[0])):
             return "--patch takes the name given to ctx.patched"
     if args.command == "admission":
-        limits = (args.concurrency, args.rate, args.max_queued, args.queue_timeout)
+        limits = (
+            args.concurrency, args.rate, args.max_queued, args.queue_timeout, args.max_priority
+        )  # fmt: skip
         given = any(value is not None for value in limits)
+        named = "--concurrency, --rate, --max-queued, --queue-timeout"
         if args.scope is None and (given or args.remove):
-            return "--concurrency, --rate, --max-queued, --queue-timeout and --remove need a SCOPE"
+            return f"{named}, --max-priority and --remove need a SCOPE"
         if args.remove and given:
-            return "--remove takes no --concurrency, --rate, --max-queued or --queue-timeout"
+            return f"--remove takes no {named} or --max-priority"
         if args.scope is not None:
             try:
                 admission_change(args)
@@ -458,6 +461,7 @@ def admission_change(args: argparse.Namespace) -> AdmissionPolicy | None:
         rate=args.rate,
         max_queued=1024 if args.max_queued is None else args.max_queued,
         queue_timeout_s=args.queue_timeout,
+        max_priority=args.max_priority,
     )
 
 
@@ -469,6 +473,7 @@ def scope_json(use: ScopeUse) -> dict[str, Any]:
         "rate": None if policy.rate is None else {"n": policy.rate[0], "seconds": policy.rate[1]},
         "maxQueued": policy.max_queued,
         "queueTimeoutS": policy.queue_timeout_s,
+        "maxPriority": policy.max_priority,
         "inUse": use.in_use,
         "queued": use.queued,
     }
@@ -491,6 +496,7 @@ def admission_columns() -> list[Column[ScopeUse]]:
         Column(
             "timeout", lambda u: "" if (t := u.row.policy.queue_timeout_s) is None else f"{t:g}s"
         ),
+        Column("max prio", lambda u: "" if (p := u.row.policy.max_priority) is None else str(p)),
     ]
 
 

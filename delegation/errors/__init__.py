@@ -36,6 +36,7 @@ family lives in its module: :mod:`~delegation.errors.base` (the root),
     │   │   ├── DeadlineWidened              deadlineSeconds (design §22)
     │   │   └── TurnLimitWidened
     │   ├── BadPriority                      request.priority not 0-9 (design §22)
+    │   ├── PriorityAboveCap                 above its scope's max_priority (SPEC §31)
     │   ├── BadSteer
     │   ├── BadLeaseId
     │   ├── InvalidId                        an id that is not a valid ID
@@ -188,6 +189,7 @@ from delegation.errors.input import (
     OptionsWidened,
     PresetPromptConflict,
     PresetPromptTooLarge,
+    PriorityAboveCap,
     ReleaseOwnerRequired,
     RequestIncomplete,
     TokenLimitRaised,
@@ -298,6 +300,7 @@ __all__ = [
     "PresetPromptConflict",
     "PresetPromptTooLarge",
     "PresetStale",
+    "PriorityAboveCap",
     "ProtocolError",
     "QueueFull",
     "ReleaseOwnerRequired",

@@ -125,6 +125,12 @@ class BadPriority(InputError):
     reason = "bad_priority"
 
 
+class PriorityAboveCap(InputError):
+    """child priority is above its admission scope's max_priority"""
+
+    reason = "priority_above_cap"
+
+
 class TurnLimitWidened(OptionsWidened):
     """child maxTurns must be between 1 and the parent's maxTurns"""
 

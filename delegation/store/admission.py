@@ -1,10 +1,11 @@
 """Admission's rows (design §22): the policies by scope, and the queue in ``children``.
 
 Plain SQL both stores spell alike. The queue is every ``queued`` child in the order of
-its ``queue_tag`` (priority band and turn, see :mod:`delegation.usecases.admission`),
-then its id; the slots of a scope are its children a policy admitted that are
-``admitted`` or ``running``, counted through ``ix_children_admission`` (each statement
-repeats that index's own term, so SQLite reads through it).
+its ``queue_tag`` (its turn plus its priority's head start, see
+:mod:`delegation.usecases.admission`), then its id; the slots of a scope are its
+children a policy admitted that are ``admitted`` or ``running``, counted through
+``ix_children_admission`` (each statement repeats that index's own term, so SQLite
+reads through it).
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ def policies(conn: Connection, *, lock: bool = False) -> dict[str, PolicyRow]:
     """Every policy by scope. ``lock``: held until the transaction ends (PostgreSQL),
     so that admissions on every host of the database are decided one at a time."""
     sql = (
-        "SELECT scope, concurrency, rate_n, rate_s, max_queued, queue_timeout_s, tokens,"
-        " refilled_at FROM admission ORDER BY scope"
+        "SELECT scope, concurrency, rate_n, rate_s, max_queued, queue_timeout_s, max_priority,"
+        " tokens, refilled_at FROM admission ORDER BY scope"
     )
     if lock:
         sql += spelling_of(conn).for_update
     found: dict[str, PolicyRow] = {}
-    for scope, concurrency, rate_n, rate_s, max_queued, timeout, tokens, refilled in run(
+    for scope, concurrency, rate_n, rate_s, max_queued, timeout, cap, tokens, refilled in run(
         conn, sql
     ).fetchall():
         rate = None if rate_n is None else (int(rate_n), float(rate_s))
@@ -52,6 +53,7 @@ def policies(conn: Connection, *, lock: bool = False) -> dict[str, PolicyRow]:
             rate,
             int(max_queued),
             None if timeout is None else float(timeout),
+            None if cap is None else int(cap),
         )
         found[scope] = PolicyRow(
             scope,
@@ -78,16 +80,19 @@ def put(conn: Connection, scope: str, policy: AdmissionPolicy, now: float) -> No
     same = old is not None and old[0] == n and (old[1] is None) == (per is None)
     if same and (per is None or abs(float(old[1]) - per) < 1e-9):
         tokens, refilled = old[2], old[3]
-    params = (policy.concurrency, n, per, policy.max_queued, policy.queue_timeout_s, tokens)
+    limits = (policy.concurrency, n, per, policy.max_queued, policy.queue_timeout_s)
+    params = (*limits, policy.max_priority, tokens)
     # One statement either way: hosts booting together with the same configuration
     # store it side by side (the last one's tokens win).
     run(
         conn,
         "INSERT INTO admission (concurrency, rate_n, rate_s, max_queued, queue_timeout_s,"
-        " tokens, refilled_at, updated_at, scope) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " max_priority, tokens, refilled_at, updated_at, scope)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (scope) DO UPDATE SET concurrency = excluded.concurrency,"
         " rate_n = excluded.rate_n, rate_s = excluded.rate_s,"
         " max_queued = excluded.max_queued, queue_timeout_s = excluded.queue_timeout_s,"
+        " max_priority = excluded.max_priority,"
         " tokens = excluded.tokens, refilled_at = excluded.refilled_at,"
         " updated_at = excluded.updated_at",
         (*params, refilled, now, scope),
@@ -133,37 +138,43 @@ def queued_in(conn: Connection, scope: str, most: int | None = None) -> int:
     return int(run(conn, sql, (*params, most)).fetchone()[0])
 
 
-def band_head(conn: Connection, low: float, high: float) -> float | None:
-    """The first tag queued in ``[low, high)`` (one priority band)."""
+def served_turn(conn: Connection) -> float | None:
+    """The newest turn served: of a child that entered the queue and left it."""
     row = run(
         conn,
-        "SELECT MIN(queue_tag) FROM children WHERE state = 'queued'"
-        " AND queue_tag >= ? AND queue_tag < ?",
-        (low, high),
+        "SELECT queue_turn FROM children WHERE queue_turn IS NOT NULL AND state != 'queued'"
+        " ORDER BY queue_turn DESC LIMIT 1",
     ).fetchone()
-    return None if row is None or row[0] is None else float(row[0])
+    return None if row is None else float(row[0])
 
 
-def parent_last(conn: Connection, parent: str, low: float, high: float) -> float | None:
-    """The last tag one parent has queued in ``[low, high)``."""
+def parent_turn(conn: Connection, parent: str) -> float | None:
+    """One parent's newest turn, queued or served."""
     row = run(
         conn,
-        "SELECT MAX(queue_tag) FROM children WHERE state = 'queued'"
-        " AND parent_conversation_id = ? AND queue_tag >= ? AND queue_tag < ?",
-        (parent, low, high),
+        "SELECT queue_turn FROM children WHERE parent_conversation_id = ?"
+        " AND queue_turn IS NOT NULL ORDER BY queue_turn DESC LIMIT 1",
+        (parent,),
     ).fetchone()
-    return None if row is None or row[0] is None else float(row[0])
+    return None if row is None else float(row[0])
 
 
 def enqueue(
-    conn: Connection, child_id: int, sources: str, now: float, tag: float, expires: float | None
+    conn: Connection,
+    child_id: int,
+    sources: str,
+    now: float,
+    place: tuple[float, float],
+    expires: float | None,
 ) -> bool:
-    """``sources`` (a state) → ``queued`` at ``tag``; whether it matched."""
+    """``sources`` (a state) → ``queued`` at ``place`` (its turn and tag); whether it
+    matched."""
+    turn, tag = place
     sql = (
-        "UPDATE children SET state = 'queued', queued_at = ?, queue_tag = ?,"
+        "UPDATE children SET state = 'queued', queued_at = ?, queue_turn = ?, queue_tag = ?,"
         f" queue_expires_at = ?, updated_at = ? WHERE id = ? AND state = '{sources}'"
     )
-    return run(conn, sql, (now, tag, expires, now, child_id)).rowcount == 1
+    return run(conn, sql, (now, turn, tag, expires, now, child_id)).rowcount == 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -208,12 +208,14 @@ children = Table(
     Column("wakes", Integer, nullable=False, server_default=text("0")),
     Column("inputs_open", Integer, nullable=False, server_default=text("0")),
     # Admission (design §22): its priority (0-9); when it entered admission (set for
-    # every child a policy admitted); its place in the queue: its priority band and its
-    # turn among parents (see ``usecases.admission``); when its wait times out; and when
-    # it must have ended, from its first admission (NULL: no deadline).
+    # every child a policy admitted); its place in the queue (its turn among parents
+    # plus its priority's head start, see ``usecases.admission``) and its turn, kept
+    # once admitted (a parent's next turn follows its last); when its wait times out;
+    # and when it must have ended, from its first admission (NULL: no deadline).
     Column("priority", Integer, nullable=False, server_default=text("5")),
     Column("queued_at", TIME),
     Column("queue_tag", TIME),
+    Column("queue_turn", TIME),
     Column("queue_expires_at", TIME),
     Column("deadline_at", TIME),
     # Versions (design §34): the runner version that prepared the execution and its
@@ -284,7 +286,7 @@ Index(
     postgresql_where=children.c.lease_id.is_not(None),
 )
 Index("ix_children_parent_run", children.c.parent_run_id)
-# The queue in order (design §22), and each parent's last turn in it (round-robin).
+# The queue in order (design §22).
 _QUEUED = children.c.state == "queued"
 Index(
     "ix_children_queue",
@@ -293,12 +295,22 @@ Index(
     sqlite_where=_QUEUED,
     postgresql_where=_QUEUED,
 )
+# The turns (design §22, SPEC §31): the newest turn served (no longer queued) and each
+# parent's newest turn, queued or not, so that a parent's turns never go back.
+_TURNED = children.c.queue_turn.is_not(None)
+_SERVED = _TURNED & (children.c.state != "queued")
 Index(
-    "ix_children_queue_parent",
+    "ix_children_turn_served",
+    children.c.queue_turn,
+    sqlite_where=_SERVED,
+    postgresql_where=_SERVED,
+)
+Index(
+    "ix_children_parent_turn",
     children.c.parent_conversation_id,
-    children.c.queue_tag,
-    sqlite_where=_QUEUED,
-    postgresql_where=_QUEUED,
+    children.c.queue_turn,
+    sqlite_where=_TURNED,
+    postgresql_where=_TURNED,
 )
 Index(
     "ix_children_admission",
@@ -503,7 +515,8 @@ Index("ix_signals_sent", signals.c.sent_at)
 
 # Admission policies by scope (design §22): ``runner:R``, ``extension:R/E``,
 # ``preset:R/E/P``, ``parent:C``. A rate is ``rate_n`` admissions per ``rate_s``
-# seconds, kept as a token bucket (``tokens`` as of ``refilled_at``).
+# seconds, kept as a token bucket (``tokens`` as of ``refilled_at``); ``max_priority``
+# caps the priority a child of the scope may ask (SPEC §31; NULL: 9).
 admission = Table(
     "admission",
     metadata,
@@ -513,6 +526,7 @@ admission = Table(
     Column("rate_s", TIME),
     Column("max_queued", Integer, nullable=False),
     Column("queue_timeout_s", TIME),
+    Column("max_priority", Integer),
     Column("tokens", TIME),
     Column("refilled_at", TIME),
     Column("updated_at", TIME, nullable=False),
@@ -522,6 +536,9 @@ admission = Table(
         name="rate_whole",
     ),
     CheckConstraint("max_queued >= 0", name="max_queued_non_negative"),
+    CheckConstraint(
+        "max_priority IS NULL OR max_priority BETWEEN 0 AND 9", name="max_priority_in_range"
+    ),
 )
 
 # Children purged after retention, remembered for one more period so that a handle to

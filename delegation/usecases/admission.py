@@ -13,11 +13,16 @@ writer), then counts the slots in use: two hosts never both take the last slot. 
 are derived from states (``admitted`` and ``running`` children a policy admitted), so a
 child that ends, waits or is ended by a takeover gives its slot back with its state.
 
-The queue's order is one key, ``queue_tag``: the priority band (``(9 - priority) *
-BAND``) plus the child's turn in it. A parent's next child takes the turn after its
-last one still queued, or the band's head turn if it has none queued: parents are
-served round-robin (ties go to the older child), and a child woken from ``waiting``
-takes the head turn, ahead of newer work.
+The queue's order is one key, ``queue_tag``: the child's turn plus its priority's head
+start, ``(9 - priority) * AGING`` turns. A parent's next child takes the turn after its
+parent's last one (queued or served: a parent's turns never go back), or the newest turn
+served if that is later: parents are served round-robin (ties go to the older child),
+and a child woken from ``waiting`` takes the newest turn served, ahead of newer work.
+Priority is a head start, not a band (SPEC §31): a queued child waits behind at most
+``AGING * d + 1`` of another parent's children queued after it, ``d`` the levels their
+priority is above its own (73 at most, from 0 to 9; the 1: the turn they share),
+however many that parent queues; and a scope's ``max_priority`` caps what its children
+may ask.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from delegation.store.events import EventRow
 from delegation.store.sql import Connection, run
 from delegation.usecases import stored, versions
 
-BAND = float(2**40)  # the turns of one priority band
+AGING = 8.0  # the turns of head start one level of priority gives
 SCAN_MOST = 100_000  # queued children one turn of the pump looks at, at most
 _DEQUEUE = (Trigger.DEQUEUE,)
 QUEUE_TIMED_OUT = "cancelled: admission wait timed out"
@@ -163,17 +168,30 @@ def deadline_seconds(options: ExecutionOptions | None) -> float | None:
     return None if value is msgspec.UNSET else float(value)
 
 
-def _tag(conn: Connection, priority: int, parent: str | None) -> float:
-    """The next turn of ``parent`` in its band (None: the band's head turn)."""
-    low = (9 - priority) * BAND
-    high = low + BAND
-    head = admission.band_head(conn, low, high)
-    turn = low if head is None else head
+def _place(conn: Connection, priority: int, parent: str | None) -> tuple[float, float]:
+    """The turn and tag of a child of ``parent`` (None: a woken child, at the newest turn
+    served) entering the queue."""
+    turn = admission.served_turn(conn) or 0.0
     if parent is not None:
-        last = admission.parent_last(conn, parent, low, high)
+        last = admission.parent_turn(conn, parent)
         if last is not None:
             turn = max(turn, last + 1)
-    return turn
+    return turn, turn + (9 - priority) * AGING
+
+
+def _cap(gate: Gate, scopes: Sequence[str], child: ChildRecord) -> None:
+    """Refuse a child asking a priority above a scope's ``max_priority``.
+
+    Raises:
+        errors.PriorityAboveCap: naming the priority, the cap and its scope.
+    """
+    for scope in scopes:
+        cap = gate.rows[scope].policy.max_priority
+        if cap is not None and child.priority > cap:
+            raise errors.PriorityAboveCap(
+                f"child priority {child.priority} is above max_priority {cap} of admission"
+                f" scope {scope}"
+            )
 
 
 # --- entering admission at a reservation ----------------------------------------------
@@ -198,11 +216,14 @@ def enter(
     Raises:
         errors.QueueFull: it would wait in a scope whose queue is full; the caller's
             transaction writes nothing then.
+        errors.PriorityAboveCap: it asks a priority above a scope's ``max_priority``
+            (nothing written either).
     """
     gate = Gate.open(conn, now)
     applying = gate.applying(child_scopes(child)) if gate is not None else []
     if gate is None or not applying:
         return None
+    _cap(gate, applying, child)
     waiting_before = any(gate.queued(conn, s) for s in applying)
     if not waiting_before and gate.admissible(conn, applying):
         gate.take(applying)
@@ -219,8 +240,8 @@ def enter(
     for scope in applying:
         if gate.queued(conn, scope) >= gate.rows[scope].policy.max_queued:
             raise errors.QueueFull()
-    tag = _tag(conn, child.priority, child.parent_conversation_id)
-    admission.enqueue(conn, child.id, State.PREPARED.value, now, tag, gate.timeout(applying))
+    place = _place(conn, child.priority, child.parent_conversation_id)
+    admission.enqueue(conn, child.id, State.PREPARED.value, now, place, gate.timeout(applying))
     queued = children.get(conn, child.id)
     assert queued is not None
     return Entered(queued, True)
@@ -228,7 +249,7 @@ def enter(
 
 def wake_or_queue(conn: Connection, now: float, gate: Gate | None, child: ChildRecord) -> bool:
     """A waiting child due to wake takes its slots again (True: wake it), or waits its
-    turn ``queued`` at the head of its band, ahead of newer work (False)."""
+    turn ``queued`` at the newest turn served, ahead of newer work (False)."""
     applying = gate.applying(child_scopes(child)) if gate is not None else []
     if gate is None or not applying:
         return True
@@ -240,8 +261,8 @@ def wake_or_queue(conn: Connection, now: float, gate: Gate | None, child: ChildR
             (now, child.id),
         )
         return True
-    tag = _tag(conn, child.priority, None)
-    admission.enqueue(conn, child.id, State.WAITING.value, now, tag, gate.timeout(applying))
+    place = _place(conn, child.priority, None)
+    admission.enqueue(conn, child.id, State.WAITING.value, now, place, gate.timeout(applying))
     run(conn, "UPDATE children SET wake_at = NULL WHERE id = ?", (child.id,))
     return False
 
