@@ -213,3 +213,102 @@ def test_the_socket_appears_listening_and_never_over_a_file(tmp_path: Path) -> N
         listening_socket(str(taken))
     assert taken.read_text() == "not a socket"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["host.sock", "taken"]
+
+
+# --- slow peers and one runner's many connections (SPEC §31) -----------------------------
+
+
+def test_a_request_line_must_arrive_whole_within_the_request_timeout(tmp_path: Path) -> None:
+    """The fifth attack: 64 connections that each sent one byte of a never-finished line
+    every 2 s kept every slot (a slow line is no idler), and the real runner was
+    refused. A line must now arrive whole within ``--request-timeout``, from its first
+    byte; a new connection's first request, from its opening."""
+    slow_host = ("--max-connections", "2", "--request-timeout", "1", "--log-level", "info")
+    with host(tmp_path, *slow_host) as (_proc, path):
+        dribbling, silent = Peer(path, timeout=30), Peer(path, timeout=30)
+        try:
+            _past_the_limit(path)  # both slots are held
+            began = time.monotonic()
+            for byte in b'{"jsonrpc":"2.0","id":1,"method":"runner.register"':
+                try:
+                    dribbling.sock.sendall(bytes([byte]))
+                except OSError:  # closed under it
+                    break
+                time.sleep(0.2)
+                if time.monotonic() - began > 10:
+                    break
+            for peer in (dribbling, silent):  # the silent one never sent a request
+                answer = peer.line()
+                assert answer["error"]["message"] == (
+                    "invalid request: a request line must arrive whole within 1 s"
+                ), answer
+                with pytest.raises(ConnectionError):
+                    peer.line()  # and closed
+            assert time.monotonic() - began < 8, "closed at its timeout, not at the idle one"
+            asyncio.run(_register_with_a_client(path))  # their slots are free again
+        finally:
+            dribbling.close()
+            silent.close()
+    log = (tmp_path / "host.log").read_text()
+    assert log.count("action=request_timeout") == 2, log
+
+
+def test_one_runners_connections_cannot_lock_out_anothers(tmp_path: Path) -> None:
+    """The fifth attack's other way: connections that register and open a tool call,
+    then go silent, are not idle (closing them would cancel their children) and kept
+    every slot. One runner holds at most ``--max-runner-connections`` of them."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    limits = ("--max-connections", "4", "--max-runner-connections", "2")
+    with host(tmp_path, *limits) as (_proc, path):
+        held = [Peer(path, timeout=30) for _ in range(2)]
+        try:
+            for n, peer in enumerate(held):
+                peer.call("runner.register", {"runnerId": "greedy", "hostInstanceId": "h1"})
+                begin = {"runId": f"run-{n}", "conversationId": f"conv-{n}",
+                         "toolCallId": "call", "extensionId": "ext", "presets": [],
+                         "workspace": str(workspace)}  # fmt: skip
+                peer.call("tool.begin", begin, 2)
+            third = Peer(path, timeout=30)
+            try:
+                third.sock.sendall(
+                    serve_pages.request(
+                        "runner.register", {"runnerId": "greedy", "hostInstanceId": "h1"}, 1
+                    )
+                )
+                answer = third.line()
+                assert answer["error"]["data"] == {"reason": "connection_limit"}, answer
+                assert answer["error"]["message"] == (
+                    "too many connections: runner 'greedy' holds 2 already; try again later"
+                )
+                with pytest.raises(ConnectionError):
+                    third.line()  # and closed: it holds no slot
+            finally:
+                third.close()
+            asyncio.run(_register_with_a_client(path))  # another runner is served
+            held.pop().close()
+            deadline = time.monotonic() + 30
+            while True:  # once one of its connections ends, the runner may open another
+                again = Peer(path, timeout=30)
+                try:
+                    again.call("runner.register", {"runnerId": "greedy", "hostInstanceId": "h1"})
+                    break
+                except RuntimeError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+                finally:
+                    again.close()
+        finally:
+            for peer in held:
+                peer.close()
+
+
+@pytest.mark.parametrize("flag", ["--request-timeout", "--max-runner-connections"])
+def test_the_slot_bounds_are_checked(tmp_path: Path, flag: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "delegation.cli", "serve", "--socket", str(tmp_path / "s"),
+         "--db", str(tmp_path / "d.db"), flag, "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and flag in done.stderr, done.stderr
+    assert not (tmp_path / "d.db").exists()

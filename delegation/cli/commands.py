@@ -113,6 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
         " of it is in flight or unread (default 60)",
     )
     serve.add_argument(
+        "--request-timeout",
+        type=positive_seconds,
+        help="close a --socket connection whose request line (or first request) takes"
+        " this long to arrive whole (default 10)",
+    )
+    serve.add_argument(
+        "--max-runner-connections",
+        type=positive_int,
+        help="connections one runner may hold at once on --socket; its next registration"
+        " is refused (default 16)",
+    )
+    serve.add_argument(
         "--max-page-bytes",
         type=positive_int,
         help="the encoded size a page of events stops before (default 4 MiB)",
@@ -350,7 +362,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     from delegation.config import EngineConfig
     from delegation.engine import Engine
-    from delegation.host.serve import IDLE_TIMEOUT_S, MAX_CONNECTIONS, MAX_INFLIGHT, serve
+    from delegation.host.serve import (
+        IDLE_TIMEOUT_S,
+        MAX_CONNECTIONS,
+        MAX_INFLIGHT,
+        MAX_RUNNER_CONNECTIONS,
+        REQUEST_TIMEOUT_S,
+        serve,
+    )
     from delegation.runners import load_runner
 
     # Every refusal before the engine opens: a refused start creates nothing.
@@ -373,6 +392,8 @@ def _serve(args: argparse.Namespace) -> int:
                 max_inflight=args.max_inflight or MAX_INFLIGHT,
                 max_connections=args.max_connections or MAX_CONNECTIONS,
                 idle_timeout=args.idle_timeout or IDLE_TIMEOUT_S,
+                request_timeout=args.request_timeout or REQUEST_TIMEOUT_S,
+                max_runner_connections=args.max_runner_connections or MAX_RUNNER_CONNECTIONS,
                 ready=_listening,
             )
         )

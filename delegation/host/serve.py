@@ -13,7 +13,10 @@ them, and while the backlog is full the stream is not read further and no page o
 is computed. At most ``max_connections`` streams are served at once; the next is
 refused with one error line. Other streams are served meanwhile. A socket stream that
 sends nothing for ``idle_timeout`` (60 s) while nothing of it is in flight or unread is
-closed (design §23): idle peers cannot hold every slot. At shutdown, reading
+closed (design §23): idle peers cannot hold every slot; nor can slow ones (SPEC §31): a
+request line must arrive whole within ``request_timeout`` (10 s, a new connection's
+first one from its opening), and one runner holds at most ``max_runner_connections``
+(16) of a socket's connections, so that one runner's cannot lock out another's. At shutdown, reading
 stops; calls still in flight after a short grace are answered ``host_closing``, and
 the host closes only once every stream has been answered.
 """
@@ -24,6 +27,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import signal
 import sys
@@ -41,6 +45,7 @@ from delegation.host.serve_follow import Follows, follow_limit
 from delegation.host.serve_io import CHUNK as CHUNK  # the read size, also for peers in tests
 from delegation.host.serve_io import (
     Outbox,
+    Partial,
     Read,
     SocketOutbox,
     ThreadOutbox,
@@ -52,6 +57,7 @@ from delegation.host.serve_io import (
     remove_stale_socket,
     wait_until,
 )
+from delegation.host.serve_streams import Runners, Streams
 from delegation.records import RunnerConnection, ToolHandle
 from delegation.wire import Params
 
@@ -60,6 +66,11 @@ log = logging.getLogger("delegation.serve")
 MAX_INFLIGHT = 64
 MAX_CONNECTIONS = 64
 IDLE_TIMEOUT_S = 60.0
+# A request line arrives whole within this (SPEC §31), and a new connection's first one
+# too: a peer sending a byte now and then, or nothing, holds no slot for longer.
+REQUEST_TIMEOUT_S = 10.0
+# The connections one runner may hold at once, of a socket's max_connections.
+MAX_RUNNER_CONNECTIONS = 16
 # At shutdown, calls in flight get this long to end with their own answer.
 SHUTDOWN_GRACE_S = 0.5
 CLOSING = "the host is closing: the call was not answered; retry it"
@@ -79,10 +90,15 @@ class Session:
         *,
         max_inflight: int = MAX_INFLIGHT,
         idle_timeout: float | None = None,
+        request_timeout: float | None = None,
+        runners: Runners | None = None,
     ) -> None:
         self.engine = engine
         self._idle_timeout = idle_timeout
-        self._active_at = time.monotonic()
+        self._request_timeout = request_timeout
+        self._runners = runners
+        self._partial = Partial()
+        self._active_at = self._opened_at = time.monotonic()
         self._outbox = outbox
         self._backlog = outbox.backlog
         self.conn: RunnerConnection | None = None
@@ -135,7 +151,8 @@ class Session:
             self._active_at = time.monotonic()  # a request arriving slowly is no idler
             return data
 
-        lines = frames(reading if self._idle_timeout is not None else read, rpc.MAX_FRAME_BYTES)
+        timed = self._idle_timeout is not None or self._request_timeout is not None
+        lines = frames(reading if timed else read, rpc.MAX_FRAME_BYTES, self._partial)
         try:
             while True:
                 # Bounded: a free slot and room in the backlog before the next line is read.
@@ -155,6 +172,16 @@ class Session:
             extra = {"action": "idle_connection_closed", "runner_id": runner}
             log.info("closing a connection idle for %.0f s", self._idle_timeout, extra=extra)
             return
+        except _Slow:
+            runner = self.conn.runner_id if self.conn is not None else None
+            extra = {"action": "request_timeout", "runner_id": runner}
+            log.info("closing a connection whose request line took too long", extra=extra)
+            slow = errors.InvalidRpcRequest(
+                f"invalid request: a request line must arrive whole within"
+                f" {self._request_timeout:g} s"
+            )
+            self._outbox.send(rpc.error_frame(slow, None))
+            return
         except OSError:  # the peer hung up mid-stream (a reset): the same as its end
             return
         finally:
@@ -163,24 +190,52 @@ class Session:
     async def _next(self, lines: AsyncIterator[bytes | None]) -> bytes | None:
         """The next line; raises :class:`_Idle` once the stream is idle: nothing sent
         for ``idle_timeout`` while no request is in flight, nothing is unread and no
-        tool call of it is open (closing would cancel its foreground children)."""
-        if self._idle_timeout is None:
+        tool call of it is open (closing would cancel its foreground children); raises
+        :class:`_Slow` once a line has taken ``request_timeout`` to arrive (from its
+        first byte; a new connection's first line from the connection)."""
+        if self._idle_timeout is None and self._request_timeout is None:
             return await anext(lines)
         reading = asyncio.ensure_future(anext(lines))
         try:
             while True:
-                left = self._active_at + self._idle_timeout - time.monotonic()
-                done, _ = await asyncio.wait({reading}, timeout=max(left, 0.05))
+                done, _ = await asyncio.wait({reading}, timeout=max(self._left(), 0.05))
                 if done:
                     return reading.result()
+                now = time.monotonic()
+                if self._slow(now):
+                    raise _Slow
+                if self._idle_timeout is None:
+                    continue
                 if self._tasks or self._backlog.used or self._tools:
-                    self._active_at = time.monotonic()  # busy: idle only from its end
-                elif time.monotonic() - self._active_at >= self._idle_timeout:
+                    self._active_at = now  # busy: idle only from its end
+                elif now - self._active_at >= self._idle_timeout:
                     raise _Idle
         finally:
             if not reading.done():
                 reading.cancel()
                 await asyncio.gather(reading, return_exceptions=True)
+
+    def _line_began(self) -> float | None:
+        """When the line being waited for began, for ``request_timeout``: its first
+        byte, or the connection's opening before its first request."""
+        if self._partial.since is not None:
+            return self._partial.since
+        return self._opened_at if self.conn is None and not self._tasks else None
+
+    def _slow(self, now: float) -> bool:
+        began = self._line_began()
+        limit = self._request_timeout
+        return limit is not None and began is not None and now - began >= limit
+
+    def _left(self) -> float:
+        """Seconds until the next bound (idle or request) could be reached."""
+        now, left = time.monotonic(), math.inf
+        if self._idle_timeout is not None:
+            left = self._active_at + self._idle_timeout - now
+        began = self._line_began()
+        if self._request_timeout is not None and began is not None:
+            left = min(left, began + self._request_timeout - now)
+        return left if left != math.inf else 1.0
 
     def _spawn(self, line: bytes | None) -> None:
         if line is None:
@@ -267,6 +322,13 @@ class Session:
 
     async def _register(self, raw: bytes) -> protocol.Registration:
         params = rpc.decode_params(raw, protocol.REGISTER.params)
+        if self._runners is not None and not self._runners.claim(self, params.runner_id):
+            if self._reading is not None:  # answered, then closed: it holds no slot
+                self._reading.cancel()
+            raise errors.ConnectionLimit(
+                f"too many connections: runner {params.runner_id!r} holds"
+                f" {self._runners.most} already; try again later"
+            )
         self.conn = await self.engine.connect(params.runner_id, params.host_instance_id)
         return protocol.Registration(self.conn.id, self.conn.generation)
 
@@ -315,6 +377,10 @@ class _Idle(Exception):
     """The stream has been idle for its ``idle_timeout``."""
 
 
+class _Slow(Exception):
+    """A request line has taken the stream's ``request_timeout`` to arrive."""
+
+
 def _is_lifecycle(line: bytes) -> bool:
     """Whether ``line`` is a lifecycle request: a cheap look for a lifecycle method name,
     then, when one is there, the method read. An id that spells one (``"runId":
@@ -328,33 +394,6 @@ def _is_lifecycle(line: bytes) -> bool:
         return True
 
 
-class Streams:
-    """The streams one host serves, so that a shutdown can stop them all and wait
-    until each has answered (a stream task the event loop would cancel at exit
-    instead makes asyncio log a traceback)."""
-
-    def __init__(self) -> None:
-        self.sessions: set[Session] = set()
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.stopping = False
-
-    def track(self) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    def stop(self) -> None:
-        self.stopping = True
-        for session in self.sessions:
-            session.stop()
-
-    async def wait(self) -> None:
-        while self.tasks:
-            await asyncio.gather(*self.tasks, return_exceptions=True)
-            await asyncio.sleep(0)  # a connection accepted just before the stop
-
-
 async def serve_socket(
     engine: Engine,
     path: str,
@@ -364,15 +403,22 @@ async def serve_socket(
     max_inflight: int = MAX_INFLIGHT,
     max_connections: int = MAX_CONNECTIONS,
     idle_timeout: float | None = IDLE_TIMEOUT_S,
+    request_timeout: float | None = REQUEST_TIMEOUT_S,
+    max_runner_connections: int = MAX_RUNNER_CONNECTIONS,
     ready: Callable[[str], None] | None = None,
 ) -> None:
     """Accept runner connections on a Unix socket (mode 0600) until ``stop`` is set,
     then stop every connection and wait until each has been answered and closed. At
     most ``max_connections`` are served at once: the next gets one error line
-    (``connection_limit``) and is closed. A connection idle for ``idle_timeout``
-    seconds (None: never) is closed as if its peer had hung up. ``ready`` is told the
+    (``connection_limit``) and is closed; one runner holds at most
+    ``max_runner_connections`` of them (a registration past it is answered
+    ``connection_limit`` and its connection closed). A connection idle for
+    ``idle_timeout`` seconds (None: never) is closed as if its peer had hung up; one
+    whose request line (or first request, from its opening) takes ``request_timeout``
+    seconds to arrive whole is answered an error line and closed. ``ready`` is told the
     socket's path once peers may connect."""
     streams = Streams()
+    runners = Runners(max_runner_connections)
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         streams.track()
@@ -387,13 +433,19 @@ async def serve_socket(
                 await _refuse(reader, outbox, errors.ConnectionLimit())
             elif not streams.stopping:
                 session = Session(
-                    engine, outbox, max_inflight=max_inflight, idle_timeout=idle_timeout
+                    engine,
+                    outbox,
+                    max_inflight=max_inflight,
+                    idle_timeout=idle_timeout,
+                    request_timeout=request_timeout,
+                    runners=runners,
                 )
                 streams.sessions.add(session)
                 try:
                     await session.run(reader.read)
                 finally:
                     streams.sessions.discard(session)
+                    runners.release(session)
                 if not streams.stopping:
                     drain = engine.config.release_drain_s
         finally:
@@ -459,11 +511,14 @@ async def serve(
     max_inflight: int = MAX_INFLIGHT,
     max_connections: int = MAX_CONNECTIONS,
     idle_timeout: float | None = IDLE_TIMEOUT_S,
+    request_timeout: float | None = REQUEST_TIMEOUT_S,
+    max_runner_connections: int = MAX_RUNNER_CONNECTIONS,
     ready: Callable[[str], None] | None = None,
 ) -> None:
     """Run the host until SIGTERM/SIGINT (or end of input on stdio), then close gracefully.
-    ``max_connections`` bounds the streams of a socket at once; ``idle_timeout`` closes
-    a socket's idle streams.
+    ``max_connections`` bounds the streams of a socket at once, and
+    ``max_runner_connections`` one runner's of them; ``idle_timeout`` closes a socket's
+    idle streams, ``request_timeout`` its slow ones (see :func:`serve_socket`).
 
     A host whose database file was replaced while in use (design §18) stops as well:
     its close then raises ``DatabaseReplaced`` (the command's one line, exit 1)."""
@@ -490,6 +545,8 @@ async def serve(
                     max_inflight=max_inflight,
                     max_connections=max_connections,
                     idle_timeout=idle_timeout,
+                    request_timeout=request_timeout,
+                    max_runner_connections=max_runner_connections,
                     ready=ready,
                 )
             else:

@@ -21,6 +21,7 @@ import stat
 import struct
 import sys
 import threading
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Protocol
 
@@ -31,9 +32,28 @@ CHUNK = 64 * 1024
 Read = Callable[[int], Awaitable[bytes]]
 
 
-async def frames(read: Read, limit: int) -> AsyncGenerator[bytes | None, None]:
+class Partial:
+    """When the line a stream is in the middle of began (None: between lines), for a
+    bound on how long a request line may take to arrive (design §23, SPEC §31)."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def mark(self, pending: bool) -> None:
+        if not pending:
+            self.since = None
+        elif self.since is None:
+            self.since = time.monotonic()
+
+
+async def frames(
+    read: Read, limit: int, partial: Partial | None = None
+) -> AsyncGenerator[bytes | None, None]:
     """Lines of a stream, without their newline; None stands for a line over ``limit``
-    (its bytes are skipped up to the next newline, and the stream goes on)."""
+    (its bytes are skipped up to the next newline, and the stream goes on). ``partial``
+    is kept told whether part of a line has arrived."""
     buffer = bytearray()
     skipping = False
     while True:
@@ -54,6 +74,8 @@ async def frames(read: Read, limit: int) -> AsyncGenerator[bytes | None, None]:
                 break
             line = bytes(buffer[:end])
             del buffer[: end + 1]
+            if partial is not None:
+                partial.since = None  # a line ended: what is left began with this chunk
             if skipping:
                 skipping = False
                 continue
@@ -61,6 +83,8 @@ async def frames(read: Read, limit: int) -> AsyncGenerator[bytes | None, None]:
                 yield None
             elif line.strip():
                 yield line
+        if partial is not None:
+            partial.mark(bool(buffer) or skipping)
 
 
 class Outbox(Protocol):
