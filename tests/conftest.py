@@ -2,12 +2,12 @@
 
 Every test that takes ``db_url`` (or an ``engine``/``harness`` built on it) runs twice:
 on a SQLite file (``[sqlite]``) and on a database of a real PostgreSQL server
-(``[postgres]``, see tests/postgres.py). A test marked ``sqlite_only``, or that asks for
+(``[postgres]``, see tests/harness/postgres.py). A test marked ``sqlite_only``, or that asks for
 ``db_path`` itself (it looks at the file), runs on SQLite only.
 ``DELEGATION_TEST_STORES=sqlite`` (or ``postgres``) keeps one of them.
 
 A third store, ``[pgbouncer]``, is the same server reached through a real PgBouncer in
-session mode (tests/pgbouncer.py, one per test session): the suites of
+session mode (tests/harness/pgbouncer.py, one per test session): the suites of
 :data:`THROUGH_PGBOUNCER` run through it too by default, and
 ``DELEGATION_TEST_STORES=pgbouncer`` runs every test that takes ``db_url`` through it.
 """
@@ -28,8 +28,8 @@ from sqlalchemy import create_engine
 from delegation import Engine, EngineConfig
 from delegation.clock import ManualClock
 from delegation.store import migrate
-from tests import pgbouncer, postgres, rows
-from tests.support import Harness, ScriptRunner, open_harness
+from tests.harness import pgbouncer, postgres, rows
+from tests.harness.support import Harness, ScriptRunner, open_harness
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -76,7 +76,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    rows.dispose()  # the engines tests.rows read through
+    rows.dispose()  # the engines tests.harness.rows read through
 
 
 @pytest.fixture(scope="session")
@@ -149,7 +149,7 @@ async def harness(engine: Engine, runner: ScriptRunner, workspace: Path) -> Harn
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
-    """A real PostgreSQL server for this test session (see tests/postgres.py)."""
+    """A real PostgreSQL server for this test session (see tests/harness/postgres.py)."""
     server = postgres.start(durable=False)
     try:
         yield server.url
@@ -159,7 +159,7 @@ def postgres_server() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def pgbouncer_port(postgres_server: str) -> Iterator[int]:
-    """A PgBouncer in session mode before the session's server (tests/pgbouncer.py)."""
+    """A PgBouncer in session mode before the session's server (tests/harness/pgbouncer.py)."""
     with pgbouncer.bouncer(postgres_server, "session") as port:
         yield port
 

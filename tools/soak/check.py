@@ -27,7 +27,7 @@ its end's write ran, as the engine stamped it); ``purge_forgotten_early`` (its
 ``purged`` row, the ``child_purged`` answer to a late handle, gone less than a period
 after the purge's write ran); ``lost_row`` (a row gone with no deletion recorded at
 all). The stamps themselves are held to the time the write ran, not the time it was
-queued, by tests that stop a host in between (tests/test_stamped_at_commit.py); the
+queued, by tests that stop a host in between (tests/crash/test_stamped_at_commit.py); the
 record measures how long after its stamp each end's write reached its row
 (``end_lags``). A database
 without that record (one the soak did not make) is judged by the ``purged`` rows a

@@ -34,7 +34,7 @@ from tools.soak.host import runners_of
 from tools.soak.liveness import Fleet
 
 # A dead host is taken over within the host timeout and 2 s (design §12: a kill, which
-# tests/test_several_hosts.py holds to exactly). A paused host is seen dead only at the
+# tests/crash/test_several_hosts.py holds to exactly). A paused host is seen dead only at the
 # first live heartbeat after its own went stale, on a machine the soak itself loads:
 # the soak allows 2 s more, so that a slow beat is not reported as a lost takeover.
 SETTLE_MARGIN_S = 4.0

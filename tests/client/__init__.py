@@ -1,0 +1,3 @@
+"""The client (``delegation.client``) against a real ``delegation serve``: calls and
+``follow``.
+"""

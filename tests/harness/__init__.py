@@ -1,0 +1,17 @@
+"""The test harness: what the tests share, and nothing that pytest collects.
+
+- :mod:`~tests.harness.support`: the engine, runner and connection helpers most tests use;
+  :mod:`~tests.harness.rows`: a read-only view of either store's rows;
+  :mod:`~tests.harness.trees`: process trees;
+- the servers a test stands up: :mod:`~tests.harness.postgres` (a temporary PostgreSQL),
+  :mod:`~tests.harness.pgbouncer`, :mod:`~tests.harness.failover` (pg_auto_failover),
+  :mod:`~tests.harness.patroni`, with :mod:`~tests.harness.reaper`,
+  :mod:`~tests.harness.netcut` and :mod:`~tests.harness.pgproxy` to cut and break them;
+- the faces a test drives: :mod:`~tests.harness.browser` (headless Chromium),
+  :mod:`~tests.harness.terminal`, :mod:`~tests.harness.serve_runners` (runners a
+  ``delegation serve`` loads by name), :mod:`~tests.harness.pydantic_ai_support`;
+- the host processes the kill tests start by path (``*_host.py``, sharing
+  :mod:`~tests.harness.hosting`), the children they run (``attack_child.py``,
+  ``uring_socket.py``), :mod:`~tests.harness.resume_times`, and ``vectors/``, the golden
+  wire vectors shared with clients in other languages.
+"""

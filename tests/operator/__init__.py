@@ -1,0 +1,1 @@
+"""The operator's controls (``delegation.operator``): judged when given, and cancel."""
