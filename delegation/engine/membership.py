@@ -349,10 +349,16 @@ class Membership:
             new = f"h-{secrets.token_hex(16)}"
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, rt.db.claim, new)
+            beat = boot_clock()
             await rt.write(
                 Use(maintenance.rejoin, new, rt.config.runner_version), while_rejoining=True
             )
             rt.instance_id = new  # once its row exists: connections name it
+            # The rejoin committed the new instance's first heartbeat: its time alive
+            # counts from there, not from the old one's last beat (long past, if it was
+            # paused), or the next failed beat would cut it off at once and it would
+            # hand itself over (a live host taken over: the soak's live_taken).
+            self._alive_since(beat)
         finally:
             rt.rejoining = False
 
