@@ -81,15 +81,28 @@ def several_hosts(snap: Snapshot, fleet: Fleet, *, final: bool) -> Iterator[str]
     for c in snap.children:
         if c["state"] == "running" and c["engine_instance_id"] in settled:
             yield f"running_on_dead_host: child {c['run_id']} runs on a dead host instance"
-    yield from _closed(snap)
+
+    def written_late(instance: str, closed_at: float) -> bool:
+        # A stopped host's rows, written after its takeover, last until the next beat
+        # of a live host (beats a server restart may hold back): as long as a takeover.
+        allowed = fleet.allowed(instance, closed_at)
+        return not final and instance in fleet.stopped and now - closed_at <= allowed
+
+    yield from _closed(snap, written_late)
     if final:
         yield from _final(snap, {h["id"] for h in snap.instances if h["closed_at"] is None})
 
 
-def _closed(snap: Snapshot) -> Iterator[str]:
+def _closed(snap: Snapshot, late: Callable[[str, float], bool] | None = None) -> Iterator[str]:
     """A graceful close, a boot and a takeover end every connection and tool call of
-    the host instance they close, in the same transaction."""
-    closed = {h["id"] for h in snap.instances if h["closed_at"] is not None}
+    the host instance they close, in the same transaction; ``late`` excuses an instance
+    closed at a time whose stopped host may still commit one it began before (a fenced
+    host's connect, ended by a live host's next heartbeat)."""
+    closed = {
+        h["id"]
+        for h in snap.instances
+        if h["closed_at"] is not None and not (late and late(h["id"], h["closed_at"]))
+    }
     for c in snap.open_connections:
         if (instance := c["engine_instance_id"]) in closed:
             yield f"connection_left: a connection of closed host instance {instance} is open"
