@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from delegation.cli.commands import main
 from delegation.codec import encode
 from delegation.records import ChildRecord, LeaseRecord
 from delegation.store import migrate
+from tests.harness.fingerprints import fingerprint
 from tests.harness.support import PRESET, Harness, Script, finish_after_admit, hold
 from tests.harness.terminal import Cli, in_process
 
@@ -159,17 +159,6 @@ def spawn(*argv: str) -> subprocess.CompletedProcess[str]:
 
 def ids(document: list[dict[str, Any]]) -> list[str]:
     return [item["conversationId"] for item in document]
-
-
-def fingerprint(db_path: Path) -> tuple[str, str]:
-    """The bytes of the database and of its WAL, an absent WAL counting as empty.
-
-    (A read-only SQLite reader may create an empty WAL and the shared-memory index
-    beside a closed database; neither holds data.)
-    """
-    wal = db_path.with_name(db_path.name + "-wal")
-    content = wal.read_bytes() if wal.exists() else b""
-    return hashlib.sha256(db_path.read_bytes()).hexdigest(), hashlib.sha256(content).hexdigest()
 
 
 # --- children ------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -20,9 +19,9 @@ import pytest
 from psycopg import sql
 
 from delegation.cli.commands import main
-from tests.cli.test_postgres_cli import COMMANDS, cli, needs_postgres, one_line
 from tests.harness import browser, postgres
-from tests.host.test_serve import OWNER, ROOT, Client, start_params
+from tests.harness.password_hosts import a_child_on_a_host
+from tests.harness.pg_cli import COMMANDS, cli, needs_postgres, one_line
 
 PW = "Pw-s3cret-42"
 WRONG = "Wr0ng-guess-17"
@@ -143,30 +142,6 @@ def test_the_server_asks_for_the_password(database: str, tmp_path: Path) -> None
     done = cli("db", "current", "--db", database, env=environment(tmp_path / "home"))
     assert done.returncode == 1
     assert "no password supplied" in one_line(done.stderr)
-
-
-async def a_child_on_a_host(env: dict[str, str], log: Path, workspace: Path, *argv: str) -> str:
-    """``delegation serve --stdio ARGV`` in ``env`` runs one child to its end and exits
-    0; what it logged on stderr."""
-    with log.open("wb") as stderr:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "delegation.cli", "serve", "--stdio", *argv,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
-            cwd=ROOT, env={**env, "DELEGATION_SCRIPTED_DELAY": "0.01"},
-        )  # fmt: skip
-    assert proc.stdin is not None and proc.stdout is not None
-    client = Client(proc.stdout, proc.stdin)
-    try:
-        await client.setup(workspace)
-        started = await client.ok("child.start", start_params("q1"))
-        result, _ = await client.read_until_done({**OWNER, "childId": started["conversationId"]})
-        assert result["output"].startswith("finished 3 steps"), result
-    finally:
-        proc.stdin.close()
-        code = await asyncio.wait_for(proc.wait(), 20)
-        await client.close()
-    assert code == 0, log.read_text()
-    return log.read_text()
 
 
 @needs_postgres

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from delegation import Engine, Operator, errors
-from tests.engine.test_push_control import operator
-from tests.engine.test_rewind import LEASE, Steps, counts
 from tests.harness import rows
+from tests.harness.operators import operator
+from tests.harness.rewinds import LEASE, Steps, counts
 from tests.harness.support import ScriptRunner
-from tests.run.test_waiting import hosted
+from tests.harness.waits import hosted
 
 
 async def test_an_operator_rewinds_a_live_hosts_child_and_show_prints_the_lineage(

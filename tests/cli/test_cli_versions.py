@@ -16,7 +16,7 @@ from sqlalchemy.pool import NullPool
 
 from delegation import ChildContext, EngineConfig, Event
 from delegation.clock import ManualClock
-from tests.engine.test_recovery import LEASE, restarted, route, until_event
+from tests.harness.restarts import LEASE, restarted, route, until_event
 from tests.harness.support import Harness, ScriptRunner
 from tests.harness.terminal import Cli, in_process
 

@@ -14,9 +14,7 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -27,36 +25,9 @@ from delegation import Engine
 from delegation.cli.commands import main
 from delegation.store import migrate
 from tests.harness import rows
+from tests.harness.pg_cli import COMMANDS, ROOT, cli, needs_postgres, one_line
+from tests.harness.serving import OWNER, Client, host, start_params
 from tests.harness.support import ScriptRunner
-from tests.host.test_serve import OWNER, Client, host, start_params
-
-ROOT = Path(__file__).resolve().parents[2]
-needs_postgres = pytest.mark.skipif(
-    "postgres" not in os.environ.get("DELEGATION_TEST_STORES", "sqlite,postgres").split(","),
-    reason="DELEGATION_TEST_STORES leaves PostgreSQL out",
-)
-
-
-def cli(
-    *argv: str, cwd: Path = ROOT, timeout: float = 60, env: Mapping[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``delegation ARGV`` in a process of its own (stdin empty), in this environment or
-    ``env``."""
-    return subprocess.run(
-        [sys.executable, "-m", "delegation.cli", *argv],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False,
-        stdin=subprocess.DEVNULL,
-        env={**(os.environ if env is None else env), "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
-    )  # fmt: skip
-
-
-def one_line(stderr: str) -> str:
-    """The one line a refusal prints on stderr (and asserts there is only that)."""
-    assert stderr.endswith("\n") and stderr.count("\n") == 1, stderr
-    assert stderr.startswith("delegation: "), stderr
-    assert "Traceback" not in stderr
-    return stderr.rstrip("\n")
-
 
 # --- db current / db upgrade ---------------------------------------------------------------
 
@@ -155,18 +126,6 @@ BAD_URLS = [
     "postgresql+asyncpg://user@db.example/app",
     "sqlite://",
     "sqlite:///:memory:",
-]
-COMMANDS = [
-    ("serve", "--stdio"),
-    ("demo", "--fast"),
-    ("children",),
-    ("show", "c-1"),
-    ("events", "c-1"),
-    ("leases",),
-    ("cancel", "c-1"),
-    ("steer", "c-1", "go"),
-    ("db", "upgrade"),
-    ("db", "current"),
 ]
 
 

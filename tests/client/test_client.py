@@ -8,120 +8,45 @@ import asyncio
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from delegation import Event, Params, Preset, Request, Result, errors
+from delegation import Params, Request, errors
 from delegation.client.api import Client, SyncClient
 from delegation.rpc import error_from_wire
+from tests.harness import client_hosts
+from tests.harness.client_hosts import (
+    ENV,
+    LEASE,
+    OWNER,
+    PRESET,
+    ROOT,
+    Opener,
+    SocketHost,
+    read_until_done,
+    settled_threads,
+    setup,
+    start_params,
+)
 from tests.harness.serve_runners import OUTPUT_CHARS
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "DELEGATION_SCRIPTED_DELAY": "0.02"}
-PRESET = Preset(name="scripted", extension_id="ext", generation=3)
-OWNER = {"runId": "run-1", "toolCallId": "call-1", "extensionId": "ext", "generation": 3}
-LEASE = {"runId": "run-1", "extensionId": "ext", "generation": 3, "leaseId": "L1"}
+opener = client_hosts.opener  # the fixture
+socket_host = client_hosts.socket_host  # the fixture
+
 SLOW = "tests.harness.serve_runners:SlowAdmit"
 LARGE = "tests.harness.serve_runners:LargeAnswers"
-
-Opener = Callable[..., Awaitable[Client]]
-
-
-def start_params(request_id: str, message: str, **extra: Any) -> dict[str, Any]:
-    request = {"requestId": request_id, "profile": "scripted", "message": message}
-    if "leaseId" in extra:
-        request["leaseId"] = extra["leaseId"]
-    return {**OWNER, **extra, "request": request}
-
-
-def serve_socket(path: Path, db: str, *runner: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "delegation.cli", "serve", "--socket", str(path),
-         "--db", db, *runner],
-        cwd=ROOT, env=ENV, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while not _listening(path):  # the file appears at bind(), a moment before listen()
-        assert proc.poll() is None and time.monotonic() < deadline, "the host did not start"
-        time.sleep(0.02)
-    return proc
-
-
-def _listening(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-class SocketHost:
-    """``serve --socket`` subprocesses on one database; ``start`` returns the socket path."""
-
-    def __init__(self, db: str, tmp_path: Path) -> None:
-        self.db = db
-        self.path = tmp_path / "host.sock"
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, *runner: str) -> Path:
-        self.procs.append(serve_socket(self.path, self.db, *runner))
-        return self.path
-
-
-@pytest.fixture
-def socket_host(db_url: str, tmp_path: Path) -> Iterator[SocketHost]:
-    host = SocketHost(db_url, tmp_path)
-    yield host
-    for proc in host.procs:
-        if proc.poll() is None:
-            proc.terminate()
-        proc.wait(20)
-
-
-@pytest.fixture(params=["socket", "stdio"])
-def opener(request: pytest.FixtureRequest, db_url: str, socket_host: SocketHost) -> Opener:
-    """Opens a Client with the given runner args, over a socket or over a spawned stdio."""
-
-    async def open_client(*runner: str) -> Client:
-        if request.param == "socket":
-            return await Client.connect(socket_host.start(*runner))
-        return await Client.spawn(["--db", db_url, *runner], env=ENV, cwd=ROOT)
-
-    return open_client
 
 
 @pytest.fixture
 async def client(opener: Opener) -> AsyncIterator[Client]:
     async with await opener("--runner", "scripted") as client:
         yield client
-
-
-async def setup(client: Client, workspace: Path) -> None:
-    registered = await client.register("r1", "h1")
-    assert registered.generation >= 1
-    assert registered.connection_id
-    await client.begin_tool(
-        run_id="run-1", conversation_id="conv-1", tool_call_id="call-1", extension_id="ext",
-        presets=[PRESET], workspace=str(workspace),
-    )  # fmt: skip
-
-
-async def read_until_done(client: Client, child: dict[str, Any]) -> tuple[Result, list[Event]]:
-    events: list[Event] = []
-    while not (result := await client.read({**child, "after": len(events)})).done:
-        events += result.events
-        await asyncio.sleep(0.02)
-    return result, events + result.events
 
 
 async def test_a_whole_session(client: Client, workspace: Path) -> None:
@@ -260,15 +185,6 @@ async def test_the_largest_answers_leave_the_connection_working(
         after = page.events[-1].sequence
         following = await client.read({**worst, "after": after})
         assert following.events[0].sequence == after + 1
-
-
-def settled_threads(before: set[threading.Thread]) -> set[threading.Thread]:
-    """Threads not in ``before`` that are still alive after a short grace (asyncio's
-    waitpid threads end just after the exit they report)."""
-    deadline = time.monotonic() + 60
-    while (extra := set(threading.enumerate()) - before) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return extra
 
 
 def test_the_sync_client_does_a_whole_session(db_url: str, workspace: Path) -> None:

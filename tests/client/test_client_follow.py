@@ -22,8 +22,8 @@ import pytest
 from delegation import Event, Params, errors
 from delegation.client.api import Client, SyncClient
 from delegation.host.serve_follow import MAX_FOLLOWS
-from tests.client import test_client
-from tests.client.test_client import (
+from tests.harness import client_hosts
+from tests.harness.client_hosts import (
     ENV,
     LEASE,
     OWNER,
@@ -43,8 +43,8 @@ CHATTY = ("--runner", "tests.harness.serve_runners:Chatty", "--max-page-bytes", 
 
 # test_client's fixtures: serve --socket hosts on the test's database, and a Client
 # opened over a socket or over the stdio of a host it spawns.
-socket_host = test_client.socket_host
-opener = test_client.opener
+socket_host = client_hosts.socket_host
+opener = client_hosts.opener
 
 
 @pytest.fixture

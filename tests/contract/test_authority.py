@@ -64,7 +64,7 @@ from delegation.errors import (
     StaleConnection,
     SteerNotOwned,
 )
-from tests.harness import rows
+from tests.harness.authority_cases import snapshot
 from tests.harness.support import PRESET, Harness
 
 NOT_OWNED = "child requires active tool ownership or an unexpired retained lease"
@@ -93,12 +93,6 @@ CHILD_METHODS = (READ_METHOD, CANCEL_METHOD, STEER_METHOD)
 
 
 # --- the database, seen from outside ------------------------------------------------
-
-
-def snapshot(db: Path | str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, through a separate read-only connection: ``db`` is a
-    SQLite file's path or a database's URL."""
-    return rows.snapshot(rows.url_of(db) if isinstance(db, Path) else db)
 
 
 # --- runs ---------------------------------------------------------------------------

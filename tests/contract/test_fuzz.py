@@ -65,9 +65,9 @@ from delegation.clock import ManualClock
 from delegation.host.serve import Session
 from delegation.protocol import Register, RunFinish, ToolBegin, ToolEnd
 from delegation.wire import CHILD_METHODS as METHODS
-from tests.contract.test_properties import WIRE_TYPES
-from tests.harness import rows
+from tests.harness.fuzzing import snapshot
 from tests.harness.support import HUGE_NUMBERS, PRESET, Harness, ScriptRunner, hold
+from tests.harness.wire_types import WIRE_TYPES
 
 FAST = settings(
     max_examples=40,
@@ -824,12 +824,6 @@ def test_a_huge_last_line_without_newline_ends_the_session_cleanly(host: Host) -
 
 
 # --- 3. a refused call changes nothing ----------------------------------------------
-
-
-def snapshot(db: Path | str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, through a separate read-only connection: ``db`` is a
-    SQLite file's path or a database's URL."""
-    return rows.snapshot(rows.url_of(db) if isinstance(db, Path) else db)
 
 
 async def settled(db: Path | str) -> dict[str, list[tuple[Any, ...]]]:

@@ -42,18 +42,8 @@ from delegation._struct import I64_MAX, U64_MAX, WireStruct
 from delegation.options import PROVIDERS, REASONING_EFFORTS
 from delegation.wire import STEER_INJECTED, STEER_NO_RUNNING_TURN, STEER_PROMPT_REQUIRED
 from tests.harness.support import HUGE_NUMBERS
+from tests.harness.wire_types import WIRE_TYPES
 
-WIRE_TYPES: tuple[type[WireStruct], ...] = (
-    ExecutionOptions,
-    Profile,
-    Preset,
-    Request,
-    Params,
-    Identity,
-    Event,
-    Result,
-    SteerResult,
-)
 TYPE_IDS = [kind.__name__ for kind in WIRE_TYPES]
 
 # Deterministic examples, no example database: the module stays fast and leaves

@@ -56,13 +56,13 @@ from delegation.clock import ManualClock
 from delegation.host.serve import CHUNK, serve_socket
 from delegation.run.context import Run
 from delegation.runners.command import DEFAULT_ENV_ALLOW, CommandRunner
-from tests.contract.test_authority import snapshot
-from tests.engine.test_methods import open_tool, release, steer
 from tests.harness import rows
+from tests.harness.authority_cases import snapshot
+from tests.harness.commands import hosted, script, texts
+from tests.harness.serving import OWNER, Client, host, socket_client, start_params
+from tests.harness.serving import PRESET as SERVE_PRESET
 from tests.harness.support import PRESET, Harness, ScriptRunner, open_harness
-from tests.host.test_serve import OWNER, Client, host, socket_client, start_params
-from tests.host.test_serve import PRESET as SERVE_PRESET
-from tests.runners.test_command_runner import hosted, script, texts
+from tests.harness.tool_calls import open_tool, release, steer
 
 FRAME_LIMIT = 4 * 1024 * 1024
 SECRET_NAMES = ("apiKey", "token", "credentials")

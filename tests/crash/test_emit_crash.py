@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.crash.test_step_crash import Host
 from tests.harness import rows
+from tests.harness.step_hosts import Host
 
 EMITS = [
     "begin",

@@ -20,10 +20,10 @@ import pytest
 from delegation import ChildContext, EngineConfig, Event
 from delegation.clock import ManualClock
 from delegation.store.steps import PATCH_PREFIX
-from tests.crash import test_step_crash as crash
-from tests.crash.test_step_crash import Host
-from tests.engine.test_recovery import LEASE, restarted, until_event
 from tests.harness import rows
+from tests.harness import step_hosts as crash
+from tests.harness.restarts import LEASE, restarted, until_event
+from tests.harness.step_hosts import Host
 from tests.harness.support import Harness, ScriptRunner
 
 HOST = Path(__file__).resolve().parents[1] / "harness" / "patch_host.py"

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.crash.test_step_crash import Host as StepHost
 from tests.harness import rows
 from tests.harness.pydantic_ai_support import require_pydantic_ai
+from tests.harness.step_hosts import Host as StepHost
 
 require_pydantic_ai()
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.crash import test_step_crash as crash
-from tests.crash.test_step_crash import Host
-from tests.engine.test_rewind import events_of
 from tests.harness import rows
+from tests.harness import step_hosts as crash
+from tests.harness.rewinds import events_of
+from tests.harness.step_hosts import Host
 
 HOST = Path(__file__).resolve().parents[1] / "harness" / "rewind_host.py"
 hosts = crash.hosts  # the fixture: every host started is stopped after the test

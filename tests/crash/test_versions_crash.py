@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from tests.crash import test_step_crash as crash
-from tests.crash.test_step_crash import ROOT, Host
 from tests.harness import rows
+from tests.harness import step_hosts as crash
+from tests.harness.step_hosts import ROOT, Host
 
 hosts = crash.hosts  # the fixture: every host started is stopped after the test
 REFUSED = "runner_version_changed: ran v1, this host runs v2"

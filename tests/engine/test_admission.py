@@ -22,7 +22,7 @@ from delegation.engine.runtime import Use
 from delegation.options import ExecutionOptions
 from delegation.usecases.service import cancel_exact
 from tests.harness.support import PRESET, Harness, ScriptRunner, open_harness
-from tests.run.test_waiting import until
+from tests.harness.waits import until
 
 SCOPE = f"preset:runner-1/{PRESET.extension_id}/{PRESET.name}"
 Script = Callable[[ChildContext], Awaitable[None]]

@@ -14,7 +14,7 @@ import pytest
 
 from delegation import Engine, EngineConfig, errors
 from delegation.clock import ManualClock
-from tests.engine.test_push_control import operator
+from tests.harness.operators import operator
 from tests.harness.support import Harness, ScriptRunner, hold, open_harness
 
 ENDINGS = ["cancel", "operator", "expiry", "purge"]

@@ -23,6 +23,7 @@ from delegation import ChildContext, DelegationError, EngineConfig, Event, Prese
 from delegation.clock import ManualClock
 from delegation.options import ExecutionOptions
 from tests.harness.support import PRESET, Harness
+from tests.harness.tool_calls import open_tool, release, steer
 
 FIELD_LIMIT = 32 * 1024
 OTHER_PRESET = Preset(name="other", extension_id=PRESET.extension_id, generation=PRESET.generation)
@@ -35,42 +36,8 @@ async def within(awaitable: Awaitable[Any], timeout: float = 60.0) -> Any:
     return await asyncio.wait_for(awaitable, timeout)
 
 
-async def open_tool(
-    h: Harness,
-    tool_call_id: str,
-    *,
-    run_id: str = "parent-run",
-    conversation_id: str = "parent-conv",
-    extension_id: str = PRESET.extension_id,
-    presets: tuple[Preset, ...] = (PRESET,),
-    workspace: str | None = None,
-    conn: Any = None,
-) -> Harness:
-    """A harness on another tool call (of the same runner unless ``conn`` is given)."""
-    conn = conn or h.conn
-    tool = await h.engine.open_tool(
-        conn,
-        run_id=run_id,
-        conversation_id=conversation_id,
-        tool_call_id=tool_call_id,
-        extension_id=extension_id,
-        presets=list(presets),
-        workspace=workspace or h.workspace,
-    )
-    return dataclasses.replace(h, tool=tool, conn=conn)
-
-
-async def steer(h: Harness, child_id: str, request_id: str, message: str, **changes: Any) -> Any:
-    params = h.params(child_id=child_id, request_id=request_id, message=message, **changes)
-    return await h.engine.call(h.conn, "child.steer", params)
-
-
 async def cancel(h: Harness, child_id: str, **changes: Any) -> Any:
     return await h.engine.call(h.conn, "child.cancel", h.params(child_id=child_id, **changes))
-
-
-async def release(h: Harness, lease_id: str) -> Any:
-    return await h.engine.call(h.conn, "child.lease.release", h.params(lease_id=lease_id))
 
 
 def gate_before_admit(entered: asyncio.Event, gate: asyncio.Event) -> Any:

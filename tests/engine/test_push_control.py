@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -28,11 +27,9 @@ from delegation.runners.scripted import ScriptedRunner
 from delegation.store import controls
 from delegation.store.stores import write_once
 from tests.harness import rows
+from tests.harness.operators import operator
+from tests.harness.serving import OWNER, Client, host, start_params
 from tests.harness.support import Harness, hold
-from tests.host.test_serve import OWNER, Client, host, start_params
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 # --- typed methods ---------------------------------------------------------------------
 
@@ -165,17 +162,6 @@ async def test_a_resumed_scripted_child_keeps_its_steered_heading_after_sigkill(
 
 
 # --- operator control from another process ----------------------------------------------
-
-
-async def operator(*args: str, db: Path | str) -> tuple[int, str, str]:
-    """``delegation ARGS --db DB`` in another process: (exit code, stdout, stderr)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "delegation.cli", *args, "--db", str(db),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_an_operator_cancels_and_steers_a_live_hosts_child(

@@ -10,9 +10,7 @@ lifetime of a fraction of a second.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,10 +28,9 @@ from delegation import (
     errors,
 )
 from delegation.clock import ManualClock
-from tests.harness.rows import scalar
+from tests.harness.restarts import LEASE, restarted, route, rows, until_event
 from tests.harness.support import Harness, Script, ScriptRunner, finish_after_admit, open_harness
 
-LEASE = "lease-1"
 INTERRUPTED = "child interrupted by host restart"
 ADMISSION_INTERRUPTED = "child admission interrupted by host restart"
 LEASE_EXPIRED = "cancelled: lease expired"
@@ -47,38 +44,11 @@ def lease_params(h: Harness, lease_id: str = LEASE, **changes: object) -> Params
     return h.params(lease_id=lease_id, tool_call_id="", **changes)
 
 
-def route(**scripts: Script) -> Script:
-    """One runner script per child, chosen by the request's message."""
-
-    async def run(ctx: ChildContext) -> None:
-        await scripts[ctx.request.message](ctx)
-
-    return run
-
-
 async def forever(ctx: ChildContext) -> None:
     """Admits, says so, then runs until it is cancelled (or suspended by a close)."""
     await ctx.admit()
     ctx.emit(Event(kind="text", text="working"))
     await asyncio.Event().wait()
-
-
-@contextlib.asynccontextmanager
-async def restarted(
-    h: Harness,
-    db_url: str,
-    runner: ScriptRunner,
-    config: EngineConfig,
-    clock: ManualClock | None,
-) -> AsyncIterator[Harness]:
-    """A new engine on the same database; the runner reconnects with the same hostInstanceId.
-
-    The returned harness keeps the old tool handle only for its ids (run, extension):
-    the tool call itself ended with the old host, so calls go through the lease.
-    """
-    async with Engine(db_url, runner=runner, config=config, clock=clock) as engine:
-        conn = await engine.connect(h.conn.runner_id, h.conn.host_instance_id)
-        yield Harness(engine, runner, conn, h.tool, h.workspace)
 
 
 async def child(engine: Engine, conversation_id: str) -> ChildRecord:
@@ -99,22 +69,8 @@ async def until_state(engine: Engine, conversation_id: str, state: str) -> Child
         await asyncio.sleep(0.01)
 
 
-async def until_event(engine: Engine, conversation_id: str, text: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while text not in [e.text for e in await engine.events(conversation_id)]:
-        if loop.time() > deadline:
-            raise AssertionError(f"event {text!r} never committed")
-        await asyncio.sleep(0.01)
-
-
 def assert_gap_free(sequences: list[int]) -> None:
     assert sequences == list(range(1, len(sequences) + 1))
-
-
-def rows(db_url: str, table: str, child_id: int) -> int:
-    sql = f"SELECT COUNT(*) FROM {table} WHERE child_id = :child_id"
-    return int(scalar(db_url, sql, {"child_id": child_id}))
 
 
 # --- graceful close, then resume -----------------------------------------------------

@@ -15,9 +15,9 @@ from opentelemetry.sdk.metrics.export import NumberDataPoint
 
 from delegation import Engine, EngineConfig, Operator
 from delegation.engine import telemetry
-from tests.engine.test_telemetry import Otel
-from tests.engine.test_versions import Versioned, asks, until_done, waiting_on
-from tests.run.test_waiting import HOLD_S, until
+from tests.harness.otel import Otel
+from tests.harness.versioned import Versioned, asks, until_done, waiting_on
+from tests.harness.waits import HOLD_S, until
 
 
 @pytest.fixture

@@ -13,67 +13,12 @@ from typing import Any
 
 import pytest
 
-from delegation import AdmissionPolicy, ChildContext, Engine, EngineConfig, Event, Operator, errors
+from delegation import AdmissionPolicy, ChildContext, Engine, EngineConfig, Operator, errors
 from delegation.codec import encode
 from delegation.usecases.queries import result_of
-from tests.harness.support import PRESET, ScriptRunner, open_harness
-from tests.run.test_waiting import HOLD_S, until
-
-
-async def asks(ctx: ChildContext) -> None:
-    await ctx.admit()
-    word = await ctx.ask("word", "say a word")
-    ctx.emit(Event(kind="result", text=f"heard {word}"))
-
-
-class Versioned(ScriptRunner):
-    """A scripted runner that declares a version (and the older ones it resumes)."""
-
-    def __init__(self, version: str | None, resumes: tuple[str, ...] = (), **kw: Any) -> None:
-        super().__init__(**kw)
-        self.version = version
-        self.resumes = resumes
-
-
-def engine(db_url: str, runner: Any, **config: Any) -> Engine:
-    settings = EngineConfig(**{"release_drain_s": 2.0, "hold_s": HOLD_S, **config})
-    return Engine(db_url, runner=runner, config=settings)
-
-
-async def waiting_on(
-    db_url: str, workspace: Path, version: str | None, request_id: str = "q1"
-) -> str:
-    """A child of ``version`` that asks and is suspended; its host closed."""
-    runner = Versioned(version, script=asks)
-    async with engine(db_url, runner) as e:
-        h = await open_harness(e, runner, workspace)
-        started = await h.start(request_id, lease_id="lease-1")
-        cid = started.conversation_id
-
-        async def waiting() -> bool:
-            found = await e.get_child(cid)
-            return found is not None and found.state == "waiting"
-
-        await until(waiting)
-        record = await e.get_child(cid)
-        assert record is not None and (record.version, record.attempt_version) == (version,) * 2
-    return cid
-
-
-async def answered_on(
-    db_url: str, workspace: Path, cid: str, runner: Versioned, **config: Any
-) -> Any:
-    """Open a host of ``runner``'s version, answer the child, and wait until it settles:
-    done, or pinned."""
-    async with engine(db_url, runner, **config) as e:
-        await e.answer_input(cid, "word", text="hello")
-
-        async def settled() -> bool:
-            found = await e.get_child(cid)
-            return found is not None and (found.terminal or found.pinned_version is not None)
-
-        await until(settled)
-        return await e.get_child(cid)
+from tests.harness.support import PRESET, open_harness
+from tests.harness.versioned import Versioned, answered_on, asks, engine, until_done, waiting_on
+from tests.harness.waits import HOLD_S, until
 
 
 async def test_resume_tells_prepare_the_version_changed(db_url: str, workspace: Path) -> None:
@@ -182,15 +127,6 @@ def test_a_version_is_bounded_printable_text(monkeypatch: pytest.MonkeyPatch) ->
             EngineConfig(runner_version=bad)
     with pytest.raises(ValueError, match="on_version_change"):
         EngineConfig(on_version_change="ignore")
-
-
-async def until_done(e: Engine, cid: str) -> Any:
-    async def done() -> bool:
-        found = await e.get_child(cid)
-        return found is not None and found.terminal
-
-    await until(done)
-    return await e.get_child(cid)
 
 
 async def runs_forever(ctx: ChildContext) -> None:

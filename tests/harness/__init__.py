@@ -10,6 +10,13 @@
 - the faces a test drives: :mod:`~tests.harness.browser` (headless Chromium),
   :mod:`~tests.harness.terminal`, :mod:`~tests.harness.serve_runners` (runners a
   ``delegation serve`` loads by name), :mod:`~tests.harness.pydantic_ai_support`;
+- what test modules share with one another, so that none imports another: a
+  ``delegation serve`` host and its client (:mod:`~tests.harness.serving`,
+  :mod:`~tests.harness.client_hosts`), restarts and waits
+  (:mod:`~tests.harness.restarts`, :mod:`~tests.harness.waits`), the killed step hosts
+  (:mod:`~tests.harness.step_hosts`), rewinds, versions, command children, the page, the
+  CLI on PostgreSQL, the failover checks, and the like, each module named for what it
+  holds and saying which test module it came from;
 - the host processes the kill tests start by path (``*_host.py``, sharing
   :mod:`~tests.harness.hosting`), the children they run (``attack_child.py``,
   ``uring_socket.py``), :mod:`~tests.harness.resume_times`, and ``vectors/``, the golden

@@ -33,7 +33,7 @@ from delegation import (
 )
 from delegation.store.stores import upgrade
 from delegation.usecases.inspector import Inspector
-from tests.contract.test_fuzz import snapshot
+from tests.harness.fuzzing import snapshot
 from tests.harness.support import PRESET, Harness, ScriptRunner, hold, open_harness
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ from typing import Any
 
 import msgspec
 
-from tests.host.test_serve import PRESET, Client, start_params
-from tests.host.test_serve import host as serve_host
+from tests.harness.serving import PRESET, Client, start_params
+from tests.harness.serving import host as serve_host
 from tools.serve_flood import Flood, flood_socket, hang_up, host, memory_mb, round_trip
 
 ROOT = Path(__file__).resolve().parents[2]

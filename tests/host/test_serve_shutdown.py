@@ -18,8 +18,8 @@ from pathlib import Path
 
 import msgspec
 
+from tests.harness.serving import PRESET, socket_client, start_params
 from tests.harness.support import until_exists
-from tests.host.test_serve import PRESET, socket_client, start_params
 
 ROOT = Path(__file__).resolve().parents[2]
 REGISTER = {"runnerId": "r-gone", "hostInstanceId": "h1"}

@@ -18,9 +18,9 @@ from delegation import ChildContext, Engine, EngineConfig, Event, Operator, erro
 from delegation.store import controls
 from delegation.store.controls import InputAnswer, decoded
 from delegation.store.stores import write_once
-from tests.engine.test_push_control import operator
+from tests.harness.operators import operator
 from tests.harness.support import ScriptRunner, open_harness
-from tests.run.test_waiting import HOLD_S, hosted, state_is, until
+from tests.harness.waits import HOLD_S, hosted, state_is, until
 
 
 async def asking(ctx: ChildContext) -> None:
@@ -244,7 +244,7 @@ async def test_child_send_from_the_extension_that_holds_the_child(
 
 async def test_child_send_over_serve(db_url: str, workspace: Any) -> None:
     from delegation.client.api import Client
-    from tests.client.test_client import ENV, ROOT, setup, start_params
+    from tests.harness.client_hosts import ENV, ROOT, setup, start_params
 
     runner = ("--runner", "tests.harness.serve_runners:Waiter")
     async with await Client.spawn(["--db", db_url, *runner], env=ENV, cwd=ROOT) as client:

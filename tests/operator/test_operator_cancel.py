@@ -12,10 +12,10 @@ from sqlalchemy import create_engine
 
 from delegation import ChildContext, Engine, EngineConfig
 from delegation.store import controls
-from tests.engine.test_push_control import operator
+from tests.harness.confinement import _ended
+from tests.harness.operators import operator
 from tests.harness.rows import rows, scalar
 from tests.harness.support import ScriptRunner, hold, open_harness
-from tests.runners.test_command_confinement import _ended
 
 # --- operator cancel ---------------------------------------------------------------------
 

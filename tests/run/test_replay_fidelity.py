@@ -18,7 +18,7 @@ import pytest
 from delegation import ChildContext, EngineConfig, Event
 from delegation.clock import ManualClock
 from delegation.usecases.redaction import redact_secrets
-from tests.engine.test_recovery import LEASE, restarted, until_event
+from tests.harness.restarts import LEASE, restarted, until_event
 from tests.harness.support import Harness, ScriptRunner
 
 

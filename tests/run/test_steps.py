@@ -16,8 +16,8 @@ import pytest
 
 from delegation import ChildContext, Engine, EngineConfig, Event, errors
 from delegation.clock import ManualClock
-from tests.engine.test_recovery import LEASE, restarted, rows, until_event
 from tests.harness import rows as db
+from tests.harness.restarts import LEASE, restarted, rows, until_event
 from tests.harness.support import Harness, ScriptRunner, open_harness
 
 

@@ -10,48 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from delegation import ChildContext, Engine, EngineConfig, Event, Params, errors
+from delegation import ChildContext, Event, Params, errors
 from delegation.codec import encode
 from tests.harness import rows
-from tests.harness.support import Harness, ScriptRunner, open_harness
-
-HOLD_S = 0.2
-Script = Callable[[ChildContext], Awaitable[None]]
-
-
-@contextlib.asynccontextmanager
-async def hosted(
-    db_url: str, workspace: Path, script: Script, **config: Any
-) -> AsyncIterator[Harness]:
-    """An engine on the system clock (timeouts and sleeps are real) with a short hold."""
-    runner = ScriptRunner(script=script)
-    settings = EngineConfig(**{"release_drain_s": 2.0, "hold_s": HOLD_S, **config})
-    async with Engine(db_url, runner=runner, config=settings) as engine:
-        yield await open_harness(engine, runner, workspace)
-
-
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError("never came")
-        await asyncio.sleep(0.02)
-
-
-async def state_is(h: Harness, conversation_id: str, state: str) -> None:
-    async def check() -> bool:
-        record = await h.engine.get_child(conversation_id)
-        return record is not None and record.state == state
-
-    await until(check)
+from tests.harness.support import Harness
+from tests.harness.waits import hosted, state_is, until
 
 
 def run_tasks(run_id: str) -> list[asyncio.Task[Any]]:
@@ -418,7 +388,7 @@ async def test_ask_before_admit_and_bad_arguments_are_refused(harness: Harness) 
 
 
 async def test_delegation_input_and_send_from_another_process(db_url: str, workspace: Path) -> None:
-    from tests.engine.test_push_control import operator
+    from tests.harness.operators import operator
 
     async def run(ctx: ChildContext) -> None:
         await ctx.admit()

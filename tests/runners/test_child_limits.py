@@ -23,9 +23,9 @@ from delegation import os_processes as processes
 from delegation.runners import limits, tmpdirs
 from delegation.runners.command import CommandConfigError, CommandRunner
 from delegation.runners.containment import Containment
+from tests.harness.command_children import ended, first_text, hosted, script
 from tests.harness.support import PRESET, Harness, open_harness
 from tests.harness.trees import alive
-from tests.runners.test_child_reach import ended, first_text, hosted, script
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux containment")
 needs_cgroups = pytest.mark.skipif(limits.group_roots() is None, reason="no cgroups here (root)")

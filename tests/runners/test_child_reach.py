@@ -14,7 +14,6 @@ tests/runners/test_containment.py.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -25,45 +24,23 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from delegation import Engine, EngineConfig
+from delegation import Engine
 from delegation.runners import child_launcher
 from delegation.runners.command import CommandConfigError, CommandRunner
 from delegation.runners.containment import Containment, landlock_abi, namespace_mode
-from tests.harness.support import PRESET, Harness, open_harness
+from tests.harness.command_children import ended, first_text, hosted, script
+from tests.harness.support import PRESET, open_harness
 from tests.harness.trees import alive, child_tree, wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="Linux containment")
 needs_namespaces = pytest.mark.skipif(namespace_mode() is None, reason="no namespaces here")
 needs_net_rules = pytest.mark.skipif(landlock_abi() < 4, reason="Landlock ABI 4 needed")
-
-
-def script(source: str, *args: str) -> list[str]:
-    literal = textwrap.dedent(source).replace("{", "{{").replace("}", "}}")
-    return [sys.executable, "-c", literal, *args]
-
-
-@contextlib.asynccontextmanager
-async def hosted(tmp: Path, runner: CommandRunner) -> AsyncIterator[Harness]:
-    (tmp / "ws").mkdir(exist_ok=True)
-    config = EngineConfig(release_drain_s=2.0)
-    async with Engine(f"sqlite:///{tmp / 'x.db'}", runner=runner, config=config) as engine:
-        yield await open_harness(engine, runner, tmp / "ws", [PRESET])
-
-
-async def first_text(h: Harness, conversation_id: str) -> str:
-    for _ in range(1000):
-        events = await h.engine.events(conversation_id)
-        if events:
-            return events[0].text
-        await asyncio.sleep(0.01)
-    raise AssertionError("no event")
 
 
 def marked(marker: str) -> list[int]:
@@ -127,12 +104,6 @@ ESCAPE = """
         sys.exit(0)
     time.sleep(600)
 """
-
-
-async def ended(h: Harness, conversation_id: str) -> str:
-    """Wait until the child is terminal; its error ("" for none)."""
-    record = await h.wait_done(conversation_id, timeout=20)
-    return str(record.error)
 
 
 @pytest.mark.parametrize("namespaces", [True, False], ids=["namespace", "no-namespace"])

@@ -30,7 +30,7 @@ import pytest
 from delegation.runners import child_launcher, seccomp_filter
 from delegation.runners.command import CommandRunner
 from delegation.runners.containment import landlock_abi
-from tests.runners.test_child_reach import ended, first_text, hosted, script
+from tests.harness.command_children import ended, first_text, hosted, script
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="Linux containment"),

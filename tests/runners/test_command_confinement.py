@@ -25,6 +25,7 @@ from delegation.runners import child_launcher, seccomp_filter
 from delegation.runners.command import CommandRunner
 from delegation.runners.containment import Containment, landlock_abi
 from tests.harness import rows
+from tests.harness.confinement import _ended
 
 HERE = Path(__file__).resolve().parents[1] / "harness"
 linux = pytest.mark.skipif(sys.platform != "linux", reason="Linux containment")
@@ -271,12 +272,6 @@ async def _tool(engine: Engine, profile: str, workspace: Path):  # type: ignore[
         workspace=str(workspace),
     )  # fmt: skip
     return conn
-
-
-async def _ended(engine: Engine, conversation_id: str):  # type: ignore[no-untyped-def]
-    while (record := await engine.get_child(conversation_id)) and not record.terminal:
-        await asyncio.sleep(0.01)
-    return record
 
 
 @linux

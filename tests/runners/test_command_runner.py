@@ -11,15 +11,14 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from delegation import Engine, EngineConfig, Event, Identity, Preset, Recovery, Request, errors
+from delegation import Event, Identity, Preset, Recovery, Request, errors
 from delegation.runners import load_runner
 from delegation.runners.command import (
     DEFAULT_ENV_ALLOW,
@@ -29,38 +28,11 @@ from delegation.runners.command import (
     child_env,
     parse_line,
 )
-from tests.harness.support import Harness, identity, open_harness
+from tests.harness.commands import hosted, preset, script, texts
+from tests.harness.support import Harness, identity
 from tests.harness.trees import alive, child_tree, launchers, program_of
 
-GENERATION = 7
 LEASE = "lease-1"
-
-
-def script(source: str) -> list[str]:
-    """argv running ``source``; its braces are doubled, so they are not placeholders."""
-    literal = textwrap.dedent(source).replace("{", "{{").replace("}", "}}")
-    return [sys.executable, "-c", literal]
-
-
-def preset(name: str) -> Preset:
-    return Preset(name=name, extension_id="ext", generation=GENERATION)
-
-
-@contextlib.asynccontextmanager
-async def hosted(
-    db_url: str,
-    workspace: Path,
-    runner: CommandRunner,
-    profiles: Sequence[str] = ("worker",),
-) -> AsyncIterator[Harness]:
-    """A real engine running ``runner``, one connected runner and one open tool call."""
-    config = EngineConfig(release_drain_s=2.0)
-    async with Engine(db_url, runner=runner, config=config) as engine:
-        yield await open_harness(engine, runner, workspace, [preset(name) for name in profiles])
-
-
-async def texts(h: Harness, conversation_id: str) -> list[str]:
-    return [e.text for e in await h.engine.events(conversation_id, limit=1000)]
 
 
 async def until_text(h: Harness, conversation_id: str, prefix: str) -> str:

@@ -105,7 +105,7 @@ async def test_serve_with_a_versioned_toml_records_the_version(
     """``delegation serve --runner command --runner-config`` in its own process: the
     child it runs records the TOML's version."""
     from delegation.client.api import Client
-    from tests.client.test_client import ROOT, setup, start_params
+    from tests.harness.client_hosts import ROOT, setup, start_params
 
     toml = runner_toml(tmp_path / "runner.toml", f'version = "{VERSION}"', profile="scripted")
     env = {k: v for k, v in os.environ.items() if k != "DELEGATION_RUNNER_VERSION"}

@@ -35,8 +35,8 @@ from delegation import os_processes as processes
 from delegation.authority import within
 from delegation.runners.command import CommandRunner
 from delegation.runners.containment import landlock_abi, namespace_mode
-from tests.contract.test_fuzz import snapshot
 from tests.harness.contain_host import tree_runner
+from tests.harness.fuzzing import snapshot
 from tests.harness.trees import LAUNCHER_MARK, launchers, program_of
 
 HERE = Path(__file__).resolve().parents[1] / "harness"

@@ -22,8 +22,8 @@ import pytest
 from delegation import Engine
 from delegation.runners.command import CommandRunner
 from delegation.runners.containment import idmap_available, namespace_mode
+from tests.harness.command_children import ended, first_text, hosted, script
 from tests.harness.support import PRESET, open_harness
-from tests.runners.test_child_reach import ended, first_text, hosted, script
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="Linux containment"),

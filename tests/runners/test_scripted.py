@@ -11,8 +11,8 @@ from pathlib import Path
 from delegation import Engine, EngineConfig
 from delegation.clock import ManualClock
 from delegation.runners.scripted import ScriptedRunner
-from tests.engine.test_recovery import LEASE
 from tests.harness import rows as db
+from tests.harness.restarts import LEASE
 from tests.harness.support import open_harness
 
 

@@ -24,8 +24,11 @@ from sqlalchemy import create_engine, text
 
 from delegation import ChildContext, Engine, EngineConfig, Event, errors
 from delegation.clock import ManualClock
-from tests.cli.test_postgres_cli import cli
 from tests.harness import browser, rows
+from tests.harness.page import get
+from tests.harness.pg_cli import cli
+from tests.harness.refusing import Refusing
+from tests.harness.serving import host
 from tests.harness.support import (
     ScriptRunner,
     finish_after_admit,
@@ -34,8 +37,6 @@ from tests.harness.support import (
     wait_terminal,
 )
 from tests.harness.terminal import in_process
-from tests.host.test_serve import host
-from tests.web.test_web import get
 
 ROOT = Path(__file__).resolve().parents[2]
 UNREADABLE = "stored child record is unreadable"
@@ -158,17 +159,10 @@ async def test_a_host_boots_over_an_unreadable_child_and_gives_the_database_back
     assert UNREADABLE in cli("show", bad.conversation_id, "--db", db_url).stdout
 
 
-class Refusing(ScriptRunner):
-    """A runner whose hook at boot fails, after the engine took the database."""
-
-    def protect_paths(self, paths: Any) -> None:
-        raise RuntimeError("cannot protect the database")
-
-
 _FAILING_HOST = """
 import asyncio, sys
 from delegation import Engine
-from tests.store.test_bad_rows import Refusing
+from tests.harness.refusing import Refusing
 
 asyncio.run(Engine(sys.argv[1], runner=Refusing()).open())
 """

@@ -21,8 +21,8 @@ import pytest
 from delegation import ChildContext, Engine, EngineConfig, Event, errors
 from delegation.store.stores import libpq, with_database
 from tests.harness import postgres
+from tests.harness.own_servers import own_harness
 from tests.harness.support import ScriptRunner, wait_terminal
-from tests.store.test_database_away import own_harness
 
 pytestmark = pytest.mark.skipif(postgres.binaries() is None, reason="no PostgreSQL server")
 

@@ -25,8 +25,9 @@ from delegation import ChildContext, Engine, EngineConfig, Event, errors
 from delegation.client.api import Client
 from delegation.store.stores import libpq, with_database
 from tests.harness import postgres
+from tests.harness.own_servers import own_harness
+from tests.harness.pg_sessions import _terminate
 from tests.harness.support import PRESET, Harness, ScriptRunner, open_harness
-from tests.store.test_postgres_store import _terminate
 
 pytestmark = pytest.mark.skipif(postgres.binaries() is None, reason="no PostgreSQL server")
 
@@ -69,17 +70,6 @@ async def hosted(db_url: str, runner: ScriptRunner) -> AsyncIterator[Harness]:
     config = EngineConfig(release_drain_s=2.0, host_heartbeat_s=0.5)
     async with Engine(db_url, runner=runner, config=config) as engine:
         yield await open_harness(engine, runner, "/tmp", [PRESET])
-
-
-async def own_harness(engine: Engine, runner: ScriptRunner, runner_id: str) -> Harness:
-    """The usual harness, for one of several hosts: a runner of its own."""
-    conn = await engine.connect(runner_id, f"{runner_id}-host")
-    tool = await engine.open_tool(
-        conn, run_id=f"{runner_id}-run", conversation_id=f"{runner_id}-conv",
-        tool_call_id="call-1", extension_id=PRESET.extension_id, presets=[PRESET],
-        workspace="/tmp",
-    )  # fmt: skip
-    return Harness(engine, runner, conn, tool, "/tmp")
 
 
 async def refused_while_away(h: Harness) -> list[str]:

@@ -26,8 +26,8 @@ import pytest
 
 from delegation import ChildContext, Engine, EngineConfig, errors
 from tests.harness.serve_runners import streaming
+from tests.harness.serving import socket_client, start_params
 from tests.harness.support import ScriptRunner, open_harness, until_exists
-from tests.host.test_serve import socket_client, start_params
 
 pytestmark = pytest.mark.sqlite_only  # a SQLite file is what is replaced
 

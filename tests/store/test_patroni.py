@@ -23,8 +23,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.harness import patroni
+from tests.harness.failover_checks import EVENTS, STREAMERS, busy, check_after, settle, writes_again
 from tests.harness.failover_host import Host
-from tests.store.test_failover import EVENTS, STREAMERS, busy, check_after, settle, writes_again
 
 pytestmark = pytest.mark.serial
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from psycopg import pq
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import Connection
 
 from delegation import Engine, EngineConfig, errors
 from delegation.store import stores
@@ -20,22 +20,8 @@ from delegation.store.postgres.connect import libpq
 from delegation.store.sql import dbapi, run
 from delegation.usecases import maintenance
 from tests.harness import rows
+from tests.harness.pg_sessions import _terminate
 from tests.harness.support import ScriptRunner, open_harness
-
-
-def _terminate(url: str, application: str) -> int:
-    """End the server's backends of ``application`` on this database, as a server
-    restart or an administrator would."""
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            sql = (
-                "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND application_name = :name"
-            )
-            return int(conn.execute(text(sql), {"name": application}).scalar_one())
-    finally:
-        admin.dispose()
 
 
 async def test_a_dropped_connection_fails_one_call_at_most_then_the_store_connects_again(

@@ -25,10 +25,10 @@ from delegation import Engine, EngineConfig, errors
 from delegation.cli.commands import main
 from delegation.store import migrate, stores
 from delegation.store.sql import run
-from tests.cli.test_cli_passwords import a_child_on_a_host
-from tests.cli.test_postgres_cli import COMMANDS, cli, needs_postgres, one_line
+from tests.harness.password_hosts import a_child_on_a_host
+from tests.harness.pg_cli import COMMANDS, cli, needs_postgres, one_line
+from tests.harness.pg_sessions import _terminate
 from tests.harness.support import ScriptRunner, open_harness
-from tests.store.test_postgres_store import _terminate
 
 READ_WRITE = "target_session_attrs=read-write"
 DEAD = ("127.0.0.1", 1)  # nothing listens there: a connection is refused at once

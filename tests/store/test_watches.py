@@ -27,8 +27,8 @@ from delegation import ChildContext, Engine, EngineConfig, Event, errors
 from delegation.engine.notices import keep_running
 from delegation.store.postgres.connect import libpq
 from delegation.store.postgres.watch import PostgresWatch
-from tests.engine.test_push_control import operator
 from tests.harness import rows
+from tests.harness.operators import operator
 from tests.harness.support import ScriptRunner, open_harness
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ from sqlalchemy import Connection, create_engine, inspect, text
 from delegation import Engine, EngineConfig, Preset, errors
 from delegation.clock import ManualClock
 from delegation.store import migrate
-from tests.engine.test_methods import open_tool
 from tests.harness.support import PRESET, Harness, ScriptRunner, open_harness
+from tests.harness.tool_calls import open_tool
 
 OTHER = Preset(name="worker", extension_id="ext-b", generation=PRESET.generation)
 

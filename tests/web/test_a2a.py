@@ -52,8 +52,8 @@ from delegation.web.app import Routes, address, allowed_hosts, bind
 from delegation.web.stream import StreamCount
 from delegation.web.token import Token
 from tests.harness import browser
-from tests.run.test_waiting import hosted, state_is, until
-from tests.web.test_web_bounds import serving
+from tests.harness.waits import hosted, state_is, until
+from tests.harness.web_serving import serving
 
 LEASE = "lease-1"
 

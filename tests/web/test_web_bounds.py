@@ -25,7 +25,6 @@ from urllib.parse import quote, urlsplit
 
 import psycopg
 import pytest
-import uvicorn
 from sqlalchemy import Engine, event
 
 from delegation import ChildContext, Event
@@ -34,9 +33,10 @@ from delegation.usecases.inspector import PAGE_BYTES, Inspector
 from delegation.web import app as web
 from delegation.web.stream import MAX_STREAMS, MAX_UNSENT_BYTES
 from tests.harness import browser
+from tests.harness.page import fill, get, rows, stream
+from tests.harness.page import until as until_drawn
 from tests.harness.support import Harness, finish_after_admit
-from tests.web.test_web import fill, get, rows, stream
-from tests.web.test_web import until as until_drawn
+from tests.harness.web_serving import serving
 
 FIELD = "x" * 32 * 1024  # a text field at the engine's default cap
 BIG = {"text": FIELD, "input": FIELD, "tool_output": FIELD, "error": FIELD}  # ~128 KiB
@@ -57,22 +57,6 @@ async def served(url: str) -> AsyncIterator[tuple[web.Routes, str]]:
         listener = web.bind("127.0.0.1", 0)
         async with serving(page, page.app(web.allowed_hosts("127.0.0.1"), None), listener):
             yield page, web.address(listener)
-
-
-@contextlib.asynccontextmanager
-async def serving(page: web.Routes, app: Any, listener: socket.socket) -> AsyncIterator[None]:
-    """``app`` (of ``page``) served by uvicorn on ``listener``, on this test's loop."""
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning"))
-    running = asyncio.create_task(server.serve(sockets=[listener]))
-    try:
-        while not server.started:
-            assert not running.done(), running.exception()
-            await asyncio.sleep(0.01)
-        yield
-    finally:
-        page.commits.stop()
-        server.should_exit = True
-        await running
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:

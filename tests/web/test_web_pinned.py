@@ -13,10 +13,10 @@ from pathlib import Path
 from selenium import webdriver
 
 from delegation import Engine, EngineConfig
-from tests.engine.test_versions import Versioned, answered_on, asks, waiting_on
 from tests.harness import browser
+from tests.harness.page import get, stream, until
 from tests.harness.support import finish_after_admit, open_harness
-from tests.web.test_web import get, stream, until
+from tests.harness.versioned import Versioned, answered_on, asks, waiting_on
 
 
 async def pinned_and_done(db_url: str, workspace: Path) -> tuple[str, str]:
