@@ -17,11 +17,16 @@ import argparse
 import asyncio
 import sys
 
-from delegation import ChildContext, Engine, EngineConfig, Event, Params, Preset, Request
+from hosting import (  # this script's own directory is first on sys.path
+    open_tool,
+    ready,
+    say,
+    start_child,
+)
+
+from delegation import ChildContext, Engine, EngineConfig, Event, Preset, Request
 from delegation.runners.command import CommandRunner
 
-PRESET = Preset(name="worker", extension_id="ext", generation=7)
-OWNER = {"run_id": "parent-run", "tool_call_id": "call-1", "extension_id": "ext"}
 LEASE = "lease-emits"
 STEPS = 5
 # The command child: five lines, the first attempt stopping (for ever) after the third.
@@ -34,10 +39,6 @@ for n in range(1, 6):
         time.sleep(600)
 print('{"kind": "result", "text": "five lines"}', flush=True)
 """
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
 
 
 class EmitRunner:
@@ -85,20 +86,10 @@ async def main(args: argparse.Namespace) -> None:
     engine = Engine(args.url, runner=runner, config=config)
     await engine.open()
     if args.start:
-        conn = await engine.connect("runner-1", "host-a")
-        await engine.open_tool(
-            conn,
-            conversation_id="parent-conv",
-            presets=[PRESET],
-            workspace=args.workspace,
-            **OWNER,
-        )
-        request = Request(request_id="q-emits", profile="worker", message="go", lease_id=LEASE)
-        params = Params(**OWNER, generation=7, lease_id=LEASE, request=request)
-        result = await engine.call(conn, "child.start", params)
+        conn = await open_tool(engine, args.workspace)
+        result = await start_child(engine, conn, "q-emits", "go", LEASE)
         say(f"STARTED {result.conversation_id}")
-    say("READY")
-    await asyncio.Event().wait()
+    await ready()
 
 
 if __name__ == "__main__":

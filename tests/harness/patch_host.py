@@ -17,15 +17,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from delegation import ChildContext, Engine, EngineConfig, Event, Params, Preset, Request
+from hosting import (  # this script's own directory is first on sys.path
+    open_tool,
+    ready,
+    say,
+    start_child,
+)
 
-PRESET = Preset(name="worker", extension_id="ext", generation=7)
-OWNER = {"run_id": "parent-run", "tool_call_id": "call-1", "extension_id": "ext"}
+from delegation import ChildContext, Engine, EngineConfig, Event, Preset, Request
+
 LEASE = "lease-patches"
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
 
 
 class PatchRunner:
@@ -63,16 +64,10 @@ async def main(args: argparse.Namespace) -> None:
     engine = Engine(args.url, runner=PatchRunner(args.code, args.stop), config=config)
     await engine.open()
     if args.start:
-        conn = await engine.connect("runner-1", "host-a")
-        await engine.open_tool(
-            conn, conversation_id="parent-conv", presets=[PRESET], workspace="/tmp", **OWNER
-        )
-        request = Request(request_id=args.start, profile="worker", message="go", lease_id=LEASE)
-        params = Params(**OWNER, generation=7, lease_id=LEASE, request=request)
-        result = await engine.call(conn, "child.start", params)
+        conn = await open_tool(engine)
+        result = await start_child(engine, conn, args.start, "go", LEASE)
         say(f"STARTED {result.conversation_id}")
-    say("READY")
-    await asyncio.Event().wait()
+    await ready()
 
 
 if __name__ == "__main__":

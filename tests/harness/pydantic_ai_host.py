@@ -20,16 +20,20 @@ import asyncio
 import os
 from typing import Any
 
+from hosting import (  # this script's own directory is first on sys.path
+    open_tool,
+    ready,
+    say,
+    start_child,
+)
 from pydantic_ai import Agent, models
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from delegation import ChildContext, Engine, EngineConfig, Params, Preset, Request
+from delegation import ChildContext, Engine, EngineConfig, Preset, Request
 from delegation.run.context import Run
 from delegation.runners.pydantic_ai import PydanticAIRunner
 
-PRESET = Preset(name="worker", extension_id="ext", generation=7)
-OWNER = {"run_id": "parent-run", "tool_call_id": "call-1", "extension_id": "ext"}
 LEASE = "lease-agent"
 ANSWERS: list[list[Any]] = [
     [ToolCallPart("add", {"a": 1, "b": 1}, tool_call_id="c1")],
@@ -40,10 +44,6 @@ ANSWERS: list[list[Any]] = [
     [TextPart("one more"), ToolCallPart("add", {"a": 3, "b": 3}, tool_call_id="c4")],
     [TextPart("all done")],
 ]
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
 
 
 def effect(log: str, line: str) -> None:
@@ -104,16 +104,10 @@ async def main(args: argparse.Namespace) -> None:
     engine = Engine(args.url, runner=runner, config=config)
     await engine.open()
     if args.start:
-        conn = await engine.connect("runner-1", "host-a")
-        await engine.open_tool(
-            conn, conversation_id="parent-conv", presets=[PRESET], workspace="/tmp", **OWNER
-        )
-        request = Request(request_id="q-agent", profile="worker", message="add", lease_id=LEASE)
-        params = Params(**OWNER, generation=7, lease_id=LEASE, request=request)
-        result = await engine.call(conn, "child.start", params)
+        conn = await open_tool(engine)
+        result = await start_child(engine, conn, "q-agent", "add", LEASE)
         say(f"STARTED {result.conversation_id}")
-    say("READY")
-    await asyncio.Event().wait()
+    await ready()
 
 
 if __name__ == "__main__":

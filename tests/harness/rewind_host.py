@@ -18,16 +18,17 @@ import argparse
 import asyncio
 import os
 
-from delegation import ChildContext, Engine, EngineConfig, Event, Params, Preset, Request
+from hosting import (  # this script's own directory is first on sys.path
+    open_tool,
+    ready,
+    say,
+    start_child,
+)
 
-PRESET = Preset(name="worker", extension_id="ext", generation=7)
-OWNER = {"run_id": "parent-run", "tool_call_id": "call-1", "extension_id": "ext"}
+from delegation import ChildContext, Engine, EngineConfig, Event, Preset, Request
+
 LEASE = "lease-rewind"
 STEPS = 6
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
 
 
 class StepRunner:
@@ -63,13 +64,8 @@ async def main(args: argparse.Namespace) -> None:
     engine = Engine(args.url, runner=StepRunner(args.log), config=config)
     await engine.open()
     if args.start:
-        conn = await engine.connect("runner-1", "host-a")
-        await engine.open_tool(
-            conn, conversation_id="parent-conv", presets=[PRESET], workspace="/tmp", **OWNER
-        )
-        request = Request(request_id="q-steps", profile="worker", message="six", lease_id=LEASE)
-        params = Params(**OWNER, generation=7, lease_id=LEASE, request=request)
-        result = await engine.call(conn, "child.start", params)
+        conn = await open_tool(engine)
+        result = await start_child(engine, conn, "q-steps", "six", LEASE)
         record = await engine.get_child(result.conversation_id)
         while record is None or not record.terminal:
             await asyncio.sleep(0.05)
@@ -79,8 +75,7 @@ async def main(args: argparse.Namespace) -> None:
         conversation, run, step = args.rewind
         rewound = await engine.rewind_child(conversation, run_id=run, step=step, request_id="rw-1")
         say(f"REWOUND {rewound.run_id}")
-    say("READY")
-    await asyncio.Event().wait()
+    await ready()
 
 
 if __name__ == "__main__":

@@ -23,14 +23,18 @@ import argparse
 import asyncio
 import time
 
-from crash_host import OWNER, begin, say  # this script's own directory is first on sys.path
+from hosting import (  # this script's own directory is first on sys.path
+    open_tool,
+    ready,
+    say,
+    start_child,
+)
 
 from delegation import (
     ChildContext,
     Engine,
     EngineConfig,
     Event,
-    Params,
     Preset,
     Recovery,
     Request,
@@ -84,19 +88,14 @@ async def main(args: argparse.Namespace) -> None:
     version = None if args.version == "-" else args.version
     runner = VersionedRunner(version, tuple(args.resumes), args.then)
     engine = Engine(args.url, runner=runner, config=config)
-    if args.start:  # open, and the tool call the children start under
-        conn = await begin(engine, "/tmp")
-    else:
-        await engine.open()
+    await engine.open()
+    if args.start:  # the tool call the children start under
+        conn = await open_tool(engine)
     say(f"INSTANCE {engine.instance_id}")
     for request_id in args.start:
-        lease = f"lease-{request_id}"
-        request = Request(request_id=request_id, profile="worker", message="go", lease_id=lease)
-        params = Params(**OWNER, generation=7, lease_id=lease, request=request)
-        result = await engine.start(conn, params)
+        result = await start_child(engine, conn, request_id, "go", f"lease-{request_id}")
         say(f"STARTED {result.conversation_id}")
-    say("READY")
-    await asyncio.Event().wait()
+    await ready()
 
 
 if __name__ == "__main__":

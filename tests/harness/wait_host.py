@@ -18,15 +18,16 @@ import asyncio
 import os
 import time
 
-from delegation import ChildContext, Engine, EngineConfig, Event, Params, Preset, Request
+from hosting import (  # this script's own directory is first on sys.path
+    open_tool,
+    ready,
+    say,
+    start_child,
+)
 
-PRESET = Preset(name="worker", extension_id="ext", generation=7)
-OWNER = {"run_id": "parent-run", "tool_call_id": "call-1", "extension_id": "ext"}
+from delegation import ChildContext, Engine, EngineConfig, Event, Preset, Request
+
 LEASE = "lease-wait"
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
 
 
 class WaitRunner:
@@ -66,16 +67,10 @@ async def main(args: argparse.Namespace) -> None:
     await engine.open()
     say(f"INSTANCE {engine.instance_id}")
     if args.start:
-        conn = await engine.connect("runner-1", "host-a")
-        await engine.open_tool(
-            conn, conversation_id="parent-conv", presets=[PRESET], workspace="/tmp", **OWNER
-        )
-        request = Request(request_id="q-wait", profile="worker", message="wait", lease_id=LEASE)
-        params = Params(**OWNER, generation=7, lease_id=LEASE, request=request)
-        result = await engine.start(conn, params)
+        conn = await open_tool(engine)
+        result = await start_child(engine, conn, "q-wait", "wait", LEASE)
         say(f"STARTED {result.conversation_id}")
-    say("READY")
-    await asyncio.Event().wait()
+    await ready()
 
 
 if __name__ == "__main__":
