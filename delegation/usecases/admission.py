@@ -17,7 +17,8 @@ The queue's order is one key, ``queue_tag``: the child's turn plus its priority'
 start, ``(9 - priority) * AGING`` turns. A parent's next child takes the turn after its
 parent's last one (queued or served: a parent's turns never go back), or the newest turn
 served if that is later: parents are served round-robin (ties go to the older child),
-and a child woken from ``waiting`` takes the newest turn served, ahead of newer work.
+and a child woken from ``waiting`` whose slot is taken, or whose scope has a queue,
+queues as its parent's next child.
 Priority is a head start, not a band (SPEC §31): a queued child waits behind at most
 ``AGING * d + 1`` of another parent's children queued after it, ``d`` the levels their
 priority is above its own (73 at most, from 0 to 9; the 1: the turn they share),
@@ -168,14 +169,12 @@ def deadline_seconds(options: ExecutionOptions | None) -> float | None:
     return None if value is msgspec.UNSET else float(value)
 
 
-def _place(conn: Connection, priority: int, parent: str | None) -> tuple[float, float]:
-    """The turn and tag of a child of ``parent`` (None: a woken child, at the newest turn
-    served) entering the queue."""
+def _place(conn: Connection, priority: int, parent: str) -> tuple[float, float]:
+    """The turn and tag of a child of ``parent`` entering the queue."""
     turn = admission.served_turn(conn) or 0.0
-    if parent is not None:
-        last = admission.parent_turn(conn, parent)
-        if last is not None:
-            turn = max(turn, last + 1)
+    last = admission.parent_turn(conn, parent)
+    if last is not None:
+        turn = max(turn, last + 1)
     return turn, turn + (9 - priority) * AGING
 
 
@@ -249,11 +248,14 @@ def enter(
 
 def wake_or_queue(conn: Connection, now: float, gate: Gate | None, child: ChildRecord) -> bool:
     """A waiting child due to wake takes its slots again (True: wake it), or waits its
-    turn ``queued`` at the newest turn served, ahead of newer work (False)."""
+    turn ``queued`` as its parent's next child (False): a wake takes a turn of its
+    parent's, and a free slot only when nobody is queued in its scopes, so a parent
+    whose children sleep and wake in a loop cannot keep another's waiting (SPEC §31)."""
     applying = gate.applying(child_scopes(child)) if gate is not None else []
     if gate is None or not applying:
         return True
-    if gate.admissible(conn, applying, token=False):
+    waiting_before = any(gate.queued(conn, s) for s in applying)
+    if not waiting_before and gate.admissible(conn, applying, token=False):
         gate.take(applying, token=False)
         run(  # it counts in its scopes' slots from now on, however it was admitted
             conn,
@@ -261,7 +263,7 @@ def wake_or_queue(conn: Connection, now: float, gate: Gate | None, child: ChildR
             (now, child.id),
         )
         return True
-    place = _place(conn, child.priority, None)
+    place = _place(conn, child.priority, child.parent_conversation_id)
     admission.enqueue(conn, child.id, State.WAITING.value, now, place, gate.timeout(applying))
     run(conn, "UPDATE children SET wake_at = NULL WHERE id = ?", (child.id,))
     return False

@@ -626,3 +626,52 @@ async def test_the_cli_sets_and_lists_a_priority_cap(
         assert [(s["maxPriority"], s["concurrency"]) for s in mine] == [(3, None)]
         (use,) = [use for use in await h.engine.admission() if use.scope == SCOPE]
         assert use.row.policy.max_priority == 3
+
+
+async def test_children_that_sleep_and_wake_in_a_loop_cannot_starve_another_parent(
+    db_url: str, workspace: Path
+) -> None:
+    """The review of SPEC §31: a woken child whose slot was taken queued at the newest
+    turn served, and won the tie with its older id, so a parent whose children slept and
+    woke in a loop kept another parent's child queued for ever. A wake now takes a turn
+    of its parent's, and a free slot only when nobody is queued in its scopes."""
+    runs = {"f": 0}
+    seen: dict[str, int] = {}
+    gates = Gates()
+
+    async def run(ctx: ChildContext) -> None:
+        name = ctx.request.message
+        if name == "g":
+            await gates.run(ctx)  # holds the slot until let go
+            return
+        await ctx.admit()
+        if name.startswith("f"):
+            runs["f"] += 1  # once per run: its first, then one per wake
+            for n in range(30):
+                await asyncio.sleep(0.02)  # the slot held a moment
+                await ctx.sleep(f"nap-{n}", 0.01)
+        else:
+            seen["v"] = runs["f"]
+        ctx.emit(Event(kind="result", text=name))
+
+    policy = {SCOPE: AdmissionPolicy(concurrency=1)}
+    async with hosted(db_url, workspace, run, admission=policy, hold_s=0.0) as h:
+        other = await _other_parent(h)
+        sleepers = [await _start_at(h, name, 5) for name in ("f1", "f2", "f3")]
+        holder = await _start_at(h, "g", 5)
+        await until(lambda: _is(h, holder.conversation_id, "running"), timeout=30)
+        assert (await _start_at(h, "v", 5, other)).queued
+
+        async def all_queued() -> bool:
+            states = [await state_of(h, s.conversation_id) for s in sleepers]
+            return states == ["queued"] * 3  # each woke, and waits behind the holder
+
+        await until(all_queued, timeout=30)
+        before = runs["f"]
+        gates.gate("g").set()
+
+        async def ran() -> bool:
+            return "v" in seen
+
+        await until(ran, timeout=60)
+    assert seen["v"] - before <= 3, f"{seen['v'] - before} wakes of the sleepers came first"
