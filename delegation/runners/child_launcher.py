@@ -7,8 +7,7 @@ It runs in the child process, between the host's fork and the program's exec, an
 in order what only the child itself can do soundly:
 
 1. joins the child's own control groups (``cgroups``: the host made them, with its
-   process and memory limits) and sets its resource limits (``rlimits``), so that
-   everything it becomes is counted;
+   process and memory limits), so that everything it becomes is counted;
 2. ties its life to the host: ``PR_SET_PDEATHSIG`` (SIGKILL), then checks that the host
    is still its parent (it may have died before the signal was armed);
 3. changes into the child's working directory and checks, **after** the change, that
@@ -44,7 +43,10 @@ in order what only the child itself can do soundly:
    securebits that keep uid 0 from regaining them locked, ``no_new_privs``): a child
    of a root host is as powerless towards the host as an ordinary user's;
 9. waits on the go-ahead descriptor until the host has recorded its pid durably;
-10. executes the program; the PATH lookup uses the child's own environment.
+10. sets the program's resource limits where no control group holds its memory
+    (``rlimits``: ``RLIMIT_DATA`` and ``RLIMIT_AS``), last, so that a small limit
+    bounds the program and never this launcher's own work;
+11. executes the program; the PATH lookup uses the child's own environment.
 
 A refusal exits with :data:`REFUSED` after one line on stderr that starts with
 :data:`MARKER`: the program never ran. It uses only the standard library and imports
@@ -548,7 +550,6 @@ def main(argv: list[str]) -> None:
     program = argv[2:]
     libc = _libc()
     join_cgroups(spec.get("cgroups", []))
-    set_limits(spec.get("rlimits", {}))
     tie_to_parent(libc, spec["parent"])
     enter(spec["cwd"])
     user = spec.get("user")
@@ -575,6 +576,9 @@ def main(argv: list[str]) -> None:
     else:
         drop_capabilities(libc)
     wait_go(spec["go_fd"])
+    # The program's memory limits last: under a small max_memory this launcher, a Python
+    # process, could not have done the above (a refusal, not a crash, if it cannot set them).
+    set_limits(spec.get("rlimits", {}))
     try:
         os.execvp(program[0], program)
     except OSError as exc:

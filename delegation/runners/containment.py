@@ -308,7 +308,9 @@ class Containment:
             "read_only": read_only,
             "net_connect": list(self.net_connect),
             "landlock": bool(self.landlock),
-            "seccomp": seccomp_filter.compiled(listen=self.listen).hex()
+            "seccomp": seccomp_filter.compiled(
+                listen=self.listen, ipc=self.namespaces is not None
+            ).hex()
             if self.socket_filter
             else None,
             "namespaces": self.namespaces,

@@ -25,7 +25,11 @@ what one tenant's child stored to another's. ``unshare`` and ``clone`` asking fo
 user namespace (``CLONE_NEWUSER``) fail with ``EPERM``, as under Docker's default
 profile: it is kernel attack surface a child has no use for. ``clone3``, whose flags
 lie behind a pointer no filter may read, fails with ``ENOSYS``: the C library then
-falls back to ``clone`` (glibc, musl, Go and Rust all do).
+falls back to ``clone`` (glibc, musl, Go and Rust all do). Each child has an IPC namespace of
+its own where namespaces are allowed (the launcher makes it); where they are not, the
+calls that make or open a System V object or a POSIX message queue (``shmget``,
+``semget``, ``msgget``, ``mq_open``, i386's ``ipc``) fail with ``EPERM``: every child
+would share them, and they outlive it.
 
 ``io_uring_setup`` fails with ``ENOSYS`` (io_uring makes sockets no filter sees;
 programs fall back to plain I/O), and a process making system calls of a foreign
@@ -60,6 +64,7 @@ class _Calls:
     keyrings: tuple[int, int, int]  # add_key, request_key, keyctl
     unshare: int
     clone: int
+    sysv: tuple[int, ...]  # shmget, semget, msgget, mq_open (and i386's ipc multiplexer)
     chmod: int | None = None  # aarch64 has fchmodat only
     socketcall: int | None = None  # i386's multiplexer: refused whole
 
@@ -75,6 +80,7 @@ _NATIVE = {
         keyrings=(248, 249, 250),
         unshare=272,
         clone=56,
+        sysv=(29, 64, 68, 240),
         chmod=90,
     ),
     "aarch64": _Calls(
@@ -87,11 +93,13 @@ _NATIVE = {
         keyrings=(217, 218, 219),
         unshare=97,
         clone=220,
+        sysv=(194, 190, 186, 180),
     ),
 }
 _I386 = _Calls(
     359, 360, 363, fchmod=94, fchmodat=306, prctl=172, keyrings=(286, 287, 288),
-    unshare=310, clone=120, chmod=15, socketcall=102,
+    unshare=310, clone=120,
+    sysv=(395, 393, 399, 277, 117), chmod=15, socketcall=102,
 )  # fmt: skip
 # The same numbers on x86_64, i386 and aarch64.
 _IO_URING_SETUP, _CLONE3, _FCHMODAT2 = 425, 435, 452
@@ -124,9 +132,10 @@ def _arg(n: int) -> int:
     return _ARGS + 8 * n
 
 
-def _dispatch(calls: _Calls) -> list[Instruction]:
+def _dispatch(calls: _Calls, ipc: bool) -> list[Instruction]:
     """The system call number of one architecture, to the checks below."""
     refused_whole = [("jeq", calls.socketcall, "deny", "")] if calls.socketcall else []
+    sysv = [] if ipc else [("jeq", number, "eperm", "") for number in calls.sysv]
     chmod = [("jeq", calls.chmod, "mode1", "")] if calls.chmod else []
     return [
         ("ld", _NR, "", ""),
@@ -134,6 +143,7 @@ def _dispatch(calls: _Calls) -> list[Instruction]:
         ("jeq", _IO_URING_SETUP, "nosys", ""),
         ("jeq", _CLONE3, "nosys", ""),
         *[("jeq", number, "eperm", "") for number in calls.keyrings],
+        *sysv,
         ("jeq", calls.unshare, "flags0", ""),
         ("jeq", calls.clone, "flags0", ""),
         ("jeq", calls.socket, "socket", ""),
@@ -148,8 +158,12 @@ def _dispatch(calls: _Calls) -> list[Instruction]:
     ]
 
 
-def program(machine: str | None = None, *, listen: bool = False) -> list[Instruction]:
-    """The filter as instructions, for ``machine`` (default: this one's).
+def program(
+    machine: str | None = None, *, listen: bool = False, ipc: bool = True
+) -> list[Instruction]:
+    """The filter as instructions, for ``machine`` (default: this one's). ``ipc``: the
+    child has an IPC namespace of its own; without one, System V objects and POSIX
+    message queues are refused (``EPERM``): they would be shared by every child.
 
     Raises:
         ValueError: an architecture this filter does not know.
@@ -163,9 +177,9 @@ def program(machine: str | None = None, *, listen: bool = False) -> list[Instruc
         ("jeq", _AUDIT_ARCH[machine], "", "other"),
         ("ld", _NR, "", ""),
         ("jge", _X32_BIT, "deny", ""),  # x32 system calls
-        *_dispatch(_NATIVE[machine])[1:],
+        *_dispatch(_NATIVE[machine], ipc)[1:],
         ("other:jeq", compat, "", "kill"),
-        *_dispatch(_I386),
+        *_dispatch(_I386, ipc),
         ("socket:ld", _arg(0), "", ""),  # the family
         ("jeq", AF_INET, "inet", ""),
         ("jeq", AF_INET6, "inet", "deny"),
@@ -216,6 +230,6 @@ def assemble(instructions: list[Instruction]) -> bytes:
     return bytes(out)
 
 
-def compiled(machine: str | None = None, *, listen: bool = False) -> bytes:
+def compiled(machine: str | None = None, *, listen: bool = False, ipc: bool = True) -> bytes:
     """The filter, ready for ``PR_SET_SECCOMP`` (see :func:`program`)."""
-    return assemble(program(machine, listen=listen))
+    return assemble(program(machine, listen=listen, ipc=ipc))

@@ -41,10 +41,12 @@ def place(tmp_path: Path) -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _launch(argv: list[str], cwd: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+def _launch(
+    argv: list[str], cwd: Path, tmp: Path, contained: Containment | None = None
+) -> subprocess.CompletedProcess[str]:
     """``argv`` through the real launcher, confined as a command child is."""
     r, w = os.pipe()
-    full = Containment().launcher(argv, str(cwd), str(tmp), r)
+    full = (contained or Containment()).launcher(argv, str(cwd), str(tmp), r)
     proc = subprocess.Popen(full, pass_fds=(r,), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd="/")  # fmt: skip
     os.close(r)
@@ -415,3 +417,37 @@ def _host_segment(key: int) -> bool:
     with open("/proc/sysvipc/shm") as table:
         next(table)
         return any(int(line.split()[0]) == key for line in table if line.strip())
+
+
+# shmget, semget, msgget, mq_open per architecture (and i386's ipc multiplexer).
+_SYSV = {
+    "x86_64": (29, 64, 68, 240),
+    "aarch64": (194, 190, 186, 180),
+    "i386": (395, 393, 399, 277, 117),
+}
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_without_namespaces_the_filter_refuses_system_v_and_message_queues(machine: str) -> None:
+    """The review of SPEC §31: the IPC namespace is made only where namespaces are
+    allowed; elsewhere System V objects and POSIX queues would be every child's."""
+    shared, own = seccomp_filter.compiled(machine, ipc=False), seccomp_filter.compiled(machine)
+    for arch in [machine] + (["i386"] if machine == "x86_64" else []):
+        audit = _CHANNELS[arch][0]
+        for nr in _SYSV[arch]:
+            assert _run_bpf(shared, nr, audit, 0x5EED, 4096) == EPERM, (arch, nr)
+            assert _run_bpf(own, nr, audit, 0x5EED, 4096) == ALLOW, (arch, nr)
+
+
+@linux
+def test_without_namespaces_a_child_makes_no_system_v_segment(place: Path) -> None:
+    if not seccomp_filter.available():
+        pytest.skip("no filter for this architecture")
+    tmp = place / "tmp"
+    tmp.mkdir()
+    contained = Containment()
+    contained.namespaces = None  # as on a host that allows none
+    key = str(0x5EED0000 + (os.getpid() + 1) % 0xFFFF)
+    made = _launch([sys.executable, "-c", SYSV, key, "make"], place / "ws", tmp, contained)
+    assert made.stdout.strip() == "Operation not permitted", made.stdout + made.stderr
+    assert not _host_segment(int(key)), "a segment outlives its child on the host"
