@@ -71,6 +71,7 @@ IDLE_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 10.0
 # The connections one runner may hold at once, of a socket's max_connections.
 MAX_RUNNER_CONNECTIONS = 16
+POLL_S = 0.5  # how often a stream waiting for its next line looks at its bounds again
 # At shutdown, calls in flight get this long to end with their own answer.
 SHUTDOWN_GRACE_S = 0.5
 CLOSING = "the host is closing: the call was not answered; retry it"
@@ -98,7 +99,7 @@ class Session:
         self._request_timeout = request_timeout
         self._runners = runners
         self._partial = Partial()
-        self._active_at = self._opened_at = time.monotonic()
+        self._active_at = time.monotonic()
         self._outbox = outbox
         self._backlog = outbox.backlog
         self.conn: RunnerConnection | None = None
@@ -195,10 +196,15 @@ class Session:
         first byte; a new connection's first line from the connection)."""
         if self._idle_timeout is None and self._request_timeout is None:
             return await anext(lines)
+        if self._partial.since is not None:  # from now: the host may not have read on
+            self._partial.since = time.monotonic()
         reading = asyncio.ensure_future(anext(lines))
         try:
             while True:
-                done, _ = await asyncio.wait({reading}, timeout=max(self._left(), 0.05))
+                # Looked at again at least twice a second: a line may begin, or a call
+                # end, while this waits (the bound to reach changes then).
+                wait = min(max(self._left(), 0.05), POLL_S)
+                done, _ = await asyncio.wait({reading}, timeout=wait)
                 if done:
                     return reading.result()
                 now = time.monotonic()
@@ -217,10 +223,11 @@ class Session:
 
     def _line_began(self) -> float | None:
         """When the line being waited for began, for ``request_timeout``: its first
-        byte, or the connection's opening before its first request."""
+        byte; on a connection no runner registered yet, its last activity (its opening,
+        or the answer to a registration that failed)."""
         if self._partial.since is not None:
             return self._partial.since
-        return self._opened_at if self.conn is None and not self._tasks else None
+        return self._active_at if self.conn is None and not self._tasks else None
 
     def _slow(self, now: float) -> bool:
         began = self._line_began()
@@ -330,7 +337,27 @@ class Session:
                 f" {self._runners.most} already; try again later"
             )
         self.conn = await self.engine.connect(params.runner_id, params.host_instance_id)
+        if self._runners is not None:
+            for other in self._runners.others(self, params.runner_id):
+                if isinstance(other, Session) and other.fenced_by(self.conn):
+                    self._runners.release(other)
         return protocol.Registration(self.conn.id, self.conn.generation)
+
+    def fenced_by(self, newer: RunnerConnection) -> bool:
+        """A newer connection of this stream's runner fenced it (the engine ended its tool
+        calls with it): it holds no slot any more, and ends once its calls in flight are
+        answered, as a peer's hang-up would end it. Whether it was so."""
+        conn = self.conn
+        if conn is None or conn.runner_id != newer.runner_id:
+            return False
+        if conn.generation >= newer.generation:
+            return False
+        self._tools.clear()  # ended by the engine: nothing of it would be cancelled
+        extra = {"action": "superseded_connection_closed", "runner_id": conn.runner_id}
+        log.info("closing a connection a newer one of its runner fenced", extra=extra)
+        if self._reading is not None:
+            self._reading.cancel()
+        return True
 
     async def _tool_begin(self, raw: bytes) -> protocol.Empty:
         params = rpc.decode_params(raw, protocol.TOOL_BEGIN.params)

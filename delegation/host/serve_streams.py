@@ -62,6 +62,12 @@ class Runners:
         self._counts[runner_id] = self._counts.get(runner_id, 0) + 1
         return True
 
+    def others(self, session: Stream, runner_id: str) -> list[Stream]:
+        """The other connections counted as ``runner_id``'s."""
+        return [
+            held for held, rid in self._held.items() if rid == runner_id and held is not session
+        ]
+
     def release(self, session: Stream) -> None:
         runner_id = self._held.pop(session, None)
         if runner_id is not None:

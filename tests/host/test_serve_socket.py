@@ -222,14 +222,16 @@ def test_a_request_line_must_arrive_whole_within_the_request_timeout(tmp_path: P
     """The fifth attack: 64 connections that each sent one byte of a never-finished line
     every 2 s kept every slot (a slow line is no idler), and the real runner was
     refused. A line must now arrive whole within ``--request-timeout``, from its first
-    byte; a new connection's first request, from its opening."""
-    slow_host = ("--max-connections", "2", "--request-timeout", "1", "--log-level", "info")
+    byte; a new connection's first request, from its opening. A registered runner's
+    line too (the review: its wait looked at the idle bound alone, 60 s)."""
+    slow_host = ("--max-connections", "2", "--request-timeout", "3", "--log-level", "info")
     with host(tmp_path, *slow_host) as (_proc, path):
         dribbling, silent = Peer(path, timeout=30), Peer(path, timeout=30)
         try:
+            dribbling.call("runner.register", {"runnerId": "r1", "hostInstanceId": "h1"})
             _past_the_limit(path)  # both slots are held
             began = time.monotonic()
-            for byte in b'{"jsonrpc":"2.0","id":1,"method":"runner.register"':
+            for byte in b'{"jsonrpc":"2.0","id":2,"method":"run.finish"':
                 try:
                     dribbling.sock.sendall(bytes([byte]))
                 except OSError:  # closed under it
@@ -240,7 +242,7 @@ def test_a_request_line_must_arrive_whole_within_the_request_timeout(tmp_path: P
             for peer in (dribbling, silent):  # the silent one never sent a request
                 answer = peer.line()
                 assert answer["error"]["message"] == (
-                    "invalid request: a request line must arrive whole within 1 s"
+                    "invalid request: a request line must arrive whole within 3 s"
                 ), answer
                 with pytest.raises(ConnectionError):
                     peer.line()  # and closed
@@ -256,51 +258,39 @@ def test_a_request_line_must_arrive_whole_within_the_request_timeout(tmp_path: P
 def test_one_runners_connections_cannot_lock_out_anothers(tmp_path: Path) -> None:
     """The fifth attack's other way: connections that register and open a tool call,
     then go silent, are not idle (closing them would cancel their children) and kept
-    every slot. One runner holds at most ``--max-runner-connections`` of them."""
+    every slot. One runner holds at most ``--max-runner-connections`` at once (a
+    registration past it is refused and its connection closed), and each registration
+    fences the runner's older connection, which then ends (see the next test)."""
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    limits = ("--max-connections", "4", "--max-runner-connections", "2")
+    limits = ("--max-connections", "3", "--max-runner-connections", "1")
     with host(tmp_path, *limits) as (_proc, path):
-        held = [Peer(path, timeout=30) for _ in range(2)]
+        held = Peer(path, timeout=30)
         try:
-            for n, peer in enumerate(held):
-                peer.call("runner.register", {"runnerId": "greedy", "hostInstanceId": "h1"})
-                begin = {"runId": f"run-{n}", "conversationId": f"conv-{n}",
-                         "toolCallId": "call", "extensionId": "ext", "presets": [],
-                         "workspace": str(workspace)}  # fmt: skip
-                peer.call("tool.begin", begin, 2)
-            third = Peer(path, timeout=30)
+            held.call("runner.register", {"runnerId": "greedy", "hostInstanceId": "h1"})
+            begin = {"runId": "run-0", "conversationId": "conv-0", "toolCallId": "call",
+                     "extensionId": "ext", "presets": [], "workspace": str(workspace)}  # fmt: skip
+            held.call("tool.begin", begin, 2)
+            second = Peer(path, timeout=30)
             try:
-                third.sock.sendall(
+                second.sock.sendall(
                     serve_pages.request(
                         "runner.register", {"runnerId": "greedy", "hostInstanceId": "h1"}, 1
                     )
                 )
-                answer = third.line()
+                answer = second.line()
                 assert answer["error"]["data"] == {"reason": "connection_limit"}, answer
                 assert answer["error"]["message"] == (
-                    "too many connections: runner 'greedy' holds 2 already; try again later"
+                    "too many connections: runner 'greedy' holds 1 already; try again later"
                 )
                 with pytest.raises(ConnectionError):
-                    third.line()  # and closed: it holds no slot
+                    second.line()  # and closed: it holds no slot
             finally:
-                third.close()
+                second.close()
             asyncio.run(_register_with_a_client(path))  # another runner is served
-            held.pop().close()
-            deadline = time.monotonic() + 30
-            while True:  # once one of its connections ends, the runner may open another
-                again = Peer(path, timeout=30)
-                try:
-                    again.call("runner.register", {"runnerId": "greedy", "hostInstanceId": "h1"})
-                    break
-                except RuntimeError:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.05)
-                finally:
-                    again.close()
+            held.call("tool.end", {"runId": "run-0", "toolCallId": "call"}, 3)  # still its
         finally:
-            for peer in held:
-                peer.close()
+            held.close()
 
 
 @pytest.mark.parametrize("flag", ["--request-timeout", "--max-runner-connections"])
@@ -312,3 +302,32 @@ def test_the_slot_bounds_are_checked(tmp_path: Path, flag: str) -> None:
     )  # fmt: skip
     assert done.returncode == 2 and flag in done.stderr, done.stderr
     assert not (tmp_path / "d.db").exists()
+
+
+def test_a_registration_fences_the_runners_older_connection_and_frees_its_slot(
+    tmp_path: Path,
+) -> None:
+    """The review of SPEC §31: a runner's newer registration fences its older connection
+    (the engine ends its tool calls), yet the older stream still counted as having a
+    tool call open (never idle) and held one of its runner's slots, so a runner that
+    reconnected locked itself out. The fenced stream now ends, holding no slot."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    limits = ("--max-connections", "4", "--max-runner-connections", "2", "--log-level", "info")
+    with host(tmp_path, *limits) as (_proc, path):
+        peers = [Peer(path, timeout=30) for _ in range(3)]
+        try:
+            for n, peer in enumerate(peers):
+                peer.call("runner.register", {"runnerId": "r", "hostInstanceId": "h1"})
+                begin = {"runId": f"run-{n}", "conversationId": f"conv-{n}",
+                         "toolCallId": "call", "extensionId": "ext", "presets": [],
+                         "workspace": str(workspace)}  # fmt: skip
+                peer.call("tool.begin", begin, 2)
+            for fenced in peers[:2]:  # each fenced by the next: ended, not counted
+                with pytest.raises(ConnectionError):
+                    fenced.line()
+        finally:
+            for peer in peers:
+                peer.close()
+    log = (tmp_path / "host.log").read_text()
+    assert log.count("action=superseded_connection_closed") == 2, log
