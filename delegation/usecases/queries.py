@@ -69,25 +69,28 @@ def result_of(
     if strict and child.terminal and child.admitted_at is None and child.queued_at is None:
         raise errors.AdmissionFailed(child.error)
     identity: dict[str, Any] = child.identity_fields()
-    result = Result(
-        **identity,
+    pinned = child.pinned_version or ""
+    fields = dict(
+        identity,
         done=child.terminal,
         cancelled=child.state == "cancelled",
         error=child.error,
         output=child.output,
         input_requests=inputs or {},
-        events=[],
         queued=queue_position > 0,
         queue_position=queue_position,
-        pinned_version="" if child.terminal else child.pinned_version or "",
+        pinned_version="" if child.terminal else pinned,
     )
     if max_bytes is not None and bodies:
         # Most pages are far below the bound: measure only where it may be passed.
-        texts = sum(len(text) for text in identity.values()) + len(child.output + child.error)
-        texts += len(child.pinned_version or "")
-        if _MOST_BESIDES + 6 * texts + sum(map(len, bodies)) + len(bodies) > max_bytes:
-            bodies = fit(result, bodies, max_bytes)
-    return msgspec.structs.replace(result, events=decode_events(bodies)) if bodies else result
+        texts = sum(map(len, identity.values())) + len(child.output) + len(child.error)
+        if (
+            _MOST_BESIDES + 6 * (texts + len(pinned)) + sum(map(len, bodies)) + len(bodies)
+            > max_bytes
+        ):
+            bodies = fit(Result(**fields), bodies, max_bytes)
+    # One Result with its events, not one made without them and then replaced.
+    return Result(**fields, events=decode_events(bodies))
 
 
 def fit(result: Result, bodies: list[bytes], max_bytes: int) -> list[bytes]:
