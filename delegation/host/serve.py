@@ -143,6 +143,10 @@ class Session:
         """The host is closing: read nothing more; calls still in flight after
         :data:`SHUTDOWN_GRACE_S` are answered ``host_closing``."""
         self._stopped.set()
+        self._end_reading()
+
+    def _end_reading(self) -> None:
+        """Read no further line: the stream ends once its calls in flight are answered."""
         if self._reading is not None:
             self._reading.cancel()
 
@@ -235,14 +239,14 @@ class Session:
         return limit is not None and began is not None and now - began >= limit
 
     def _left(self) -> float:
-        """Seconds until the next bound (idle or request) could be reached."""
+        """Seconds until the next bound (idle or request) could be reached (inf: none)."""
         now, left = time.monotonic(), math.inf
         if self._idle_timeout is not None:
             left = self._active_at + self._idle_timeout - now
         began = self._line_began()
         if self._request_timeout is not None and began is not None:
             left = min(left, began + self._request_timeout - now)
-        return left if left != math.inf else 1.0
+        return left
 
     def _spawn(self, line: bytes | None) -> None:
         if line is None:
@@ -330,8 +334,7 @@ class Session:
     async def _register(self, raw: bytes) -> protocol.Registration:
         params = rpc.decode_params(raw, protocol.REGISTER.params)
         if self._runners is not None and not self._runners.claim(self, params.runner_id):
-            if self._reading is not None:  # answered, then closed: it holds no slot
-                self._reading.cancel()
+            self._end_reading()  # answered, then closed: it holds no slot
             raise errors.ConnectionLimit(
                 f"too many connections: runner {params.runner_id!r} holds"
                 f" {self._runners.most} already; try again later"
@@ -355,8 +358,7 @@ class Session:
         self._tools.clear()  # ended by the engine: nothing of it would be cancelled
         extra = {"action": "superseded_connection_closed", "runner_id": conn.runner_id}
         log.info("closing a connection a newer one of its runner fenced", extra=extra)
-        if self._reading is not None:
-            self._reading.cancel()
+        self._end_reading()
         return True
 
     async def _tool_begin(self, raw: bytes) -> protocol.Empty:

@@ -119,6 +119,16 @@ class Gate:
             if token:
                 self._tokens[scope] -= 1
 
+    def take_first(self, conn: Connection, scopes: Sequence[str], *, token: bool = True) -> bool:
+        """Take a slot (and a token) of every scope at once when each has one and nobody
+        is queued in any: nothing passes a child waiting its turn. Whether it did."""
+        if any(self.queued(conn, s) for s in scopes):
+            return False
+        if not self.admissible(conn, scopes, token=token):
+            return False
+        self.take(scopes, token=token)
+        return True
+
     def exhausted(self) -> bool:
         """Whether no scope has a slot and a token left (after ``admissible`` looked)."""
         return len(self._free) == len(self.rows) and all(
@@ -223,9 +233,7 @@ def enter(
     if gate is None or not applying:
         return None
     _cap(gate, applying, child)
-    waiting_before = any(gate.queued(conn, s) for s in applying)
-    if not waiting_before and gate.admissible(conn, applying):
-        gate.take(applying)
+    if gate.take_first(conn, applying):
         gate.save(conn)
         fields = {
             "queued_at": now,
@@ -254,9 +262,7 @@ def wake_or_queue(conn: Connection, now: float, gate: Gate | None, child: ChildR
     applying = gate.applying(child_scopes(child)) if gate is not None else []
     if gate is None or not applying:
         return True
-    waiting_before = any(gate.queued(conn, s) for s in applying)
-    if not waiting_before and gate.admissible(conn, applying, token=False):
-        gate.take(applying, token=False)
+    if gate.take_first(conn, applying, token=False):
         run(  # it counts in its scopes' slots from now on, however it was admitted
             conn,
             "UPDATE children SET queued_at = COALESCE(queued_at, ?) WHERE id = ?",
