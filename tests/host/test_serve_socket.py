@@ -245,8 +245,7 @@ def test_a_request_line_must_arrive_whole_within_the_request_timeout(tmp_path: P
                     "invalid request: a request line must arrive whole within 3 s"
                 ), answer
                 with pytest.raises(ConnectionError):
-                    peer.line()  # and closed
-            assert time.monotonic() - began < 8, "closed at its timeout, not at the idle one"
+                    peer.line()  # and closed: by this bound (an idle close sends no line)
             asyncio.run(_register_with_a_client(path))  # their slots are free again
         finally:
             dribbling.close()
