@@ -96,15 +96,16 @@ class Cluster:
         query = f"host={hosts}&port={ports}&target_session_attrs={attrs}"
         return f"postgresql+psycopg://postgres@/{database}?{query}"
 
-    def create_database(self, name: str) -> None:
-        conninfo = " ".join(
-            [
-                "host=" + ",".join(n.address for n in self.nodes),
-                "port=" + ",".join(str(n.port) for n in self.nodes),
-                "user=postgres dbname=postgres target_session_attrs=read-write connect_timeout=5",
-            ]
+    def _conninfo(self, database: str, connect_timeout: int) -> str:
+        hosts = ",".join(n.address for n in self.nodes)
+        ports = ",".join(str(n.port) for n in self.nodes)
+        return (
+            f"host={hosts} port={ports} user=postgres dbname={database}"
+            f" target_session_attrs=read-write connect_timeout={connect_timeout}"
         )
-        with psycopg.connect(conninfo, autocommit=True) as conn:
+
+    def create_database(self, name: str) -> None:
+        with psycopg.connect(self._conninfo("postgres", 5), autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
 
     def status(self, node: Node) -> dict[str, Any] | None:
@@ -203,10 +204,17 @@ class Cluster:
         _wait(lambda: _quietly(self.primary) not in (None, old), timeout, self.logs)
         return self.primary()
 
-    def wait_writable(self, timeout: float = 60.0) -> Node:
-        """Wait until some node leads and takes writes (after a kill, it may be the same)."""
-        _wait(lambda: _quietly(self.primary) is not None, timeout, self.logs)
-        return self.primary()
+    def wait_writable(self, timeout: float = 60.0) -> float:
+        """Wait until some node takes a write (after a kill, it may be the same). Asked of
+        the database, not of Patroni: right after a postmaster's kill, Patroni still says
+        ``running`` until its next loop finds it dead."""
+        return _wait(lambda: _quietly(self._writes) is not None, timeout, self.logs)
+
+    def _writes(self) -> int:
+        with psycopg.connect(self._conninfo("postgres", 2), autocommit=True) as conn:
+            row = conn.execute("SELECT txid_current()").fetchone()
+        assert row is not None
+        return int(row[0])
 
     def cut(self, node: Node) -> None:
         """Cut ``node`` off the network (tests/harness/netcut.py), until :meth:`heal`."""
