@@ -7,7 +7,7 @@ from typing import NamedTuple
 from sqlalchemy import Connection
 
 from delegation._struct import I64_MAX
-from delegation.store.sql import run, run_many
+from delegation.store.sql import run, run_many, spelling_of
 
 _INSERT = "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)"
 _OUTPUT = "UPDATE children SET output = ? WHERE id = ?"
@@ -56,6 +56,15 @@ def page(conn: Connection, child_id: int, after: int, limit: int) -> list[bytes]
     # ``after`` is a wire uint64; SQLite binds int64 only, and no sequence is larger.
     after = min(after, I64_MAX)
     return [body for (body,) in run(conn, _PAGE, (child_id, after, limit)).fetchall()]
+
+
+def joined_page(conn: Connection, child_id: int, after: int, limit: int) -> tuple[bytes, int]:
+    """:func:`page`'s bodies as one JSON array (``b"[]"``: none), and how many it holds:
+    the store joins them, so a page is one row read, not one a body."""
+    joined, count = run(
+        conn, spelling_of(conn).joined_page, (child_id, min(after, I64_MAX), limit)
+    ).fetchone()
+    return (b"[]", 0) if joined is None else (bytes(joined), int(count))
 
 
 def last_sequence(conn: Connection, child_id: int) -> int:

@@ -65,6 +65,25 @@ def result_of(
     ``max_bytes`` (see :func:`fit`), and its open ``inputs`` (design §21); a child that
     ended unadmitted answers AdmissionFailed (unless not ``strict``: the host's own
     view, which owes no caller an admission)."""
+    fields, texts = _fields(child, strict, inputs, queue_position)
+    if (
+        max_bytes is not None
+        and bodies
+        and _may_pass(texts, sum(map(len, bodies)) + len(bodies), max_bytes)
+    ):
+        bodies = fit(Result(**fields), bodies, max_bytes)
+    # One Result with its events, not one made without them and then replaced.
+    return Result(**fields, events=decode_events(bodies))
+
+
+def _fields(
+    child: ChildRecord,
+    strict: bool,
+    inputs: dict[str, InputRequest] | None,
+    queue_position: int,
+) -> tuple[dict[str, Any], int]:
+    """A Result's fields but its events, and the length of its texts (what its encoding
+    may take besides them, see :func:`_may_pass`)."""
     # A child that waited its turn was answered (``queued``) before it ended (§22).
     if strict and child.terminal and child.admitted_at is None and child.queued_at is None:
         raise errors.AdmissionFailed(child.error)
@@ -81,16 +100,15 @@ def result_of(
         queue_position=queue_position,
         pinned_version="" if child.terminal else pinned,
     )
-    if max_bytes is not None and bodies:
-        # Most pages are far below the bound: measure only where it may be passed.
-        texts = sum(map(len, identity.values())) + len(child.output) + len(child.error)
-        if (
-            _MOST_BESIDES + 6 * (texts + len(pinned)) + sum(map(len, bodies)) + len(bodies)
-            > max_bytes
-        ):
-            bodies = fit(Result(**fields), bodies, max_bytes)
-    # One Result with its events, not one made without them and then replaced.
-    return Result(**fields, events=decode_events(bodies))
+    texts = sum(map(len, identity.values())) + len(child.output) + len(child.error)
+    return fields, texts + len(pinned)
+
+
+def _may_pass(texts: int, events: int, max_bytes: int) -> bool:
+    """Whether a Result of ``texts`` characters and events of ``events`` bytes (their
+    bodies and a comma each) may be encoded past ``max_bytes``: most pages are far
+    below the bound, and only those that may pass it are measured."""
+    return _MOST_BESIDES + 6 * texts + events > max_bytes
 
 
 def fit(result: Result, bodies: list[bytes], max_bytes: int) -> list[bytes]:
@@ -135,11 +153,19 @@ def page_of(
 ) -> PagedResult:
     """The page of a child already read in this transaction: up to ``limit`` events
     after ``after`` whose encoded Result stays within ``max_bytes``."""
-    bodies = events.page(conn, child.id, after, limit)
+    joined, count = events.joined_page(conn, child.id, after, limit)
     inputs = input_requests(conn, child) if child.inputs_open else None
     place = _place(conn, child) if child.state == "queued" else 0
-    result = result_of(child, bodies, max_bytes, strict=strict, inputs=inputs, queue_position=place)
-    return PagedResult(result, len(result.events) < len(bodies) or len(bodies) >= limit)
+    fields, texts = _fields(child, strict, inputs, place)
+    # ``[a,b]``: the bodies and a comma each is the array but its first byte.
+    if not count or not _may_pass(texts, len(joined) - 1, max_bytes):
+        return PagedResult(Result(**fields, events=_events.decode(joined)), count >= limit)
+    # A page that may pass the bound is cut body by body (read again: it may have
+    # grown since, never changed; a page is the events after ``after``).
+    bodies = events.page(conn, child.id, after, limit)
+    kept = fit(Result(**fields), bodies, max_bytes)
+    result = Result(**fields, events=decode_events(kept))
+    return PagedResult(result, len(kept) < len(bodies) or len(bodies) >= limit)
 
 
 def _place(conn: Connection, child: ChildRecord) -> int:
@@ -219,7 +245,7 @@ def child_events(
     child = children.find(conn, conversation_id, run_id)
     if child is None:
         return []
-    return decode_events(events.page(conn, child.id, after, limit))
+    return _events.decode(events.joined_page(conn, child.id, after, limit)[0])
 
 
 def active_under_lease(conn: Connection, runner_id: str, lease_id: str) -> list[int]:
