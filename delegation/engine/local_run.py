@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from delegation import authority, errors
@@ -298,12 +299,14 @@ class LocalRun:
             return None
         config = self.rt.config
         return await emits.committed(
-            self._read,
+            # What an execution committed before this attempt does not change.
+            partial(self.rt.owed_read, self.stopped, snapshot=False),
             self.child_id,
             run_id,
             recovery.last_sequence,
             config.events_per_read,
             config.max_page_bytes,
+            recorded=recovery.steps,
         )
 
     async def _read(self, fn: Callable[[Connection], T]) -> T:

@@ -142,15 +142,19 @@ class Runtime:
                 pause = min(pause * 2, OWED_PAUSE_MAX_S)
         return None
 
-    async def owed_read(self, given_up: Callable[[], bool], fn: Callable[[Connection], T]) -> T:
+    async def owed_read(
+        self, given_up: Callable[[], bool], fn: Callable[[Connection], T], *, snapshot: bool = True
+    ) -> T:
         """A read a run makes (a recorded step, a wait's state): like :meth:`owed`, read
         again while the database is busy or away (design §32: a blink ends no child),
         until it answers. Raises ``HostClosing`` once ``given_up()`` (the run was stopped
-        with its host), and anything else the read raises."""
+        with its host), and anything else the read raises. Not a ``snapshot``: no
+        transaction is opened (``Database.read_now``), for rows no one changes meanwhile."""
+        read = self.db.read if snapshot else self.db.read_now
         pause = OWED_PAUSE_S
         while not given_up():
             try:
-                return await self.db.read(fn)
+                return await read(fn)
             except (errors.DatabaseBusy, errors.StoreUnavailable):
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, OWED_PAUSE_MAX_S)

@@ -115,26 +115,37 @@ class Committed:
 
 
 async def committed(
-    read: Read, child_id: int, run_id: str, last_sequence: int, per_read: int, max_bytes: int
+    read: Read,
+    child_id: int,
+    run_id: str,
+    last_sequence: int,
+    per_read: int,
+    max_bytes: int,
+    *,
+    recorded: int,
 ) -> Committed | None:
     """The run's own events its execution committed up to ``last_sequence`` (its
     resume's ``recovery`` event), read by ``read`` in pages of at most ``per_read``
     events and ``max_bytes``, but for those a step's function emitted (its own, which a
-    replay of the step does not emit again: never matched); None when there are none."""
+    replay of the step does not emit again: never matched; none when the execution
+    ``recorded`` no step); None when there are none."""
     found = Committed(run_id)
-    inside = _Ranges(await read(partial(steps.own_events, child_id=child_id)))
+    inside = None if recorded else _Ranges([])
     after = 0
     while after < last_sequence:
-        page = await read(
-            partial(
-                events.numbered_within,
-                child_id=child_id,
-                after=after,
-                last=last_sequence,
-                limit=per_read,
-                max_bytes=max_bytes,
-            )
+        paged = partial(
+            events.numbered_within,
+            child_id=child_id,
+            after=after,
+            last=last_sequence,
+            limit=per_read,
+            max_bytes=max_bytes,
         )
+        if inside is None:  # the steps' own events, in the first page's read
+            own, page = await read(partial(_with_own, child_id=child_id, paged=paged))
+            inside = _Ranges(own)
+        else:
+            page = await read(paged)
         if not page:
             break
         for sequence, body in page:
@@ -142,6 +153,12 @@ async def committed(
                 found.add(sequence, body)
         after = page[-1][0]
     return found if len(found) else None
+
+
+def _with_own(
+    conn: Connection, child_id: int, paged: Callable[[Connection], Pages]
+) -> tuple[list[tuple[int, int]], Pages]:
+    return steps.own_events(conn, child_id), paged(conn)
 
 
 class _Ranges:

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, bindparam, text
 from delegation import errors
 from delegation.records import RecordedStep, StepRow
 from delegation.store.children import ACTIVE_TERM
-from delegation.store.sql import chunks, stored_time
+from delegation.store.sql import chunks, run, stored_time
 
 # What a patch marker's name begins with (see the module): U+001F, the unit separator.
 PATCH_PREFIX = "\x1fpatch:"
@@ -36,8 +36,8 @@ _RECORD = text(
     " ON CONFLICT (child_id, name) DO NOTHING"
 )
 # The events the execution's steps' own functions emitted: never matched on a resume.
-_OWN = text(
-    "SELECT first_sequence, last_sequence FROM steps WHERE child_id = :child_id"
+_OWN = (
+    "SELECT first_sequence, last_sequence FROM steps WHERE child_id = ?"
     " AND last_sequence > first_sequence ORDER BY first_sequence"
 )
 _ASKED = text(
@@ -124,7 +124,7 @@ def record(
 def own_events(conn: Connection, child_id: int) -> list[tuple[int, int]]:
     """The ranges of sequences (after the first, up to the second) the execution's steps'
     own functions emitted, by their start (none for steps recorded before 0018)."""
-    return [(int(a), int(b)) for a, b in conn.execute(_OWN, {"child_id": child_id})]
+    return [(int(a), int(b)) for a, b in run(conn, _OWN, (child_id,)).fetchall()]
 
 
 def mark_asked(conn: Connection, child_id: int, names: Sequence[str], attempt: int) -> None:
