@@ -57,8 +57,9 @@ class Spelling(Protocol):
     first_to: str | None
     wake: str | None
     # A page of a child's event bodies as one JSON array (``?``: child id, after,
-    # limit), with how many it holds: the array NULL for none. One row, not one a body.
-    joined_page: str
+    # limit), with how many it holds: the array NULL for none. One row, not one a
+    # body (None: the rows are read and joined by the caller).
+    joined_page: str | None
 
     def __hash__(self) -> int: ...  # statements built for a spelling are kept (cache)
 

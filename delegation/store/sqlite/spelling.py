@@ -24,7 +24,7 @@ class SqliteSpelling:
     wake: str | None = None  # a SQLite host sees the file change by itself
     # An aggregate over a subquery with a LIMIT is never flattened: SQLite steps the
     # subquery as a co-routine, in its ORDER BY (group_concat's own ORDER BY is 3.44's).
-    joined_page: str = (
+    joined_page: str | None = (
         "SELECT CAST('[' || group_concat(body, ',') || ']' AS BLOB), count(*) FROM"
         " (SELECT body FROM events WHERE child_id = ? AND sequence > ? ORDER BY sequence LIMIT ?)"
     )
