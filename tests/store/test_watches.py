@@ -122,7 +122,8 @@ def test_a_watch_skips_every_bad_payload_and_says_so_once(
             assert watch.wait_sync(60)
             if (moved := watch.moved()) and 12 in moved:
                 break
-        assert moved == {12, 9223372036854775807}
+        # A "5,7" of the loop above may arrive only now (each turn sent one more).
+        assert moved is not None and moved - {5, 7} == {12, 9223372036854775807}
         assert len(bad_notices(caplog)) == 1, "logged once per watch, not per notice"
     finally:
         watch.close()
