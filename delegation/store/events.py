@@ -58,13 +58,19 @@ def page(conn: Connection, child_id: int, after: int, limit: int) -> list[bytes]
     return [body for (body,) in run(conn, _PAGE, (child_id, after, limit)).fetchall()]
 
 
+def array(bodies: list[bytes]) -> bytes:
+    """Stored event bodies as one JSON array (each body is an event's wire JSON)."""
+    return b"[" + b",".join(bodies) + b"]"
+
+
 def joined_page(conn: Connection, child_id: int, after: int, limit: int) -> tuple[bytes, int]:
-    """:func:`page`'s bodies as one JSON array (``b"[]"``: none), and how many it holds:
-    joined by the store where that is faster (SQLite: one row read, not one a body)."""
+    """:func:`page`'s bodies as one JSON :func:`array` (``b"[]"``: none), and how many it
+    holds: joined by the store where that is faster (SQLite: one row read, not one a
+    body)."""
     sql = spelling_of(conn).joined_page
     if sql is None:
         bodies = page(conn, child_id, after, limit)
-        return b"[" + b",".join(bodies) + b"]", len(bodies)
+        return array(bodies), len(bodies)
     joined, count = run(conn, sql, (child_id, min(after, I64_MAX), limit)).fetchone()
     return (b"[]", 0) if joined is None else (bytes(joined), int(count))
 

@@ -25,7 +25,7 @@ _events = msgspec.json.Decoder(list[Event])
 def decode_events(bodies: list[bytes]) -> list[Event]:
     if not bodies:
         return []
-    return _events.decode(b"[" + b",".join(bodies) + b"]")
+    return _events.decode(events.array(bodies))
 
 
 # What a non-empty page adds to the encoding of its Result without events (the
@@ -163,9 +163,8 @@ def page_of(
     # A page that may pass the bound is cut body by body (read again: it may have
     # grown since, never changed; a page is the events after ``after``).
     bodies = events.page(conn, child.id, after, limit)
-    kept = fit(Result(**fields), bodies, max_bytes)
-    result = Result(**fields, events=decode_events(kept))
-    return PagedResult(result, len(kept) < len(bodies) or len(bodies) >= limit)
+    result = result_of(child, bodies, max_bytes, strict=strict, inputs=inputs, queue_position=place)
+    return PagedResult(result, len(result.events) < len(bodies) or len(bodies) >= limit)
 
 
 def _place(conn: Connection, child: ChildRecord) -> int:

@@ -11,7 +11,8 @@ import msgspec
 from sqlalchemy import create_engine
 
 from delegation.store import events
-from delegation.store.sql import run, run_many
+from delegation.store.events import EventRow
+from delegation.store.sql import run
 from delegation.usecases import queries
 from delegation.wire import Event
 from tests.harness.support import Harness
@@ -26,11 +27,8 @@ def _filled(url: str, sequences: list[int]) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         child = int(run(conn, "SELECT max(id) FROM children").fetchone()[0])
-        run_many(
-            conn,
-            "INSERT INTO events (child_id, sequence, body) VALUES (?, ?, ?)",
-            [(child, n, _body(n, f'é{n}\u2028"\\')) for n in sequences],
-        )
+        rows = [EventRow(child, n, _body(n, f'é{n}\u2028"\\'), None) for n in sequences]
+        events.insert_events(conn, rows)
     engine.dispose()
 
 
